@@ -1,0 +1,325 @@
+"""`astraeus`: run the embedded default or its parts, submit runs and read why they are where they are."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from workers.client import AstraeusClient, AstraeusError
+from workers.connect import address, connect, ensure_search_attributes
+from workers.render import render_describe, render_events, render_history, render_nodes, render_runs
+from workflows.domain.settings import Settings
+from workflows.domain.spec import JobSpec, format_errors, parse_spec
+
+Handler = Callable[[argparse.Namespace], Awaitable[int]]
+
+
+def load_settings(path: str | None) -> Settings:
+    """`--settings FILE`: YAML overriding the settings model; unknown keys are errors."""
+    if path is None:
+        return Settings()
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        return Settings.model_validate(data)
+    except (OSError, yaml.YAMLError) as error:
+        raise AstraeusError(f"--settings {path}: {error}") from None
+    except ValidationError as error:
+        raise AstraeusError(f"--settings {path}:\n{format_errors(error)}") from None
+
+
+def load_spec(path: str) -> JobSpec:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise AstraeusError(f"{path}: {error}") from None
+    try:
+        return parse_spec(data)
+    except ValueError as error:
+        raise AstraeusError(f"{path}: invalid run spec:\n{error}") from None
+
+
+def split_run(run: str, namespace: str) -> tuple[str, str]:
+    """`name` (in --namespace) or `namespace/name`."""
+    if "/" in run:
+        ns, name = run.split("/", 1)
+        return ns, name
+    return namespace, run
+
+
+def emit(args: argparse.Namespace, value: Any, human: Callable[[], str]) -> None:
+    if args.json:
+        print(json.dumps(_jsonable(value), indent=2))
+    else:
+        print(human())
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+# ---- processes --------------------------------------------------------------------------------------------------
+
+
+async def cmd_dev(args: argparse.Namespace) -> int:
+    from workers.embedded import Embedded
+
+    settings = load_settings(args.settings)
+    embedded = Embedded(
+        data_dir=Path(args.data_dir),
+        port=args.port,
+        ui_port=args.ui_port,
+        nodes=args.nodes,
+        gpus=args.gpus,
+        cpus=args.cpus,
+        memory_bytes=args.memory_bytes,
+        settings=settings,
+    )
+    async with embedded:
+        print(f"Temporal frontend: {embedded.server.address}")
+        print(f"Temporal UI: {embedded.server.ui_address}")
+        print(f"{args.nodes} local machine(s) ready. Submit with: astraeus submit examples/hello.yaml")
+        await _until_signalled()
+    return 0
+
+
+async def cmd_control(args: argparse.Namespace) -> int:
+    from workers.services import control_worker
+
+    client = await connect(address(args.temporal))
+    await ensure_search_attributes(client)
+    await control_worker(client, load_settings(args.settings)).run()
+    return 0
+
+
+async def cmd_scheduler(args: argparse.Namespace) -> int:
+    from workers.services import scheduler_worker
+
+    load_settings(args.settings)
+    client = await connect(address(args.temporal))
+    worker = await scheduler_worker(client)
+    await worker.run()
+    return 0
+
+
+async def cmd_agent(args: argparse.Namespace) -> int:
+    from workers.services import AgentOptions, agent_worker
+
+    options = AgentOptions(
+        name=args.name,
+        data_dir=Path(args.data_dir),
+        gpus=args.gpus,
+        cpus=args.cpus,
+        memory_bytes=args.memory_bytes,
+        labels=dict(_label(item) for item in args.label),
+        runtime=args.runtime,
+    )
+    client = await connect(address(args.temporal))
+    worker = await agent_worker(client, options, load_settings(args.settings))
+    await worker.run()
+    return 0
+
+
+def _label(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise AstraeusError(f"--label {item}: expected KEY=VALUE")
+    return key, value
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+# ---- verbs ------------------------------------------------------------------------------------------------------
+
+
+async def _client(args: argparse.Namespace) -> AstraeusClient:
+    try:
+        return AstraeusClient(await connect(address(args.temporal)))
+    except RuntimeError as error:
+        raise AstraeusError(f"cannot reach Temporal at {address(args.temporal)}: {error}") from None
+
+
+async def cmd_submit(args: argparse.Namespace) -> int:
+    spec = load_spec(args.file)
+    client = await _client(args)
+    run_id = await client.submit(spec)
+    emit(args, {"id": run_id, "namespace": spec.namespace, "name": spec.name}, lambda: f"submitted {run_id}")
+    return 0
+
+
+async def cmd_ls(args: argparse.Namespace) -> int:
+    runs = await (await _client(args)).ls(args.namespace, args.state)
+    emit(args, runs, lambda: render_runs(runs))
+    return 0
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    ns, name = split_run(args.run, args.namespace)
+    status = await (await _client(args)).status(ns, name)
+    emit(args, status, lambda: f"{status.state}: {status.reason}")
+    return 0
+
+
+async def cmd_describe(args: argparse.Namespace) -> int:
+    ns, name = split_run(args.run, args.namespace)
+    described = await (await _client(args)).describe(ns, name)
+    emit(args, described, lambda: render_describe(described))
+    return 0
+
+
+async def cmd_history(args: argparse.Namespace) -> int:
+    ns, name = split_run(args.run, args.namespace)
+    described = await (await _client(args)).describe(ns, name)
+    value = {"run": described.history, "tasks": {t.id: t.history for t in described.tasks}}
+    emit(args, value, lambda: render_history(described))
+    return 0
+
+
+async def cmd_events(args: argparse.Namespace) -> int:
+    ns, name = split_run(args.run, args.namespace)
+    client = await _client(args)
+    if not args.follow:
+        stream = await client.events(ns, name)
+        emit(args, stream, lambda: render_events(stream))
+        return 0
+    async for event in client.follow(ns, name):
+        print(json.dumps(event.model_dump(mode="json")) if args.json else render_events([event]), flush=True)
+    return 0
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    ns, name = split_run(args.run, args.namespace)
+    status = await (await _client(args)).cancel(ns, name)
+    emit(args, status, lambda: f"cancelling {ns}/{name}")
+    return 0
+
+
+async def cmd_stop(args: argparse.Namespace) -> int:
+    run, sep, task = args.task.rpartition("/")
+    if not sep or not run:
+        raise AstraeusError(f"{args.task}: expected RUN/TASK, e.g. hello/worker-0")
+    ns, name = split_run(run, args.namespace)
+    status = await (await _client(args)).stop(ns, name, task, args.reason)
+    emit(args, status, lambda: f"stopping {ns}/{name}/{task}")
+    return 0
+
+
+async def cmd_nodes(args: argparse.Namespace) -> int:
+    views = await (await _client(args)).nodes()
+    emit(args, views, lambda: render_nodes(views))
+    return 0
+
+
+async def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(JobSpec.model_json_schema(), indent=2))
+    return 0
+
+
+# ---- parser -----------------------------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="astraeus", description=__doc__)
+    sub = top.add_subparsers(dest="command", required=True)
+
+    def command(name: str, handler: Handler, help: str, *, process: bool = False, read: bool = False) -> Any:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(handler=handler)
+        if name != "schema":
+            p.add_argument("--temporal", help="Temporal frontend HOST:PORT (default $ASTRAEUS_TEMPORAL or 7233)")
+        if process:
+            p.add_argument("--settings", help="YAML file overriding the spec's timers and defaults")
+        if read:
+            p.add_argument("--json", action="store_true", help="print JSON")
+        else:
+            p.set_defaults(json=False)
+        return p
+
+    def machine_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--gpus", help="declare GPUs, e.g. 8xH100-80GB (default: read them with NVML)")
+        p.add_argument("--cpus", type=float, help="CPU cores to offer (default: all)")
+        p.add_argument("--memory-bytes", type=int, help="memory to offer (default: all)")
+
+    dev = command("dev", cmd_dev, "the embedded default: Temporal dev server, control plane, scheduler, agents",
+                  process=True)  # fmt: skip
+    dev.add_argument("--data-dir", default=".astraeus", help="where the database, logs and workers live")
+    dev.add_argument("--port", type=int, default=7233, help="Temporal frontend port")
+    dev.add_argument("--ui-port", type=int, default=8233, help="Temporal UI port")
+    dev.add_argument("--nodes", type=int, default=1, help="local machines to start")
+    machine_flags(dev)
+
+    command("control", cmd_control, "the control plane: hosts every run's and machine's workflow", process=True)
+    command("scheduler", cmd_scheduler, "the scheduler service: places workers on machines", process=True)
+    agent = command("agent", cmd_agent, "a node agent: runs this machine's workers", process=True)
+    agent.add_argument("--name", required=True, help="this machine's name")
+    agent.add_argument("--data-dir", default=".astraeus/agent", help="where workers' files and logs live")
+    agent.add_argument("--label", action="append", default=[], help="KEY=VALUE label of this machine")
+    agent.add_argument("--runtime", choices=["process", "docker"], default="process")
+    machine_flags(agent)
+
+    submit = command("submit", cmd_submit, "submit a run spec (YAML)", read=True)
+    submit.add_argument("file")
+    ls = command("ls", cmd_ls, "list runs", read=True)
+    ls.add_argument("-n", "--namespace", help="only this namespace")
+    ls.add_argument("--state", help="only runs in this state (Pending, Running, Completed, ...)")
+    for name, handler, help in (
+        ("status", cmd_status, "a run's state and reason"),
+        ("describe", cmd_describe, "a run, its workers and why they wait"),
+        ("history", cmd_history, "every change of a run and of its workers"),
+        ("events", cmd_events, "a run's events, oldest first"),
+        ("cancel", cmd_cancel, "cancel a run: stop every worker"),
+    ):
+        p = command(name, handler, help, read=True)
+        p.add_argument("run", help="NAME or NAMESPACE/NAME")
+        p.add_argument("-n", "--namespace", default="default")
+        if name == "events":
+            p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+    stop = command("stop", cmd_stop, "stop one worker", read=True)
+    stop.add_argument("task", help="RUN/TASK, e.g. hello/worker-0")
+    stop.add_argument("--reason", help='why (default "Stopped by scheduler")')
+    stop.add_argument("-n", "--namespace", default="default")
+    command("nodes", cmd_nodes, "list machines and what they have", read=True)
+    command("schema", cmd_schema, "print the run spec's JSON Schema")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    level = logging.INFO if args.command in ("dev", "control", "scheduler", "agent") else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return asyncio.run(args.handler(args))
+    except AstraeusError as error:
+        print(f"astraeus: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""The Python client: the same verbs as the CLI (submit, ls, status, describe, events, cancel, stop, nodes)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from workflows.domain.nodes import NodeView
+from workflows.domain.spec import JobSpec, job_id
+from workflows.domain.status import RunState, Status
+from workflows.domain.views import Event, JobDescription
+from workflows.job import JobWorkflow, search_attributes
+from workflows.messages import CONTROL_TASK_QUEUE, SA_NAMESPACE, SA_STATE, JobInput, StopTaskRequest
+
+
+class AstraeusError(Exception):
+    """Bad input or an unknown object: the message names what is wrong; nothing changed."""
+
+
+class RunSummary(BaseModel):
+    namespace: str
+    name: str
+    state: str
+    reason: str
+
+
+class AstraeusClient:
+    def __init__(self, client: Client) -> None:
+        self.temporal = client
+
+    def _handle(self, namespace: str, name: str) -> WorkflowHandle[Any, Any]:
+        return self.temporal.get_workflow_handle(job_id(namespace, name))
+
+    async def submit(self, spec: JobSpec) -> str:
+        """Start the run's workflow; a name already used in the namespace is refused."""
+        try:
+            await self.temporal.start_workflow(
+                JobWorkflow.run,
+                JobInput(spec=spec),
+                id=spec.job_id,
+                task_queue=CONTROL_TASK_QUEUE,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                search_attributes=search_attributes(spec, RunState.PENDING),
+                static_summary=f"run {spec.namespace}/{spec.name}",
+            )
+        except WorkflowAlreadyStartedError:
+            raise AstraeusError(f"a run named {spec.name} already exists in namespace {spec.namespace}") from None
+        return spec.job_id
+
+    async def _query(self, namespace: str, name: str, query: str, result_type: type[Any]) -> Any:
+        try:
+            return await self._handle(namespace, name).query(query, result_type=result_type)
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                raise AstraeusError(f"no run named {name} in namespace {namespace}") from None
+            raise
+        except WorkflowQueryFailedError as error:
+            raise AstraeusError(f"run {namespace}/{name}: {error}") from None
+
+    async def status(self, namespace: str, name: str) -> Status:
+        return await self._query(namespace, name, "status", Status)  # type: ignore[no-any-return]
+
+    async def describe(self, namespace: str, name: str) -> JobDescription:
+        return await self._query(namespace, name, "describe", JobDescription)  # type: ignore[no-any-return]
+
+    async def events(self, namespace: str, name: str) -> list[Event]:
+        return await self._query(namespace, name, "events", list[Event])  # type: ignore[no-any-return]
+
+    async def follow(self, namespace: str, name: str, poll_seconds: float = 0.5) -> AsyncIterator[Event]:
+        """Every event, then new ones as they come, until the run's workflow closes."""
+        seen = 0
+        handle = self._handle(namespace, name)
+        while True:
+            closed = (await handle.describe()).status != WorkflowExecutionStatus.RUNNING
+            stream = await self.events(namespace, name)
+            for event in stream[seen:]:
+                yield event
+            seen = len(stream)
+            if closed:
+                return
+            await asyncio.sleep(poll_seconds)
+
+    async def cancel(self, namespace: str, name: str) -> Status:
+        return await self._update(namespace, name, "cancel", None)
+
+    async def stop(self, namespace: str, name: str, task_id: str, reason: str | None = None) -> Status:
+        return await self._update(namespace, name, "stop_task", StopTaskRequest(task_id=task_id, reason=reason))
+
+    async def _update(self, namespace: str, name: str, update: str, arg: BaseModel | None) -> Status:
+        handle = self._handle(namespace, name)
+        try:
+            args = [arg] if arg is not None else []
+            return await handle.execute_update(update, args=args, result_type=Status)  # type: ignore[no-any-return]
+        except WorkflowUpdateFailedError as error:
+            raise AstraeusError(str(error.cause)) from None
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                raise AstraeusError(f"no run named {name} in namespace {namespace} is still running") from None
+            raise
+
+    async def ls(self, namespace: str | None = None, state: str | None = None) -> list[RunSummary]:
+        """Runs, newest first, filtered by namespace and state (search attributes)."""
+        query = 'WorkflowType="JobWorkflow"'
+        if namespace:
+            query += f' AND {SA_NAMESPACE}="{_quote(namespace)}"'
+        if state:
+            query += f' AND {SA_STATE}="{_quote(state)}"'
+        runs = []
+        async for wf in self.temporal.list_workflows(query):
+            _, ns, name = wf.id.split("/", 2)
+            try:
+                status = await self.status(ns, name)
+            except AstraeusError:
+                continue
+            runs.append(RunSummary(namespace=ns, name=name, state=status.state, reason=status.reason))
+        return runs
+
+    async def nodes(self) -> list[NodeView]:
+        views = []
+        async for wf in self.temporal.list_workflows('WorkflowType="NodeWorkflow" AND ExecutionStatus="Running"'):
+            views.append(await self.temporal.get_workflow_handle(wf.id).query("view", result_type=NodeView))
+        return sorted(views, key=lambda v: v.name)
+
+
+def _quote(value: str) -> str:
+    if '"' in value or "\\" in value:
+        raise AstraeusError(f"filter value {value!r} may not contain quotes or backslashes")
+    return value

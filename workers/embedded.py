@@ -1,0 +1,74 @@
+"""The embedded default: the Temporal dev server, the control plane, the scheduler and N local machines."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from workers.connect import connect
+from workers.devserver import DevServer
+from workers.services import AgentOptions, agent_worker, control_worker, scheduler_worker
+from workflows.domain.settings import Settings
+
+
+class Embedded:
+    """`astraeus dev` in one process: `async with Embedded(...) as e:` then submit to `e.client`."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int = 7233,
+        ui_port: int | None = 8233,
+        nodes: int = 1,
+        gpus: str | None = None,
+        cpus: float | None = None,
+        memory_bytes: int | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        self.server = DevServer(data_dir, port=port, ui_port=ui_port)
+        self.data_dir = data_dir
+        self.node_count = nodes
+        self.machine = {"gpus": gpus, "cpus": cpus, "memory_bytes": memory_bytes}
+        self.settings = settings or Settings()
+        self.workers: list[Worker] = []
+        self._running: list[asyncio.Task[None]] = []
+        self.client: Client | None = None
+
+    async def __aenter__(self) -> Embedded:
+        await asyncio.to_thread(self.server.start)
+        try:
+            self.client = await connect(self.server.address, wait=timedelta(seconds=30))
+            self._run(control_worker(self.client, self.settings))
+            self._run(await scheduler_worker(self.client))
+            for i in range(self.node_count):
+                options = AgentOptions(
+                    name=f"local-{i}",
+                    data_dir=self.data_dir / "nodes" / f"local-{i}",
+                    **self.machine,  # type: ignore[arg-type]
+                )
+                self._run(await agent_worker(self.client, options, self.settings))
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    def _run(self, worker: Worker) -> None:
+        self.workers.append(worker)
+        self._running.append(asyncio.ensure_future(worker.run()))
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for worker in reversed(self.workers):
+            with contextlib.suppress(Exception):
+                await worker.shutdown()
+        for task in self._running:
+            with contextlib.suppress(BaseException):
+                await task
+        await asyncio.to_thread(self.server.stop)

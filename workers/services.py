@@ -1,0 +1,117 @@
+"""The three long-running processes: control plane, scheduler and node agent, each a Temporal worker."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.worker import Worker
+
+from activities.agent import AgentActivities
+from activities.control import ControlActivities
+from activities.gpus import read_inventory_gpus
+from activities.runtime.base import Runtime
+from activities.runtime.process import ProcessRuntime
+from activities.scheduler import SchedulerService
+from workflows.domain.nodes import NodeInventory, NodeView, node_id, node_task_queue
+from workflows.domain.settings import Settings
+from workflows.job import JobWorkflow
+from workflows.messages import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, NodeInput, RegisterRequest
+from workflows.node import NodeWorkflow
+
+log = logging.getLogger(__name__)
+
+
+def control_worker(client: Client, settings: Settings) -> Worker:
+    """Hosts every JobWorkflow and NodeWorkflow."""
+    return Worker(
+        client,
+        task_queue=CONTROL_TASK_QUEUE,
+        workflows=[JobWorkflow, NodeWorkflow],
+        activities=[ControlActivities(settings).load_settings],
+        max_concurrent_workflow_tasks=200,
+    )
+
+
+async def scheduler_worker(client: Client) -> Worker:
+    """Rebuilds the scheduler's view from the durable truth, then serves place / release / node_changed."""
+    service = SchedulerService(client)
+    await service.rebuild()
+    return Worker(
+        client,
+        task_queue=SCHEDULER_TASK_QUEUE,
+        activities=[service.place, service.release, service.node_changed],
+        max_concurrent_activities=100,
+    )
+
+
+@dataclass
+class AgentOptions:
+    name: str
+    data_dir: Path
+    gpus: str | None = None
+    cpus: float | None = None
+    memory_bytes: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    runtime: str = "process"
+
+
+def machine_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def inventory(options: AgentOptions) -> NodeInventory:
+    """What this machine has: GPUs from NVML (or declared with --gpus), CPUs and memory (or declared)."""
+    gpus, source = read_inventory_gpus(options.gpus, options.name)
+    if source == "none":
+        log.warning("%s: NVML is not available and no --gpus were declared: running without GPUs", options.name)
+    return NodeInventory(
+        name=options.name,
+        cpus=options.cpus if options.cpus is not None else float(os.cpu_count() or 1),
+        memory_bytes=options.memory_bytes if options.memory_bytes is not None else machine_memory_bytes(),
+        gpus=gpus,
+        labels=options.labels,
+        gpu_source=source,
+    )
+
+
+def make_runtime(options: AgentOptions) -> Runtime:
+    if options.runtime == "process":
+        return ProcessRuntime(options.data_dir / "tasks")
+    raise ValueError(f"--runtime {options.runtime}: not built yet (built: process)")
+
+
+async def register(client: Client, node: NodeInventory, settings: Settings) -> NodeView:
+    """Start the machine's NodeWorkflow if it is new, and register this agent with it."""
+    handle = await client.start_workflow(
+        NodeWorkflow.run,
+        NodeInput(name=node.name, settings=settings),
+        id=node_id(node.name),
+        task_queue=CONTROL_TASK_QUEUE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    try:
+        return await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=node))
+    except WorkflowUpdateFailedError as error:
+        raise RuntimeError(f"machine {node.name} could not register: {error.cause}") from None
+
+
+async def agent_worker(client: Client, options: AgentOptions, settings: Settings) -> Worker:
+    """A node agent: polls the machine's own task queue; registered before it polls."""
+    node = inventory(options)
+    runtime = make_runtime(options)
+    activities = AgentActivities(client, node, runtime)
+    worker = Worker(
+        client,
+        task_queue=node_task_queue(node.name),
+        activities=[activities.hold_lease, activities.start_task, activities.supervise_task, activities.stop_task],
+        max_concurrent_activities=1000,
+        graceful_shutdown_timeout=timedelta(seconds=1),
+    )
+    await register(client, node, settings)
+    return worker

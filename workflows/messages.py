@@ -1,0 +1,127 @@
+"""One pydantic model per message between clients, workflows and activities, and the names they travel by."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from workflows.domain.nodes import NodeInventory, NodeView
+from workflows.domain.placement import Allocation, TaskRequest
+from workflows.domain.settings import Settings
+from workflows.domain.spec import GroupSpec, JobSpec
+from workflows.domain.status import JobRecord
+
+CONTROL_TASK_QUEUE = "astraeus-control"
+SCHEDULER_TASK_QUEUE = "astraeus-scheduler"
+
+# Search attributes that make runs listable and filterable (Temporal UI, `astraeus ls`).
+SA_NAMESPACE = "AstraeusNamespace"
+SA_STATE = "AstraeusState"
+SA_PRIORITY = "AstraeusPriority"
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# ---- JobWorkflow ------------------------------------------------------------------------------------------------
+
+
+class JobInput(_Msg):
+    """A new run (`spec`), or a run continued as new (`record` carries its whole state)."""
+
+    spec: JobSpec
+    record: JobRecord | None = None
+
+
+class StopTaskRequest(_Msg):
+    task_id: str
+    reason: str | None = None
+
+
+class SchedulerView(_Msg):
+    """What a run asks of the scheduler now: its waiting workers and what its placed ones hold."""
+
+    job_id: str
+    namespace: str
+    pending: list[TaskRequest] = Field(default_factory=list)
+    placed: list[Allocation] = Field(default_factory=list)
+
+
+class TaskReport(_Msg):
+    """A machine's report about one attempt of a worker (signal `task_running`)."""
+
+    task_id: str
+    attempt: int
+
+
+# ---- Scheduler activities ---------------------------------------------------------------------------------------
+
+
+class PlaceInput(_Msg):
+    requests: list[TaskRequest]
+
+
+class ReleaseInput(_Msg):
+    job_id: str
+    task_id: str
+    attempt: int
+
+
+class NodeChangedInput(_Msg):
+    node: NodeView
+
+
+# ---- Node agent activities --------------------------------------------------------------------------------------
+
+
+class TaskRef(_Msg):
+    """One attempt of one worker: how an agent names it."""
+
+    namespace: str
+    job: str
+    task_id: str
+    attempt: int
+
+
+class StartTaskInput(_Msg):
+    ref: TaskRef
+    group: GroupSpec
+
+
+class StartTaskResult(_Msg):
+    gpu_indices: list[int] = Field(default_factory=list)
+
+
+class SuperviseInput(_Msg):
+    ref: TaskRef
+    settings: Settings
+
+
+class TaskExit(_Msg):
+    exit_code: int | None = None
+    oom: bool = False
+    not_found: bool = False
+    log_tail: str = ""
+
+
+class StopTaskInput(_Msg):
+    ref: TaskRef
+    grace_seconds: float
+
+
+class LeaseInput(_Msg):
+    node: str
+    renew_seconds: float
+
+
+# ---- NodeWorkflow -----------------------------------------------------------------------------------------------
+
+
+class NodeInput(_Msg):
+    name: str
+    settings: Settings = Field(default_factory=Settings)
+    view: NodeView | None = None
+
+
+class RegisterRequest(_Msg):
+    inventory: NodeInventory

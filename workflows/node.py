@@ -1,0 +1,106 @@
+"""NodeWorkflow: one machine. Its agent registers through it; a heartbeating activity on the machine's own task
+queue is its lease, so renewals cost no history. A lease that times out makes the machine Down."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.domain.nodes import NodeState, NodeStatusEntry, NodeView, node_task_queue
+    from workflows.domain.reasons import R, Reason
+    from workflows.messages import (
+        SCHEDULER_TASK_QUEUE,
+        LeaseInput,
+        NodeChangedInput,
+        NodeInput,
+        RegisterRequest,
+    )
+
+PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
+
+
+@workflow.defn(name="NodeWorkflow")
+class NodeWorkflow:
+    @workflow.init
+    def __init__(self, input: NodeInput) -> None:
+        # Set before any handler runs: the agent's registration may arrive in the first activation.
+        self._view: NodeView = input.view or NodeView(name=input.name, state=NodeState.DOWN)
+        self._registrations = 0
+        self._held = 0
+        self._lease: asyncio.Task[None] | None = None
+
+    @workflow.run
+    async def run(self, input: NodeInput) -> None:
+        settings = input.settings
+        self._held = 0
+        while True:
+            await workflow.wait_condition(
+                lambda: self._registrations != self._held or workflow.info().is_continue_as_new_suggested()
+            )
+            if self._registrations == self._held:
+                workflow.continue_as_new(NodeInput(name=input.name, settings=settings, view=self._view))
+            held = self._held = self._registrations
+            await self._notify()
+            if await self._hold_lease(settings.node_lease_ttl_seconds) and self._registrations == held:
+                self._change(NodeState.DOWN, R.MachineLost())
+                await self._notify()
+
+    async def _hold_lease(self, ttl: float) -> bool:
+        """Hold the lease until it expires (True) or a new registration replaces it (False)."""
+        self._lease = asyncio.ensure_future(
+            workflow.execute_activity(
+                "hold_lease",
+                LeaseInput(node=self._view.name, renew_seconds=max(ttl / 3, 0.2)),
+                task_queue=node_task_queue(self._view.name),
+                start_to_close_timeout=timedelta(days=3650),
+                heartbeat_timeout=timedelta(seconds=ttl),
+                retry_policy=RetryPolicy(maximum_attempts=1),
+                summary="lease",
+            )
+        )
+        try:
+            await self._lease
+        except ActivityError:
+            return True
+        except asyncio.CancelledError:
+            return False
+        return True
+
+    async def _notify(self) -> None:
+        await workflow.execute_activity(
+            "node_changed",
+            NodeChangedInput(node=self._view),
+            task_queue=SCHEDULER_TASK_QUEUE,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=PATIENT,
+        )
+
+    def _change(self, state: NodeState, reason: Reason) -> None:
+        entry = NodeStatusEntry(state=state, reason=reason.text, at=workflow.now())
+        self._view = self._view.model_copy(
+            update={"state": state, "since": workflow.now(), "history": [*self._view.history, entry][-50:]}
+        )
+
+    @workflow.update(name="register")
+    def register(self, request: RegisterRequest) -> NodeView:
+        """The agent (re)starts: record what the machine has, and take a new lease."""
+        self._view = self._view.model_copy(update={"inventory": request.inventory})
+        self._change(NodeState.READY, R.NodeRegistered())
+        self._registrations += 1
+        if self._lease is not None and not self._lease.done():
+            self._lease.cancel()  # the old lease belongs to an agent that is gone
+        return self._view
+
+    @register.validator
+    def _validate_register(self, request: RegisterRequest) -> None:
+        if request.inventory.name != self._view.name:
+            raise ApplicationError(f"inventory of {request.inventory.name} sent to machine {self._view.name}")
+
+    @workflow.query(name="view")
+    def view(self) -> NodeView:
+        return self._view
