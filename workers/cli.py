@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -306,6 +306,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The console script. Exits with os._exit: the Temporal client's Rust threads can crash a finalizing
+    interpreter (temporalio/sdk-python#300), so the process skips finalization once its output is flushed."""
+    code = run(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     level = logging.INFO if args.command in ("dev", "control", "scheduler", "agent") else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -316,10 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

