@@ -1,0 +1,64 @@
+"""Record the committed histories that tests/workflows/test_replay.py replays.
+
+Run `.venv/bin/python -m tests.histories.record` after an intended change to JobWorkflow; a replay failure without
+such a change means the workflow code lost determinism, and old runs would break on upgrade.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from tests.workflows.fakes import Script, fake_cluster
+from workers.connect import ensure_search_attributes
+from workflows.domain.spec import parse_spec
+from workflows.domain.status import Status
+from workflows.job import JobWorkflow, search_attributes
+from workflows.messages import CONTROL_TASK_QUEUE, JobInput
+
+HERE = Path(__file__).parent
+BIN = Path(sys.executable).parent
+
+STORIES = {
+    "hello": ({"replicas": 2}, Script()),
+    "fail": ({"restart_policy": "Never"}, Script(exits={"w-0": [3]}, log_tail="boom\n")),
+    "restarts": ({}, Script(exits={"w-0": [3, 137, 0]})),
+    "cancel": ({"replicas": 2}, Script(hold={"w-0"}, no_room={"w-1"})),
+}
+
+
+async def record() -> None:
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(BIN / "temporal-test-server"), data_converter=pydantic_data_converter
+    )
+    await ensure_search_attributes(env.client)
+    for name, (group, script) in STORIES.items():
+        spec = parse_spec({"name": name, "groups": [{"name": "w", "command": ["x"], **group}]})
+        async with fake_cluster(env.client, script):
+            handle = await env.client.start_workflow(
+                JobWorkflow.run,
+                JobInput(spec=spec),
+                id=spec.job_id,
+                task_queue=CONTROL_TASK_QUEUE,
+                search_attributes=search_attributes(spec, "Pending"),
+            )
+            if name == "cancel":
+                while (await handle.query("status", result_type=Status)).state != "Running":
+                    await asyncio.sleep(0.05)
+                await handle.execute_update("cancel", result_type=Status)
+            await handle.result()
+            history = await handle.fetch_history()
+        (HERE / f"{name}.json").write_text(history.to_json())
+        print(f"recorded {name}: {len(history.events)} events")  # noqa: T201
+    await env.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(record())
+    sys.stdout.flush()
+    os._exit(0)

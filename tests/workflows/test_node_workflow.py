@@ -1,0 +1,78 @@
+"""NodeWorkflow: registration, a lease held by heartbeats, and a machine that goes Down when they stop."""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import activity
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tests.workflows.fakes import unique
+from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView, node_id, node_task_queue
+from workflows.domain.settings import Settings
+from workflows.messages import (
+    CONTROL_TASK_QUEUE,
+    SCHEDULER_TASK_QUEUE,
+    LeaseInput,
+    NodeChangedInput,
+    NodeInput,
+    RegisterRequest,
+)
+from workflows.node import NodeWorkflow
+
+
+class FakeMachine:
+    def __init__(self) -> None:
+        self.alive = True
+        self.seen: list[NodeView] = []
+
+    @activity.defn(name="hold_lease")
+    async def hold_lease(self, input: LeaseInput) -> None:
+        while self.alive:  # a dead agent stops heartbeating
+            activity.heartbeat()
+            await asyncio.sleep(input.renew_seconds)
+        await asyncio.sleep(30)
+
+    @activity.defn(name="node_changed")
+    async def node_changed(self, input: NodeChangedInput) -> None:
+        self.seen.append(input.node)
+
+
+async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping: WorkflowEnvironment) -> None:
+    client = time_skipping.client
+    name = unique("m")
+    machine = FakeMachine()
+    inventory = NodeInventory(
+        name=name, cpus=8, memory_bytes=2**34, gpus=[GpuInfo(index=0, uuid="GPU-0", model="L4", memory_bytes=2**34)]
+    )
+    settings = Settings(node_lease_ttl_seconds=1)
+    async with (
+        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
+        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed]),
+        Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
+    ):
+        handle = await client.start_workflow(
+            NodeWorkflow.run, NodeInput(name=name, settings=settings), id=node_id(name), task_queue=CONTROL_TASK_QUEUE
+        )
+        view = await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory))
+        assert (view.state, view.inventory) == ("Ready", inventory)
+        machine.alive = False
+        for _ in range(100):
+            view = await handle.query(NodeWorkflow.view)
+            if view.state == "Down":
+                break
+            await asyncio.sleep(0.1)
+        assert [(e.state, e.reason) for e in view.history] == [
+            ("Ready", "Registered by its agent"),
+            ("Down", "Machine lost: its lease expired"),
+        ]
+        machine.alive = True
+        view = await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory))
+        assert view.state == "Ready"
+        for _ in range(50):
+            if machine.seen and machine.seen[-1].state == "Ready" and len(machine.seen) >= 3:
+                break
+            await asyncio.sleep(0.1)
+        assert [v.state for v in machine.seen] == ["Ready", "Down", "Ready"]
+        await handle.terminate()

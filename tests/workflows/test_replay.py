@@ -1,0 +1,26 @@
+"""Committed histories replay against today's workflow code: determinism is guarded (see tests/histories)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from workflows.job import JobWorkflow
+from workflows.node import NodeWorkflow
+
+HISTORIES = sorted((Path(__file__).parent.parent / "histories").glob("*.json"))
+
+
+def test_histories_are_committed() -> None:
+    assert {p.stem for p in HISTORIES} >= {"hello", "fail", "restarts", "cancel"}
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_a_committed_history_replays(path: Path) -> None:
+    history = WorkflowHistory.from_json(f"job/default/{path.stem}", path.read_text())
+    replayer = Replayer(workflows=[JobWorkflow, NodeWorkflow], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(history)
