@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from workers.render import render_describe, render_events, render_history, rende
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, format_errors, parse_spec
 
-Handler = Callable[[argparse.Namespace], Awaitable[int]]
+Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
 def load_settings(path: str | None) -> Settings:
@@ -319,7 +319,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     level = logging.INFO if args.command in ("dev", "control", "scheduler", "agent") else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        return asyncio.run(args.handler(args))
+        handler: Handler = args.handler
+        return asyncio.run(handler(args))
     except AstraeusError as error:
         print(f"astraeus: {error}", file=sys.stderr)
         return 2

@@ -71,3 +71,9 @@ class Runtime(Protocol):
 
     def gpus_in_use(self) -> dict[str, list[int]]:
         """GPU indices held by attempts that still run, by attempt slug."""
+
+    def attempts(self) -> list[TaskKey]:
+        """Every attempt this machine knows, running or ended: what an agent that restarts finds."""
+
+    def delete(self, key: TaskKey) -> None:
+        """Remove an ended attempt and its logs."""

@@ -63,7 +63,10 @@ class FakeCluster:
         for r in input.requests:
             if r.task_id in self.script.no_room:
                 update = PlacementUpdate(
-                    task_id=r.task_id, attempt=r.attempt, code="NoMachineFits", reason="No machine fits: 1 of 1 machines ready"
+                    task_id=r.task_id,
+                    attempt=r.attempt,
+                    code="NoMachineFits",
+                    reason="No machine fits: 1 of 1 machines ready",
                 )
             else:
                 update = PlacementUpdate(task_id=r.task_id, attempt=r.attempt, node=NODE)

@@ -122,7 +122,10 @@ async def test_cancel_stops_running_and_waiting_workers(time_skipping: WorkflowE
         status = await handle.result()
         described = await handle.query("describe", result_type=JobDescription)
     assert (status.state, status.reason) == ("Cancelled", "All workers ended; some were cancelled")
-    assert pairs(described.tasks[0].history)[-2:] == [("Stopping", "Run cancelled"), ("Cancelled", "Stopped on request")]
+    assert pairs(described.tasks[0].history)[-2:] == [
+        ("Stopping", "Run cancelled"),
+        ("Cancelled", "Stopped on request"),
+    ]
     assert pairs(described.tasks[1].history)[-2:] == [
         ("Pending", "No machine fits: 1 of 1 machines ready"),
         ("Cancelled", "Run cancelled"),

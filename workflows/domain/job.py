@@ -24,7 +24,6 @@ from workflows.domain.status import (
     JobRecord,
     LastFailure,
     NodeReasons,
-    Placement,
     RunState,
     Status,
     TaskRecord,
@@ -257,6 +256,7 @@ class _Step:
         """Stop a worker: a placed one goes Stopping, a waiting one straight to Cancelled."""
         if task.final:
             return
+        task.stopped = True
         if task.state is TaskState.PENDING:
             self.move(task, TaskEvent.STOP, reason)
             task.final = True
@@ -299,9 +299,9 @@ def _apply(step: _Step, event: Event) -> None:
                 return
             if node is None:
                 record(task.status, task.history, task.state, Reason(event.code, event.reason), now)
-                job.placement = Placement(nodes=event.nodes)
+                task.waiting_on = event.nodes
                 return
-            task.node = node
+            task.node, task.waiting_on = node, []
             step.move(task, TaskEvent.PLACED, R.Placed(node=node))
             step.commands.append(Start(task_id=task.id, attempt=attempt, node=node, group=group_of(job, task)))
         case TaskStarted(task_id=task_id, attempt=attempt):
@@ -321,9 +321,7 @@ def _apply(step: _Step, event: Event) -> None:
         case TaskRunning(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
             if task is not None and task.state is TaskState.STARTING:
-                step.move(task, TaskEvent.CONTAINER_RUNNING, R.ContainerRunning())
-                task.running_since = now
-                task.status.started_at = task.status.started_at or now
+                _running(step, task)
         case TaskEnded():
             _ended(step, event)
         case CancelRequested():
@@ -343,6 +341,14 @@ def _apply(step: _Step, event: Event) -> None:
             step.commands.append(Place(requests=[task_request(job, task)]))
 
 
+def _running(step: _Step, task: TaskRecord) -> None:
+    """The machine reports the worker running; the run shows it before anything that follows in the batch."""
+    step.move(task, TaskEvent.CONTAINER_RUNNING, R.ContainerRunning())
+    task.running_since = step.now
+    task.status.started_at = task.status.started_at or step.now
+    _derive(step)
+
+
 def _ended(step: _Step, event: TaskEnded) -> None:
     task = _current(step.job, event.task_id, event.attempt)
     if task is None or task.state not in TASK_ON_NODE:
@@ -353,7 +359,7 @@ def _ended(step: _Step, event: TaskEnded) -> None:
         return
     if task.state is TaskState.STARTING:
         # It ran: its end reached us before the machine's "running" report was handled.
-        step.move(task, TaskEvent.CONTAINER_RUNNING, R.ContainerRunning())
+        _running(step, task)
     if event.not_found:
         reason = R.ContainerNotFound()
     elif event.oom:

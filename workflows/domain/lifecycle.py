@@ -136,7 +136,9 @@ def derive_run(
         return None
     if cancel_requested and current not in RUN_TERMINAL:
         return (RunState.CANCELLED, R.SomeCancelled()) if all(t.final for t in tasks) else None
-    failures = [t for t in tasks if t.final and t.state in (TaskState.FAILED, TaskState.DOWN)]
+    if current in (RunState.COMPLETED, RunState.CANCELLED):
+        return None
+    failures = [t for t in tasks if t.final and not t.stopped and t.state in (TaskState.FAILED, TaskState.DOWN)]
     if failures:
         first = _failure_sentence(failures[0])
         if len(failures) == 1:
@@ -145,7 +147,7 @@ def derive_run(
     if current in RUN_TERMINAL:
         return None
     if all(t.final for t in tasks):
-        if any(t.state is TaskState.CANCELLED for t in tasks):
+        if any(t.state is TaskState.CANCELLED or t.stopped for t in tasks):
             return RunState.CANCELLED, R.SomeCancelled()
         return RunState.COMPLETED, R.AllWorkersCompleted()
     running = sum(t.state in (TaskState.RUNNING, TaskState.STALE) for t in tasks)

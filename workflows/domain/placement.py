@@ -151,7 +151,7 @@ def place(
     """Place waiting workers in queue order, best fit, on machines with room. One decision per request."""
     ordered_nodes = sorted(nodes, key=lambda n: n.name)
     free = free_capacity(ordered_nodes, allocations)
-    ready = sum(n.state is NodeState.READY for n in ordered_nodes)
+    ready = sum(n.state is NodeState.READY and n.inventory is not None for n in ordered_nodes)
     decisions = []
     for request in sorted(requests, key=queue_order):
         fits = [n for n in ordered_nodes if not explain(n, free[n.name], request)]

@@ -122,11 +122,11 @@ def format_errors(error: ValidationError) -> str:
     """One line per problem, each naming the field: `groups.0.gpus: Input should be ...`."""
     lines = []
     for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "spec"
+        where = ".".join(str(part) for part in item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown field"
-        lines.append(f"{where}: {message}")
+        lines.append(f"{where}: {message}" if where else message)
     return "\n".join(lines)
 
 

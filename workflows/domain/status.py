@@ -113,10 +113,12 @@ class TaskRecord(BaseModel):
     restarts: int = 0
     restart_at: datetime | None = None
     final: bool = False
+    stopped: bool = False  # a person, the API or the run stopped it: never counted as a failure
     running_since: datetime | None = None
     status: Status
     history: list[StatusEntry] = Field(default_factory=list)
     last_failure: LastFailure | None = None
+    waiting_on: list[NodeReasons] = Field(default_factory=list)  # every machine's reasons while it waits
 
     @property
     def state(self) -> TaskState:
@@ -133,7 +135,6 @@ class JobRecord(BaseModel):
     status: Status
     history: list[StatusEntry] = Field(default_factory=list)
     tasks: list[TaskRecord] = Field(default_factory=list)
-    placement: Placement = Field(default_factory=Placement)
     cancel_requested: bool = False
 
     @property

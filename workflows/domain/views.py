@@ -73,7 +73,7 @@ def describe(job: JobRecord) -> JobDescription:
             )
             for t in job.tasks
         ],
-        placement=job.placement,
+        placement=Placement(nodes=next((t.waiting_on for t in job.tasks if t.waiting_on), [])),
     )
 
 

@@ -1,0 +1,273 @@
+"""The `process` runtime: each attempt is a local process under a shim, for machines without an engine.
+
+An attempt lives in `root/<slug>/`: `launch.json` (what was asked), `shim.pid`, `pid` (the worker, leader of
+its own process group), `log` (stdout and stderr) and `exit` (its code, written by the shim when it ends).
+The files are the truth, so an agent that restarts finds its attempts again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
+from activities.runtime.shim import write_atomically
+from workflows.domain.reasons import R
+
+# The directory that holds the `activities` package: the shim runs as `python -m activities.runtime.shim`.
+_IMPORT_ROOT = Path(__file__).resolve().parents[2]
+_START_WAIT_SECONDS = 5.0
+_KILL_WAIT_SECONDS = 5.0
+_POLL_SECONDS = 0.01
+
+
+class ProcessRuntime:
+    """Runs attempts as local processes, each under `activities.runtime.shim`, in its own session."""
+
+    name = "process"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._shims: dict[int, subprocess.Popen[bytes]] = {}  # shims this instance spawned, to reap them
+
+    def start(self, key: TaskKey, launch: Launch) -> None:
+        """Start the attempt unless it already exists; returns once its worker started (or already ended)."""
+        if not launch.command:
+            raise RuntimeFailure(R.InvalidTask(error="the command is empty"))
+        directory = self._dir(key)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise RuntimeFailure(R.ContainerStartFailed(error=str(err))) from err
+        with _locked(directory):
+            if _exists(directory, "shim.pid") or _exists(directory, "exit"):
+                return
+            (directory / "launch.json").write_text(json.dumps(dataclasses.asdict(launch)))
+            shim = self._spawn_shim(key, launch, directory)
+            write_atomically(directory / "shim.pid", f"{shim.pid}\n")
+        self._wait_until_started(directory, shim)
+
+    def observe(self, key: TaskKey) -> Observed:
+        """Exited with a code, running while its shim lives, else not found (no directory, or a dead shim)."""
+        directory = self._dir(key)
+        code = _read_int(directory / "exit")
+        if code is None:
+            shim_pid = _read_int(directory / "shim.pid")
+            if shim_pid is not None and self._shim_alive(shim_pid, directory):
+                return Observed(running=True)
+            # The shim writes the exit file just before it ends: look again after seeing it gone.
+            code = _read_int(directory / "exit")
+        if code is None:
+            return Observed(running=False, not_found=True)
+        return Observed(running=False, exit_code=code)
+
+    def stop(self, key: TaskKey, grace_seconds: float) -> None:
+        """SIGTERM the worker's process group, SIGKILL it after the grace period; returns once it ended."""
+        if not self.observe(key).running:
+            return
+        directory = self._dir(key)
+        # A start may still be in flight: its worker's pid comes within moments.
+        _wait_for_file(directory, _START_WAIT_SECONDS, lambda: not self.observe(key).running)
+        _signal_group(directory, signal.SIGTERM)
+        if self._wait_until_ended(key, grace_seconds):
+            return
+        _signal_group(directory, signal.SIGKILL)
+        if not self._wait_until_ended(key, _KILL_WAIT_SECONDS):
+            raise TimeoutError(f"attempt {key.slug} still runs {_KILL_WAIT_SECONDS:g} s after SIGKILL")
+
+    def log_tail(self, key: TaskKey, lines: int, max_bytes: int) -> str:
+        """The last `lines` lines of its output, then at most the last `max_bytes` bytes of those."""
+        if lines <= 0 or max_bytes <= 0:
+            return ""
+        try:
+            data = _read_end(self._dir(key) / "log", max_bytes)
+        except FileNotFoundError:
+            return ""
+        return _last_lines(data, lines).decode("utf-8", errors="replace")
+
+    def gpus_in_use(self) -> dict[str, list[int]]:
+        """GPU indices held by attempts that still run, by attempt slug."""
+        held: dict[str, list[int]] = {}
+        for key in self.attempts():
+            if self.observe(key).running:
+                launch = json.loads((self._dir(key) / "launch.json").read_text())
+                held[key.slug] = list(launch["gpu_indices"])
+        return held
+
+    def delete(self, key: TaskKey) -> None:
+        """Remove an ended attempt's directory, its log included. Deleting a missing attempt does nothing."""
+        if self.observe(key).running:
+            raise ValueError(f"attempt {key.slug} still runs: stop it before deleting it")
+        with suppress(FileNotFoundError):
+            shutil.rmtree(self._dir(key))
+
+    def attempts(self) -> list[TaskKey]:
+        """Every attempt this machine has a directory for, running or ended."""
+        if not self.root.is_dir():
+            return []
+        keys = (_parse_slug(entry.name) for entry in self.root.iterdir() if entry.is_dir())
+        return sorted((key for key in keys if key is not None), key=lambda key: key.slug)
+
+    def _dir(self, key: TaskKey) -> Path:
+        return self.root / key.slug
+
+    def _spawn_shim(self, key: TaskKey, launch: Launch, directory: Path) -> subprocess.Popen[bytes]:
+        shim_module = ["-m", "activities.runtime.shim", "--dir", str(directory), "--"]
+        command = [sys.executable, *shim_module, *launch.command]
+        # The shim's own output (a traceback, say) goes to the worker's log, where people look.
+        with open(directory / "log", "ab") as log:
+            try:
+                shim = subprocess.Popen(
+                    command,
+                    cwd=directory,
+                    env=_environment(key, launch),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except ValueError as err:  # a NUL byte in an argument or a variable
+                raise RuntimeFailure(R.InvalidTask(error=str(err))) from err
+            except OSError as err:
+                raise RuntimeFailure(R.ContainerStartFailed(error=str(err))) from err
+        self._shims[shim.pid] = shim
+        return shim
+
+    def _wait_until_started(self, directory: Path, shim: subprocess.Popen[bytes]) -> None:
+        """Wait until the shim started the worker (or recorded that it could not); fail if the shim died."""
+        if _wait_for_file(directory, _START_WAIT_SECONDS, lambda: shim.poll() is not None):
+            return
+        if shim.poll() is not None and not _exists(directory, "exit"):
+            error = f"the shim exited with code {shim.returncode} before starting the command"
+            raise RuntimeFailure(R.ContainerStartFailed(error=error))
+        # Still starting after the wait (a loaded machine): observe reports it running while its shim lives.
+
+    def _wait_until_ended(self, key: TaskKey, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while self.observe(key).running:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_SECONDS)
+        return True
+
+    def _shim_alive(self, pid: int, directory: Path) -> bool:
+        """Whether `pid` is still the shim of `directory`; a shim that ended is reaped, not left a zombie."""
+        shim = self._shims.get(pid)
+        if shim is not None:
+            if shim.poll() is None:
+                return True
+            self._shims.pop(pid, None)
+            return False
+        with suppress(ChildProcessError):  # our child if a former instance in this process spawned it
+            os.waitpid(pid, os.WNOHANG)
+        return _runs_shim_of(pid, directory)
+
+
+def _environment(key: TaskKey, launch: Launch) -> dict[str, str]:
+    """The agent's environment, the launch's, then ours: a worker never sees a GPU it was not given."""
+    env = {**os.environ, **launch.env}
+    env.update(
+        CUDA_VISIBLE_DEVICES=",".join(str(index) for index in launch.gpu_indices),
+        # Our indices are NVML's, in PCI bus order; CUDA numbers devices fastest first unless told otherwise.
+        CUDA_DEVICE_ORDER="PCI_BUS_ID",
+        ASTRAEUS_TASK=key.task,
+        ASTRAEUS_JOB=key.job,
+        ASTRAEUS_NAMESPACE=key.namespace,
+        ASTRAEUS_ATTEMPT=str(key.attempt),
+    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _runs_shim_of(pid: int, directory: Path) -> bool:
+    """Whether process `pid` is alive and is the shim of `directory` (pids are reused, and zombies linger)."""
+    if not Path("/proc/self").exists():  # not Linux: trust the pid
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()  # empty for a zombie
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return os.fsencode(directory) in cmdline.split(b"\0")
+
+
+def _signal_group(directory: Path, signum: int) -> None:
+    """Signal the worker's process group; it may end on its own at any moment."""
+    pid = _read_int(directory / "pid")
+    if pid is None or _exists(directory, "exit"):
+        return
+    with suppress(ProcessLookupError):
+        os.killpg(pid, signum)
+
+
+def _wait_for_file(directory: Path, seconds: float, give_up: Callable[[], bool]) -> bool:
+    """Wait until the worker's pid or exit file exists; False on time out or when `give_up()` says so."""
+    deadline = time.monotonic() + seconds
+    while not (_exists(directory, "pid") or _exists(directory, "exit")):
+        if give_up() or time.monotonic() >= deadline:
+            return _exists(directory, "pid") or _exists(directory, "exit")
+        time.sleep(_POLL_SECONDS)
+    return True
+
+
+def _read_end(path: Path, max_bytes: int) -> bytes:
+    """The file's last `max_bytes` bytes, read from the end (a log may be huge), from a character's start."""
+    with open(path, "rb") as file:
+        start = max(0, file.seek(0, os.SEEK_END) - max_bytes)
+        file.seek(start)
+        data = file.read(max_bytes)
+    # Cut mid-character, the first bytes would decode to U+FFFD, longer than they were: drop them.
+    return data.lstrip(bytes(range(0x80, 0xC0))) if start else data
+
+
+def _last_lines(data: bytes, lines: int) -> bytes:
+    """The last `lines` lines of `data`; a final newline does not start another line."""
+    start = len(data) - 1 if data.endswith(b"\n") else len(data)
+    for _ in range(lines):
+        start = data.rfind(b"\n", 0, start)
+        if start < 0:
+            return data
+    return data[start + 1 :]
+
+
+def _parse_slug(slug: str) -> TaskKey | None:
+    """The key of an attempt directory `namespace.job.task.attempt`; None for anything else."""
+    parts = slug.rsplit(".", 3)
+    if len(parts) != 4 or not parts[3].isdigit():
+        return None
+    namespace, job, task, attempt = parts
+    return TaskKey(namespace=namespace, job=job, task=task, attempt=int(attempt))
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """Hold the attempt's lock, so that two starts at once (a retried activity) spawn one shim."""
+    with open(directory / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _exists(directory: Path, name: str) -> bool:
+    return (directory / name).exists()
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None

@@ -1,0 +1,275 @@
+"""The process runtime against real processes: start, observe, stop, logs, GPUs and an agent restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from pathlib import Path
+
+import pytest
+
+from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
+from activities.runtime.process import ProcessRuntime
+
+
+def key(task: str = "train-0", attempt: int = 1) -> TaskKey:
+    return TaskKey(namespace="team-a", job="llm-7b", task=task, attempt=attempt)
+
+
+def wait_until_ended(runtime: ProcessRuntime, task_key: TaskKey, seconds: float = 5.0) -> Observed:
+    deadline = time.monotonic() + seconds
+    while (observed := runtime.observe(task_key)).running:
+        assert time.monotonic() < deadline, f"{task_key.slug} still runs after {seconds} s"
+        time.sleep(0.01)
+    return observed
+
+
+def wait_for_text(path: Path, seconds: float = 5.0) -> str:
+    """The file's text once it has some: a started worker needs a moment to write."""
+    deadline = time.monotonic() + seconds
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline, f"{path} stays empty"
+        time.sleep(0.01)
+    return path.read_text()
+
+
+def has_ended(pid: int) -> bool:
+    """Gone, or a zombie (an orphan's new parent may not reap it at once, or at all in a sandbox)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    """The runtime's root; every worker and shim started under it is killed by pid afterwards."""
+    yield tmp_path / "attempts"
+    for directory in (tmp_path / "attempts").glob("*"):
+        for name, kill in (("pid", os.killpg), ("shim.pid", os.kill)):
+            with suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+                kill(int((directory / name).read_text()), signal.SIGKILL)
+        with suppress(FileNotFoundError, ValueError, ChildProcessError):
+            os.waitpid(int((directory / "shim.pid").read_text()), os.WNOHANG)
+
+
+@pytest.fixture
+def runtime(root: Path) -> ProcessRuntime:
+    return ProcessRuntime(root)
+
+
+def test_a_worker_that_succeeds_exits_0(runtime: ProcessRuntime) -> None:
+    runtime.start(key(), Launch(command=python("print('hello')")))
+
+    assert wait_until_ended(runtime, key()) == Observed(running=False, exit_code=0)
+    assert runtime.log_tail(key(), 50, 16384) == "hello\n"
+
+
+def test_a_worker_that_fails_reports_its_code_and_its_stderr(runtime: ProcessRuntime) -> None:
+    runtime.start(key(), Launch(command=["sh", "-c", "echo boom >&2; exit 3"]))
+
+    assert wait_until_ended(runtime, key()).exit_code == 3
+    assert "boom" in runtime.log_tail(key(), 50, 16384)
+
+
+def test_a_command_that_does_not_exist_exits_127_and_says_so(runtime: ProcessRuntime) -> None:
+    runtime.start(key(), Launch(command=["no-such-program-here", "--flag"]))
+
+    assert wait_until_ended(runtime, key()).exit_code == 127
+    assert runtime.log_tail(key(), 50, 16384) == "no-such-program-here: command not found\n"
+
+
+def test_a_file_without_execute_permission_exits_126(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho never\n")
+
+    runtime.start(key(), Launch(command=[str(script)]))
+
+    assert wait_until_ended(runtime, key()).exit_code == 126
+    assert "permission denied" in runtime.log_tail(key(), 50, 16384)
+
+
+def test_a_file_that_cannot_be_executed_exits_126(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    binary = tmp_path / "not-a-program"
+    binary.write_bytes(b"\x7fELF garbage")
+    binary.chmod(0o755)
+
+    runtime.start(key(), Launch(command=[str(binary)]))
+
+    assert wait_until_ended(runtime, key()).exit_code == 126
+    assert runtime.log_tail(key(), 50, 16384) == f"{binary}: Exec format error\n"
+
+
+def test_an_empty_command_is_an_invalid_task(runtime: ProcessRuntime) -> None:
+    with pytest.raises(RuntimeFailure) as failure:
+        runtime.start(key(), Launch(command=[]))
+
+    assert failure.value.reason.code == "InvalidTask"
+    assert runtime.observe(key()).not_found
+
+
+def test_stop_ends_a_worker_with_sigterm_within_the_grace(runtime: ProcessRuntime) -> None:
+    runtime.start(key(), Launch(command=["sleep", "60"]))
+    assert runtime.observe(key()).running
+
+    started = time.monotonic()
+    runtime.stop(key(), grace_seconds=5)
+
+    assert time.monotonic() - started < 2
+    assert runtime.observe(key()) == Observed(running=False, exit_code=143)
+
+
+def test_stop_kills_a_worker_that_ignores_sigterm_after_the_grace(runtime: ProcessRuntime) -> None:
+    runtime.start(key(), Launch(command=["sh", "-c", 'trap "" TERM; sleep 60']))
+
+    started = time.monotonic()
+    runtime.stop(key(), grace_seconds=0.5)
+
+    assert 0.5 <= time.monotonic() - started < 3
+    assert runtime.observe(key()) == Observed(running=False, exit_code=137)
+
+
+def test_stop_of_an_ended_or_unknown_attempt_does_nothing(runtime: ProcessRuntime) -> None:
+    runtime.start(key(), Launch(command=["true"]))
+    wait_until_ended(runtime, key())
+
+    runtime.stop(key(), grace_seconds=1)
+    runtime.stop(key("never-started"), grace_seconds=1)
+
+    assert runtime.observe(key()).exit_code == 0
+
+
+def test_stop_ends_what_the_worker_started_in_its_group(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    grandchild = tmp_path / "grandchild.pid"
+    runtime.start(
+        key(),
+        Launch(command=["sh", "-c", f"sleep 60 & echo $! > {grandchild}.tmp; mv {grandchild}.tmp {grandchild}; wait"]),
+    )
+    pid = int(wait_for_text(grandchild))
+
+    runtime.stop(key(), grace_seconds=2)
+
+    deadline = time.monotonic() + 2  # a signalled process dies when it is next scheduled
+    while not has_ended(pid):
+        assert time.monotonic() < deadline, f"pid {pid} still runs"
+        time.sleep(0.01)
+
+
+def test_starting_twice_starts_one_process(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    launch = Launch(command=["sh", "-c", f"echo started >> {starts}; sleep 60"])
+
+    runtime.start(key(), launch)
+    runtime.start(key(), launch)
+
+    assert runtime.observe(key()).running
+    assert wait_for_text(starts) == "started\n"
+    runtime.stop(key(), grace_seconds=1)
+    runtime.start(key(), launch)  # an ended attempt is not started again
+    time.sleep(0.2)
+    assert starts.read_text() == "started\n"
+
+
+def test_two_starts_at_once_start_one_process(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    launch = Launch(command=["sh", "-c", f"echo started >> {starts}; sleep 60"])
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(lambda _: runtime.start(key(), launch), range(4)))
+
+    assert wait_for_text(starts) == "started\n"
+    time.sleep(0.2)  # time for a second worker to show itself
+    assert starts.read_text() == "started\n"
+
+
+def test_a_restarted_agent_finds_its_running_attempt_and_later_its_exit_code(root: Path, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    command = ["sh", "-c", f"while [ ! -e {release} ]; do sleep 0.02; done; exit 7"]
+    ProcessRuntime(root).start(key(), Launch(command=command, gpu_indices=[1]))
+
+    restarted = ProcessRuntime(root)
+    assert restarted.attempts() == [key()]
+    assert restarted.observe(key()).running
+    assert restarted.gpus_in_use() == {key().slug: [1]}
+
+    release.touch()
+    assert wait_until_ended(restarted, key()) == Observed(running=False, exit_code=7)
+    assert restarted.gpus_in_use() == {}
+
+
+def test_a_worker_sees_the_gpus_it_was_given_and_its_names(runtime: ProcessRuntime) -> None:
+    show = "env | grep -E '^(CUDA_VISIBLE_DEVICES|ASTRAEUS_|GREETING)' | sort"
+    runtime.start(key(), Launch(command=["sh", "-c", show], env={"GREETING": "hi"}, gpu_indices=[2, 5]))
+    runtime.start(key("eval-0"), Launch(command=["sh", "-c", "echo [$CUDA_VISIBLE_DEVICES]"]))
+
+    wait_until_ended(runtime, key())
+    wait_until_ended(runtime, key("eval-0"))
+
+    assert runtime.log_tail(key(), 50, 16384).splitlines() == [
+        "ASTRAEUS_ATTEMPT=1",
+        "ASTRAEUS_JOB=llm-7b",
+        "ASTRAEUS_NAMESPACE=team-a",
+        "ASTRAEUS_TASK=train-0",
+        "CUDA_VISIBLE_DEVICES=2,5",
+        "GREETING=hi",
+    ]
+    assert runtime.log_tail(key("eval-0"), 50, 16384) == "[]\n"
+
+
+def test_log_tail_keeps_the_last_lines_and_at_most_max_bytes(runtime: ProcessRuntime) -> None:
+    short = "for i in range(1000): print(f'line {i}')"
+    long = "for i in range(1000): print(f'line {i} ' + 'x' * 1000)"
+    runtime.start(key("short"), Launch(command=python(short)))
+    runtime.start(key("long"), Launch(command=python(long)))
+    wait_until_ended(runtime, key("short"))
+    wait_until_ended(runtime, key("long"))
+
+    assert runtime.log_tail(key("short"), 50, 16384).splitlines() == [f"line {i}" for i in range(950, 1000)]
+    tail = runtime.log_tail(key("long"), 50, 16384)
+    assert len(tail.encode()) == 16384
+    assert tail.endswith(f"line 999 {'x' * 1000}\n")
+    assert runtime.log_tail(key("nothing"), 50, 16384) == ""
+
+
+def test_log_tail_does_not_start_mid_character(runtime: ProcessRuntime) -> None:
+    runtime.start(key(), Launch(command=python("print('\u00e9' * 100)")))
+    wait_until_ended(runtime, key())
+
+    assert runtime.log_tail(key(), 50, 8) == "\u00e9" * 3 + "\n"
+
+
+def test_an_unknown_attempt_is_not_found(runtime: ProcessRuntime) -> None:
+    assert runtime.observe(key("unknown")) == Observed(running=False, not_found=True)
+    assert runtime.attempts() == []
+    assert runtime.gpus_in_use() == {}
+
+
+def test_an_attempt_whose_shim_died_is_not_found(runtime: ProcessRuntime, root: Path) -> None:
+    runtime.start(key(), Launch(command=["sleep", "60"]))
+    os.kill(int((root / key().slug / "shim.pid").read_text()), signal.SIGKILL)  # first, or it writes an exit
+    os.killpg(int((root / key().slug / "pid").read_text()), signal.SIGKILL)
+    time.sleep(0.1)
+
+    assert runtime.observe(key()) == Observed(running=False, not_found=True)
+
+
+def test_delete_removes_an_ended_attempt_but_not_a_running_one(runtime: ProcessRuntime) -> None:
+    runtime.start(key("done"), Launch(command=["true"]))
+    runtime.start(key("busy"), Launch(command=["sleep", "60"]))
+    wait_until_ended(runtime, key("done"))
+
+    runtime.delete(key("done"))
+    with pytest.raises(ValueError, match="still runs"):
+        runtime.delete(key("busy"))
+
+    assert runtime.attempts() == [key("busy")]
+    assert runtime.observe(key("done")).not_found
