@@ -19,8 +19,8 @@ test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check workflows activities workers tests bench
-	$(BIN)/ruff format --check workflows activities workers tests bench
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
