@@ -108,9 +108,10 @@ class AstraeusClient:
             cause = error.cause
             raise AstraeusError(cause.message if isinstance(cause, ApplicationError) else str(cause)) from None
         except RPCError as error:
-            if error.status == RPCStatusCode.NOT_FOUND:
-                raise AstraeusError(f"no run named {name} in namespace {namespace} is still running") from None
-            raise
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+            status = await self.status(namespace, name)  # raises "no run named ..." when there is none
+            raise AstraeusError(f"run {namespace}/{name} already ended: {status.state}") from None
 
     async def ls(self, namespace: str | None = None, state: str | None = None) -> list[RunSummary]:
         """Runs, newest first, filtered by namespace and state (search attributes)."""

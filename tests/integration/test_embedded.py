@@ -78,6 +78,10 @@ def test_a_failing_worker_fails_its_run_with_its_log(cluster: Cluster) -> None:
     assert "boom" in task["last_failure"]["log_tail"]
     human = cluster.cli("describe", "fail").stdout
     assert "| boom" in human
+    late = cluster.cli("stop", "fail/fail-0", check=False)
+    assert (late.returncode, late.stderr.strip()) == (2, "astraeus: run default/fail already ended: Failed")
+    unknown = cluster.cli("cancel", "nope", check=False)
+    assert (unknown.returncode, unknown.stderr.strip()) == (2, "astraeus: no run named nope in namespace default")
 
 
 @pytest.mark.parametrize(
