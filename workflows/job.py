@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         StopTaskRequest,
         SuperviseInput,
         TaskExit,
+        TaskProgressReport,
         TaskRef,
         TaskReport,
     )
@@ -196,6 +197,10 @@ class JobWorkflow:
     @workflow.signal(name="placement")
     def placement(self, update: core.PlacementUpdate) -> None:
         self._inbox.append(update)
+
+    @workflow.signal(name="task_progress")
+    def task_progress(self, report: TaskProgressReport) -> None:
+        self._inbox.append(core.TaskProgress(**report.model_dump()))
 
     @workflow.signal(name="task_running")
     def task_running(self, report: TaskReport) -> None:

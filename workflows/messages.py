@@ -47,6 +47,16 @@ class SchedulerView(_Msg):
     placed: list[Allocation] = Field(default_factory=list)
 
 
+class TaskProgressReport(_Msg):
+    """A machine's report while it sets a worker up (signal `task_progress`): a Preparing wait, or Pulling."""
+
+    task_id: str
+    attempt: int
+    pulling: bool = False
+    code: str
+    reason: str
+
+
 class TaskReport(_Msg):
     """A machine's report about one attempt of a worker (signal `task_running`)."""
 

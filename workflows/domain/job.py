@@ -61,6 +61,17 @@ class TaskStarted(_Msg):
     attempt: int
 
 
+class TaskProgress(_Msg):
+    """The machine is setting the worker up: a Preparing reason (a wait), or Pulling its image."""
+
+    kind: Literal["progress"] = "progress"
+    task_id: str
+    attempt: int
+    pulling: bool = False
+    code: str
+    reason: str
+
+
 class TaskSetupFailed(_Msg):
     kind: Literal["setup_failed"] = "setup_failed"
     task_id: str
@@ -107,6 +118,7 @@ Event = Annotated[
     Created
     | PlacementUpdate
     | TaskStarted
+    | TaskProgress
     | TaskSetupFailed
     | TaskRunning
     | TaskEnded
@@ -308,6 +320,15 @@ def _apply(step: _Step, event: Event) -> None:
             task = _current(job, task_id, attempt)
             if task is not None and task.state in (TaskState.PREPARING, TaskState.PULLING):
                 step.move(task, TaskEvent.CONTAINER_STARTED, R.ContainerStarted())
+        case TaskProgress(task_id=task_id, attempt=attempt):
+            task = _current(job, task_id, attempt)
+            if task is None or task.state not in (TaskState.PREPARING, TaskState.PULLING):
+                return
+            reason = Reason(event.code, event.reason)
+            if event.pulling and task.state is TaskState.PREPARING:
+                step.move(task, TaskEvent.PULL, reason)
+            else:
+                record(task.status, task.history, task.state, reason, now)
         case TaskSetupFailed(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
             if task is None or task.state not in TASK_ON_NODE:
