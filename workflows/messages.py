@@ -47,6 +47,14 @@ class SchedulerView(_Msg):
     placed: list[Allocation] = Field(default_factory=list)
 
 
+class PreemptRequest(_Msg):
+    """Signal `preempt`: stop these workers of the run to make room for `by` (a run id, or a reason that hides it),
+    and queue them again once gone without spending their restart budget."""
+
+    task_ids: list[str]
+    by: str
+
+
 class TaskProgressReport(_Msg):
     """A machine's report while it sets a worker up (signal `task_progress`): a Preparing wait, or Pulling."""
 
