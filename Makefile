@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit integration bench dev clean
+.PHONY: demo test lint typecheck unit integration bench bench-containers dev clean engine
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,8 +15,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m workers.demo examples/hello.yaml
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) lint typecheck engine
 	$(BIN)/python -m pytest -q
+
+# The tests start their own Docker engine and build a fake NVML: Debian's docker.io, busybox-static (the rootfs of
+# the test image) and gcc, installed when missing (as root, like CI). Skipped when all three are there.
+engine:
+	@if command -v dockerd >/dev/null && command -v docker >/dev/null && test -x /bin/busybox \
+		&& command -v gcc >/dev/null; then :; else \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			docker.io busybox-static gcc libc6-dev; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -28,11 +36,14 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not integration'
 
-integration: $(STAMP)
+integration: $(STAMP) engine
 	$(BIN)/python -m pytest -q -m integration
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.runs
+
+bench-containers: $(STAMP) engine
+	$(BIN)/python -m bench.containers
 
 dev: $(STAMP)
 	$(BIN)/astraeus dev

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from tests.docker_engine import DockerEngine
+from tests.docker_engine import missing as docker_engine_missing
 from workers.connect import SEARCH_ATTRIBUTES, ensure_search_attributes
 
 BIN = Path(sys.executable).parent
@@ -25,3 +28,29 @@ async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
     assert SEARCH_ATTRIBUTES
     yield env
     await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerEngine]:
+    """A real Docker engine of its own (dockerd under a temporary root), with the image local/busybox:latest."""
+    why = docker_engine_missing()
+    if why is not None:
+        pytest.skip(why)
+    engine = DockerEngine(tmp_path_factory.mktemp("docker", numbered=True))
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+@pytest.fixture(scope="session")
+def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding a fake libnvidia-ml.so.1 built from tests/fake_nvml/nvml.c with the C compiler; a
+    process started with LD_LIBRARY_PATH pointing at it runs the real pynvml on fake GPUs."""
+    directory = tmp_path_factory.mktemp("fake-nvml")
+    library = directory / "libnvidia-ml.so.1"
+    source = Path(__file__).parent / "fake_nvml" / "nvml.c"
+    build = ["gcc", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(library), str(source)]
+    subprocess.run(build, check=True)
+    return directory

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from workflows.domain.reasons import Reason
 
@@ -23,8 +24,29 @@ class TaskKey:
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A host path (`bind`) or an engine's named volume (`volume`) at `target` inside the container."""
+
+    target: str
+    source: str
+    kind: Literal["bind", "volume"] = "bind"
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class RegistryAuth:
+    """Credentials for pulling the image, read from a registry secret on the machine."""
+
+    username: str
+    password: str = field(repr=False)
+
+
+PullPolicy = Literal["Always", "IfNotPresent", "None"]
+
+
+@dataclass(frozen=True)
 class Launch:
-    """What to run: the command, its environment, the GPUs it was given and its limits."""
+    """What to run: the command, its environment, the GPUs it was given, its limits, image and mounts."""
 
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
@@ -32,6 +54,17 @@ class Launch:
     gpu_indices: list[int] = field(default_factory=list)
     cpu: float = 0
     memory_bytes: int = 0
+    pull_policy: PullPolicy = "IfNotPresent"
+    registry_auth: RegistryAuth | None = field(default=None, repr=False)
+    mounts: list[Mount] = field(default_factory=list)
+
+
+# Told what a start is doing while it takes time (R.Pulling before an image pull); it must not raise.
+OnProgress = Callable[[Reason], None]
+
+
+def ignore_progress(reason: Reason) -> None:
+    """The default OnProgress: nobody listens."""
 
 
 @dataclass(frozen=True)
@@ -52,13 +85,18 @@ class RuntimeFailure(Exception):
         self.reason = reason
 
 
+class RuntimeUnavailable(Exception):
+    """The runtime itself cannot be reached (the engine is down): nothing is known about the attempt."""
+
+
 class Runtime(Protocol):
     """Starts, watches and stops one attempt of a worker. Every method is idempotent."""
 
     name: str
 
-    def start(self, key: TaskKey, launch: Launch) -> None:
-        """Start the attempt unless it already exists (running or ended). Raises RuntimeFailure."""
+    def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
+        """Start the attempt unless it already exists (running or ended); never start one twice.
+        Reports R.Pulling through `on_progress` before pulling an image. Raises RuntimeFailure."""
 
     def observe(self, key: TaskKey) -> Observed:
         """Running, exited with a code, or not found on this machine."""

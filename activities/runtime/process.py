@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
+from activities.runtime.base import Launch, Observed, OnProgress, RuntimeFailure, TaskKey, ignore_progress
 from activities.runtime.shim import write_atomically
 from workflows.domain.reasons import R
 
@@ -40,10 +40,15 @@ class ProcessRuntime:
         self.root = root
         self._shims: dict[int, subprocess.Popen[bytes]] = {}  # shims this instance spawned, to reap them
 
-    def start(self, key: TaskKey, launch: Launch) -> None:
-        """Start the attempt unless it already exists; returns once its worker started (or already ended)."""
+    def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
+        """Start the attempt unless it already exists; returns once its worker started (or already ended).
+        A process has no image to pull, and nothing can be mounted into it: mounts are refused."""
         if not launch.command:
             raise RuntimeFailure(R.InvalidTask(error="the command is empty"))
+        if launch.mounts:
+            targets = ", ".join(mount.target for mount in launch.mounts)
+            error = f"the process runtime cannot mount drives or files ({targets}); run it on a docker machine"
+            raise RuntimeFailure(R.InvalidTask(error=error))
         directory = self._dir(key)
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -52,7 +57,7 @@ class ProcessRuntime:
         with _locked(directory):
             if _exists(directory, "shim.pid") or _exists(directory, "exit"):
                 return
-            (directory / "launch.json").write_text(json.dumps(dataclasses.asdict(launch)))
+            (directory / "launch.json").write_text(json.dumps(_recorded(launch)))
             shim = self._spawn_shim(key, launch, directory)
             write_atomically(directory / "shim.pid", f"{shim.pid}\n")
         self._wait_until_started(directory, shim)
@@ -187,6 +192,14 @@ def _environment(key: TaskKey, launch: Launch) -> dict[str, str]:
     )
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def _recorded(launch: Launch) -> dict[str, object]:
+    """What is kept of a launch on disk: never its environment or credentials (secrets may be among them)."""
+    kept = dataclasses.asdict(launch)
+    kept.pop("env")
+    kept.pop("registry_auth")
+    return kept
 
 
 def _runs_shim_of(pid: int, directory: Path) -> bool:

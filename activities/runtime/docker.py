@@ -1,0 +1,316 @@
+"""The `docker` runtime: each attempt is a container of a Docker engine, through the docker SDK.
+
+The one module that imports `docker`: the engine's errors become our reasons here (RuntimeFailure) or
+RuntimeUnavailable when the engine itself does not answer. A container is named after its attempt
+(`astraeus.<namespace>.<job>.<task>.<attempt>`) and labelled with its run, worker, attempt, machine and GPUs, so
+an agent that restarts finds its containers again, and a retried start finds the one it created: the engine
+refuses a second container of the same name, and a container that ever started is never started again.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import docker
+import requests
+from docker.errors import APIError, DockerException, NotFound
+from docker.models.containers import Container
+from docker.types import DeviceRequest
+from docker.types import Mount as DockerMount
+from docker.utils import parse_repository_tag
+
+from activities.runtime.base import (
+    Launch,
+    Observed,
+    OnProgress,
+    RuntimeFailure,
+    RuntimeUnavailable,
+    TaskKey,
+    ignore_progress,
+)
+from workflows.domain.reasons import R, Template
+
+DEFAULT_HOST = "unix:///var/run/docker.sock"
+LABEL_PREFIX = "astraeus."
+# What the engine says of a container that was created and never started.
+_NEVER_STARTED = "0001-01-01T00:00:00Z"
+_RUNNING_STATES = ["running", "paused", "restarting"]
+
+
+def container_name(key: TaskKey) -> str:
+    """The attempt's container: the engine keeps names unique, so a retried start finds its own."""
+    return f"astraeus.{key.slug}"
+
+
+class DockerRuntime:
+    """Runs attempts as containers of the Docker engine at `base_url` (default: $DOCKER_HOST, else the socket)."""
+
+    name = "docker"
+
+    def __init__(self, node: str, base_url: str | None = None, timeout_seconds: int = 60) -> None:
+        self.node = node
+        self.base_url = base_url or os.environ.get("DOCKER_HOST") or DEFAULT_HOST
+        try:
+            self._client = docker.DockerClient(base_url=self.base_url, timeout=timeout_seconds)
+            self._client.ping()
+        except (DockerException, requests.RequestException) as err:
+            raise RuntimeUnavailable(f"the Docker engine at {self.base_url} does not answer: {err}") from err
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def close(self) -> None:
+        self._client.close()
+
+    # ---- the port ---------------------------------------------------------------------------------------------
+
+    def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
+        """Pull the image under the launch's policy, create the container and start it, unless it exists.
+        Returns once the container runs (or already ended); a container that ever started is left alone."""
+        if not launch.command:
+            raise RuntimeFailure(R.InvalidTask(error="the command is empty"))
+        if not launch.image:
+            raise RuntimeFailure(R.InvalidTask(error="no image: the docker runtime runs a container image"))
+        with self._attempt_lock(key):
+            container = self._find(key)
+            if container is None:
+                self._ensure_image(launch.image, launch, on_progress)
+                container = self._create(key, launch)
+            if _never_started(container):
+                with _mapped(R.ContainerStartFailed):
+                    container.start()
+
+    def observe(self, key: TaskKey) -> Observed:
+        """Running while the engine says so; exited with its code and whether the kernel killed it for memory;
+        not found when there is no container, or one that never started."""
+        container = self._find(key)
+        if container is None or _never_started(container):
+            return Observed(running=False, not_found=True)
+        state = container.attrs["State"]
+        if state["Status"] in _RUNNING_STATES:
+            return Observed(running=True)
+        return Observed(running=False, exit_code=int(state["ExitCode"]), oom=bool(state["OOMKilled"]))
+
+    def stop(self, key: TaskKey, grace_seconds: float) -> None:
+        """SIGTERM (or the image's stop signal), the grace period, then SIGKILL; returns once it has ended."""
+        container = self._find(key)
+        if container is None or container.attrs["State"]["Status"] not in _RUNNING_STATES:
+            return
+        with _engine():
+            try:
+                container.stop(timeout=math.ceil(grace_seconds))
+            except NotFound:
+                return  # removed meanwhile: it has ended
+
+    def log_tail(self, key: TaskKey, lines: int, max_bytes: int) -> str:
+        """The last `lines` lines of its stdout and stderr (interleaved as written), at most `max_bytes`."""
+        if lines <= 0 or max_bytes <= 0:
+            return ""
+        container = self._find(key)
+        if container is None:
+            return ""
+        with _engine():
+            try:
+                data: bytes = container.logs(stdout=True, stderr=True, tail=lines)
+            except NotFound:
+                return ""
+        return trim_bytes(data, max_bytes).decode("utf-8", errors="replace")
+
+    def gpus_in_use(self) -> dict[str, list[int]]:
+        """GPU indices held by this machine's containers that still run, by attempt slug (from their labels)."""
+        held: dict[str, list[int]] = {}
+        for container in self._containers(status=_RUNNING_STATES):
+            labels = container.labels
+            key = _key_of(labels)
+            if key is not None:
+                gpus = labels.get(LABEL_PREFIX + "gpus", "")
+                held[key.slug] = [int(index) for index in gpus.split(",") if index]
+        return held
+
+    def attempts(self) -> list[TaskKey]:
+        """Every attempt this machine has a container for, running or ended."""
+        keys = (_key_of(container.labels) for container in self._containers())
+        return sorted((key for key in keys if key is not None), key=lambda key: key.slug)
+
+    def delete(self, key: TaskKey) -> None:
+        """Remove an ended attempt's container, and its logs with it. Deleting a missing one does nothing."""
+        container = self._find(key)
+        if container is None:
+            return
+        if container.attrs["State"]["Status"] in _RUNNING_STATES:
+            raise ValueError(f"attempt {key.slug} still runs: stop it before deleting it")
+        with _engine():
+            try:
+                container.remove()
+            except NotFound:
+                return
+
+    # ---- steps ------------------------------------------------------------------------------------------------
+
+    def _ensure_image(self, image: str, launch: Launch, on_progress: OnProgress) -> None:
+        """Pull under the policy: Always pulls, IfNotPresent pulls a missing image, None never pulls."""
+        present = self._image_present(image)
+        if launch.pull_policy == "None":
+            if not present:
+                raise RuntimeFailure(R.ImageNotPresent(image=image))
+            return
+        if launch.pull_policy == "IfNotPresent" and present:
+            return
+        on_progress(R.Pulling(image=image))
+        repository, tag = parse_repository_tag(image)
+        auth = launch.registry_auth
+        auth_config = {"username": auth.username, "password": auth.password} if auth else None
+        with _mapped(R.ErrImagePull):
+            self._client.images.pull(repository, tag=tag or "latest", auth_config=auth_config)
+
+    def _create(self, key: TaskKey, launch: Launch) -> Container:
+        """Create the attempt's container; one created meanwhile by another start of it is the one."""
+        assert launch.image is not None
+        options: dict[str, Any] = {
+            "image": launch.image,
+            "command": launch.command,
+            "name": container_name(key),
+            "labels": _labels(key, self.node, launch.gpu_indices),
+            "environment": _environment(key, launch),
+            "detach": True,
+            "mounts": [
+                DockerMount(target=m.target, source=m.source, type=m.kind, read_only=m.read_only) for m in launch.mounts
+            ],
+        }
+        if launch.memory_bytes > 0:
+            # Swap counted in the same limit, so that exceeding it is an OOM kill rather than swapping.
+            options.update(mem_limit=launch.memory_bytes, memswap_limit=launch.memory_bytes)
+        if launch.cpu > 0:
+            options["nano_cpus"] = int(launch.cpu * 1e9)
+        if launch.gpu_indices:
+            # Exactly the GPUs it was given, through the NVIDIA runtime; an engine without it refuses the container.
+            device_ids = [str(index) for index in launch.gpu_indices]
+            options["device_requests"] = [DeviceRequest(driver="nvidia", device_ids=device_ids, capabilities=[["gpu"]])]
+        try:
+            return self._client.containers.create(**options)
+        except APIError as err:
+            if err.status_code == 409:  # a start of the same attempt created it meanwhile
+                existing = self._find(key)
+                if existing is not None:
+                    return existing
+            # The engine refuses a bad parameter (a mount, a host path, a limit) with 400: the task is invalid.
+            template = R.InvalidTask if err.status_code == 400 else R.ContainerCreateFailed
+            raise RuntimeFailure(template(error=explain(err))) from err
+        except (DockerException, requests.RequestException) as err:
+            raise _unavailable(err) from err
+
+    # ---- the engine -------------------------------------------------------------------------------------------
+
+    def _find(self, key: TaskKey) -> Container | None:
+        with _engine():
+            try:
+                return self._client.containers.get(container_name(key))
+            except NotFound:
+                return None
+
+    def _image_present(self, image: str) -> bool:
+        with _engine():
+            try:
+                self._client.images.get(image)
+            except NotFound:
+                return False
+        return True
+
+    def _containers(self, status: list[str] | None = None) -> list[Container]:
+        filters: dict[str, Any] = {"label": [f"{LABEL_PREFIX}node={self.node}"]}
+        if status:
+            filters["status"] = status
+        with _engine():
+            containers: list[Container] = self._client.containers.list(all=True, filters=filters)
+        return containers
+
+    @contextmanager
+    def _attempt_lock(self, key: TaskKey) -> Iterator[None]:
+        """Two starts of one attempt at once (a retried activity) create and start one container."""
+        with self._locks_guard:
+            lock = self._locks.setdefault(key.slug, threading.Lock())
+        with lock:
+            yield
+
+
+@contextmanager
+def _engine() -> Iterator[None]:
+    """Any error but NotFound (which callers handle) means the engine cannot serve us: RuntimeUnavailable."""
+    try:
+        yield
+    except NotFound:
+        raise
+    except (DockerException, requests.RequestException) as err:
+        raise _unavailable(err) from err
+
+
+@contextmanager
+def _mapped(template: Template) -> Iterator[None]:
+    """The engine's refusal of this step becomes the step's reason, e.g. "ErrImagePull: <error>"."""
+    try:
+        yield
+    except APIError as err:
+        raise RuntimeFailure(template(error=explain(err))) from err
+    except (DockerException, requests.RequestException) as err:
+        raise _unavailable(err) from err
+
+
+def _unavailable(err: Exception) -> RuntimeUnavailable:
+    return RuntimeUnavailable(f"the Docker engine does not answer: {err}")
+
+
+def explain(err: APIError) -> str:
+    """The engine's own words, without the HTTP status line the SDK puts before them."""
+    explanation = err.explanation
+    if isinstance(explanation, bytes):
+        explanation = explanation.decode("utf-8", errors="replace")
+    return str(explanation or err).strip()
+
+
+def _never_started(container: Container) -> bool:
+    return bool(container.attrs["State"].get("StartedAt", _NEVER_STARTED).startswith("0001-01-01"))
+
+
+def _labels(key: TaskKey, node: str, gpus: list[int]) -> dict[str, str]:
+    return {
+        LABEL_PREFIX + "namespace": key.namespace,
+        LABEL_PREFIX + "job": key.job,
+        LABEL_PREFIX + "task": key.task,
+        LABEL_PREFIX + "attempt": str(key.attempt),
+        LABEL_PREFIX + "node": node,
+        LABEL_PREFIX + "gpus": ",".join(str(index) for index in gpus),
+    }
+
+
+def _key_of(labels: dict[str, str]) -> TaskKey | None:
+    try:
+        return TaskKey(
+            namespace=labels[LABEL_PREFIX + "namespace"],
+            job=labels[LABEL_PREFIX + "job"],
+            task=labels[LABEL_PREFIX + "task"],
+            attempt=int(labels[LABEL_PREFIX + "attempt"]),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def _environment(key: TaskKey, launch: Launch) -> dict[str, str]:
+    """The launch's environment, then ours. GPUs are the NVIDIA runtime's to number inside the container."""
+    return {
+        **launch.env,
+        "ASTRAEUS_TASK": key.task,
+        "ASTRAEUS_JOB": key.job,
+        "ASTRAEUS_NAMESPACE": key.namespace,
+        "ASTRAEUS_ATTEMPT": str(key.attempt),
+    }
+
+
+def trim_bytes(data: bytes, max_bytes: int) -> bytes:
+    """The last `max_bytes` bytes of `data`, from a character's start (a cut character would decode longer)."""
+    if len(data) <= max_bytes:
+        return data
+    return data[-max_bytes:].lstrip(bytes(range(0x80, 0xC0)))

@@ -1,0 +1,266 @@
+"""The docker runtime against a real Docker engine (dockerd started by the tests): pulls under each policy, limits,
+exit codes, OOM, stops, logs, labels, mounts, and a runtime that restarts and finds its containers again."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from activities.runtime.base import Launch, Mount, Observed, RuntimeFailure, RuntimeUnavailable, TaskKey
+from activities.runtime.docker import DockerRuntime, container_name
+from tests.docker_engine import IMAGE, DockerEngine
+from workers.devserver import free_port
+from workflows.domain.reasons import Reason
+
+_attempts = itertools.count(1)
+
+
+def key(task: str = "w-0") -> TaskKey:
+    """A new attempt each time: the engine is shared by every test of the session."""
+    return TaskKey(namespace="team-a", job="unit", task=task, attempt=next(_attempts))
+
+
+def sh(script: str, **fields: object) -> Launch:
+    return Launch(command=["sh", "-c", script], **{"image": IMAGE, **fields})  # type: ignore[arg-type]
+
+
+def wait_until_ended(runtime: DockerRuntime, task_key: TaskKey, seconds: float = 20.0) -> Observed:
+    deadline = time.monotonic() + seconds
+    while (observed := runtime.observe(task_key)).running:
+        assert time.monotonic() < deadline, f"{task_key.slug} still runs after {seconds} s"
+        time.sleep(0.05)
+    return observed
+
+
+def inspect(engine: DockerEngine, task_key: TaskKey) -> dict[str, object]:
+    return json.loads(engine.docker("inspect", container_name(task_key)))[0]  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def runtime(docker_engine: DockerEngine) -> Iterator[DockerRuntime]:
+    runtime = DockerRuntime("unit-node", docker_engine.host)
+    yield runtime
+    runtime.close()
+
+
+def test_a_worker_that_exits_0_is_seen_running_then_ended_with_its_output(runtime: DockerRuntime) -> None:
+    k = key()
+    runtime.start(k, sh("echo out; sleep 0.2; echo err >&2; sleep 0.3; echo $ASTRAEUS_TASK $ASTRAEUS_ATTEMPT"))
+
+    assert runtime.observe(k).running
+    assert wait_until_ended(runtime, k) == Observed(running=False, exit_code=0)
+    assert runtime.log_tail(k, lines=50, max_bytes=16384) == f"out\nerr\nw-0 {k.attempt}\n"
+    assert runtime.log_tail(k, lines=1, max_bytes=16384) == f"w-0 {k.attempt}\n"
+    assert runtime.log_tail(k, lines=50, max_bytes=4) == f"w-0 {k.attempt}\n"[-4:]
+
+
+def test_a_worker_that_exits_3_ends_with_code_3(runtime: DockerRuntime) -> None:
+    k = key()
+    runtime.start(k, sh("echo boom >&2; exit 3"))
+
+    assert wait_until_ended(runtime, k) == Observed(running=False, exit_code=3)
+    assert runtime.log_tail(k, lines=50, max_bytes=16384) == "boom\n"
+
+
+def test_a_worker_over_its_memory_limit_is_oom_killed(runtime: DockerRuntime, docker_engine: DockerEngine) -> None:
+    k = key()
+    runtime.start(k, sh("x=$(head -c 67108864 /dev/zero | tr '\\0' a); echo survived", memory_bytes=16 << 20))
+
+    assert wait_until_ended(runtime, k) == Observed(running=False, exit_code=137, oom=True)
+    assert inspect(docker_engine, k)["HostConfig"]["Memory"] == 16 << 20  # type: ignore[index]
+
+
+def test_cpu_memory_env_and_labels_reach_the_container(runtime: DockerRuntime, docker_engine: DockerEngine) -> None:
+    k = key("train-3")
+    runtime.start(k, sh("true", cpu=0.5, memory_bytes=64 << 20, env={"MODEL": "7b"}))
+
+    container = inspect(docker_engine, k)
+    host, config = container["HostConfig"], container["Config"]
+    assert (host["NanoCpus"], host["Memory"]) == (500_000_000, 64 << 20)  # type: ignore[index]
+    assert "MODEL=7b" in config["Env"] and "ASTRAEUS_TASK=train-3" in config["Env"]  # type: ignore[index]
+    labels = config["Labels"]  # type: ignore[index]
+    assert labels == {
+        "astraeus.namespace": "team-a",
+        "astraeus.job": "unit",
+        "astraeus.task": "train-3",
+        "astraeus.attempt": str(k.attempt),
+        "astraeus.node": "unit-node",
+        "astraeus.gpus": "",
+    }
+
+
+def test_an_image_that_is_not_present_fails_under_pull_policy_none_without_pulling(runtime: DockerRuntime) -> None:
+    progress: list[Reason] = []
+    with pytest.raises(RuntimeFailure) as failure:
+        runtime.start(key(), sh("true", image="local/missing:1", pull_policy="None"), progress.append)
+
+    assert failure.value.reason.text == "Image local/missing:1 is not present and the pull policy is None"
+    assert progress == []
+
+
+def test_a_missing_image_is_pulled_under_if_not_present_and_a_failed_pull_says_why(runtime: DockerRuntime) -> None:
+    image = f"127.0.0.1:{free_port()}/missing:1"  # a registry on loopback that does not answer
+    progress: list[Reason] = []
+    with pytest.raises(RuntimeFailure) as failure:
+        runtime.start(key(), sh("true", image=image), progress.append)
+
+    assert [r.text for r in progress] == [f"Pulling {image}"]
+    assert failure.value.reason.code == "ErrImagePull"
+    assert failure.value.reason.text.startswith("ErrImagePull: ")
+    assert "connection refused" in failure.value.reason.text
+
+
+def test_pull_policy_always_pulls_even_a_present_image(runtime: DockerRuntime, docker_engine: DockerEngine) -> None:
+    image = f"127.0.0.1:{free_port()}/busybox:always"
+    docker_engine.docker("tag", IMAGE, image)
+    progress: list[Reason] = []
+
+    runtime.start(key(), sh("true", image=image, pull_policy="IfNotPresent"), progress.append)
+    assert progress == []
+    with pytest.raises(RuntimeFailure) as failure:
+        runtime.start(key(), sh("true", image=image, pull_policy="Always"), progress.append)
+    assert [r.text for r in progress] == [f"Pulling {image}"]
+    assert failure.value.reason.code == "ErrImagePull"
+
+
+def test_a_stop_sends_sigterm_first(runtime: DockerRuntime) -> None:
+    k = key()
+    runtime.start(k, sh("trap 'echo got TERM; exit 0' TERM; while true; do sleep 0.1; done"))
+    time.sleep(0.3)  # let the shell set its trap
+
+    runtime.stop(k, grace_seconds=10)
+
+    assert runtime.observe(k) == Observed(running=False, exit_code=0)
+    assert runtime.log_tail(k, lines=5, max_bytes=1024) == "got TERM\n"
+
+
+def test_a_stop_kills_a_worker_that_ignores_sigterm_after_the_grace_period(runtime: DockerRuntime) -> None:
+    k = key()
+    runtime.start(k, sh("trap '' TERM; while true; do sleep 0.1; done"))
+    time.sleep(0.3)
+
+    began = time.monotonic()
+    runtime.stop(k, grace_seconds=1)
+
+    assert runtime.observe(k) == Observed(running=False, exit_code=137)
+    assert 0.9 <= time.monotonic() - began < 10
+    runtime.stop(k, grace_seconds=1)  # stopping an ended worker does nothing
+
+
+def test_a_second_start_of_an_attempt_never_starts_it_twice(runtime: DockerRuntime) -> None:
+    k = key()
+    runtime.start(k, sh("echo started"))
+    wait_until_ended(runtime, k)
+
+    runtime.start(k, sh("echo started"))  # a retried start, after the worker ended
+
+    assert runtime.log_tail(k, lines=50, max_bytes=1024) == "started\n"
+    assert runtime.observe(k) == Observed(running=False, exit_code=0)
+
+
+def test_a_runtime_that_restarts_finds_its_containers_and_their_gpus(
+    runtime: DockerRuntime, docker_engine: DockerEngine
+) -> None:
+    k = key("long-0")
+    runtime.start(k, sh("sleep 30"))
+    again = DockerRuntime("unit-node", docker_engine.host)  # the agent restarted
+    try:
+        assert again.observe(k).running
+        assert k in again.attempts()
+        assert again.gpus_in_use()[k.slug] == []
+        assert k not in DockerRuntime("other-node", docker_engine.host).attempts()
+        again.stop(k, grace_seconds=0)
+        assert runtime.observe(k) == Observed(running=False, exit_code=137)
+        assert k.slug not in again.gpus_in_use()
+    finally:
+        again.close()
+
+
+def test_gpus_are_requested_from_the_nvidia_runtime_which_this_engine_lacks(runtime: DockerRuntime) -> None:
+    with pytest.raises(RuntimeFailure) as failure:
+        runtime.start(key(), sh("true", gpu_indices=[0, 1]))
+
+    # dockerd 20.10 checks device requests when the container starts.
+    assert failure.value.reason.text == (
+        'Container start failed: could not select device driver "nvidia" with capabilities: [[gpu]]'
+    )
+
+
+def test_a_program_missing_from_the_image_cannot_start(runtime: DockerRuntime) -> None:
+    with pytest.raises(RuntimeFailure) as failure:
+        runtime.start(key(), Launch(command=["/no/such/program"], image=IMAGE))
+
+    assert failure.value.reason.code == "ContainerStartFailed"
+    assert "/no/such/program" in failure.value.reason.text
+
+
+@pytest.mark.parametrize(
+    ("launch", "error"),
+    [
+        pytest.param(Launch(command=["true"]), "no image: the docker runtime runs a container image", id="no image"),
+        pytest.param(
+            sh("true", memory_bytes=1 << 20), "Minimum memory limit allowed is 6MB", id="a memory limit too small"
+        ),
+        pytest.param(
+            sh("true", mounts=[Mount(target="/data", source="/no/such/dir")]),
+            'invalid mount config for type "bind": bind source path does not exist: /no/such/dir',
+            id="a host path the engine refuses",
+        ),
+    ],
+)
+def test_a_task_the_engine_refuses_is_invalid(runtime: DockerRuntime, launch: Launch, error: str) -> None:
+    with pytest.raises(RuntimeFailure) as failure:
+        runtime.start(key(), launch)
+
+    assert failure.value.reason.text == f"Invalid task: {error}"
+
+
+def test_drives_and_files_are_mounted(runtime: DockerRuntime, tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "shard-0").write_text("tokens\n")
+    (tmp_path / "token").write_text("s3cret")
+    mounts = [
+        Mount(target="/data", source=str(tmp_path / "data"), read_only=True),
+        Mount(target="/cache", source=f"astraeus-test-cache-{next(_attempts)}", kind="volume"),
+        Mount(target="/run/secrets/token", source=str(tmp_path / "token"), read_only=True),
+    ]
+    k = key()
+    script = "cat /data/shard-0 /run/secrets/token; echo; touch /cache/ok && echo cache; touch /data/x 2>&- || echo ro"
+    runtime.start(k, sh(script, mounts=mounts))
+
+    assert wait_until_ended(runtime, k).exit_code == 0
+    assert runtime.log_tail(k, lines=50, max_bytes=4096) == "tokens\ns3cret\ncache\nro\n"
+
+
+def test_a_container_removed_from_the_machine_is_not_found(runtime: DockerRuntime, docker_engine: DockerEngine) -> None:
+    k = key()
+    runtime.start(k, sh("sleep 30"))
+    docker_engine.docker("rm", "--force", container_name(k))
+
+    assert runtime.observe(k) == Observed(running=False, not_found=True)
+    assert runtime.log_tail(k, lines=5, max_bytes=100) == ""
+    runtime.stop(k, grace_seconds=1)
+
+
+def test_deleting_an_ended_attempt_removes_its_container_and_log(runtime: DockerRuntime) -> None:
+    k = key()
+    runtime.start(k, sh("sleep 30"))
+    with pytest.raises(ValueError, match="still runs"):
+        runtime.delete(k)
+    runtime.stop(k, grace_seconds=0)
+
+    runtime.delete(k)
+
+    assert runtime.observe(k).not_found
+    assert k not in runtime.attempts()
+    runtime.delete(k)
+
+
+def test_an_engine_that_does_not_answer_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeUnavailable, match=r"^the Docker engine at unix://.*/none.sock does not answer: "):
+        DockerRuntime("n0", f"unix://{tmp_path}/none.sock")
