@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -15,23 +16,33 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from activities.runtime.base import Launch, Runtime, RuntimeFailure, TaskKey
-from workflows.domain.nodes import NodeInventory
-from workflows.domain.reasons import R
+from activities.gpus import GpuWatch
+from activities.prepare import Preparer
+from activities.runtime.base import Runtime, TaskKey
+from activities.starter import SetupEnded, Starter
+from workflows.domain.nodes import GpuInfo, NodeInventory, node_id
+from workflows.domain.reasons import R, Reason
 from workflows.domain.spec import job_id
 from workflows.messages import (
+    GpuHealthReport,
     LeaseInput,
+    LogText,
+    ReadLogInput,
     StartTaskInput,
     StartTaskResult,
     StopTaskInput,
     SuperviseInput,
     TaskExit,
+    TaskProgressReport,
     TaskRef,
     TaskReport,
 )
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 POLL_SECONDS = 0.25
+GPU_HEALTH_SECONDS = 5.0  # how often the lease's holder looks at the GPUs' health
 
 
 def task_key(ref: TaskRef) -> TaskKey:
@@ -39,51 +50,42 @@ def task_key(ref: TaskRef) -> TaskKey:
 
 
 class AgentActivities:
-    def __init__(self, client: Client, inventory: NodeInventory, runtime: Runtime) -> None:
+    def __init__(
+        self,
+        client: Client,
+        inventory: NodeInventory,
+        runtime: Runtime,
+        preparer: Preparer,
+        gpu_watch: GpuWatch | None = None,
+    ) -> None:
         self._client = client
         self._inventory = inventory
         self._runtime = runtime
-        self._admission = asyncio.Lock()  # GPUs are chosen and taken in one step
+        self._gpus = list(inventory.gpus)  # with their health as last reported to the machine's workflow
+        self._gpu_watch = gpu_watch
+        self._starter = Starter(runtime, preparer, lambda: self._gpus, self._report_progress)
 
     @activity.defn(name="hold_lease")
     async def hold_lease(self, input: LeaseInput) -> None:
-        """Renew the machine's lease by heartbeating until the control plane cancels it."""
+        """Renew the machine's lease by heartbeating until the control plane cancels it; meanwhile report the
+        GPUs' health to the machine's workflow when it changes."""
         while True:
             activity.heartbeat()
-            await asyncio.sleep(input.renew_seconds)
+            await self._report_gpu_health()
+            await asyncio.sleep(min(input.renew_seconds, GPU_HEALTH_SECONDS))
 
     @activity.defn(name="start_task")
     async def start_task(self, input: StartTaskInput) -> StartTaskResult:
-        """Start one attempt within the machine's real free GPUs; a retry finds the attempt it started."""
+        """Admit the attempt within the machine's real free GPUs, prepare it (reporting each wait to the run,
+        and waiting as long as a step waits), pull its image, and start it. A retry finds what it started."""
         key = task_key(input.ref)
-        group = input.group
-        async with self._admission:
-            in_use = await asyncio.to_thread(self._runtime.gpus_in_use)
-            if key.slug in in_use:
-                return StartTaskResult(gpu_indices=in_use[key.slug])
-            taken = {index for indices in in_use.values() for index in indices}
-            free = [gpu.index for gpu in self._inventory.gpus if gpu.index not in taken]
-            if group.gpus > len(free):
-                reason = R.ContainerStartFailed(error=f"needs {group.gpus} GPUs, {len(free)} free on this machine")
-                raise ApplicationError(reason.text, type=reason.code, non_retryable=True)
-            gpus = free[: group.gpus]
-            env = {
-                **group.env,
-                "ASTRAEUS_NODE": self._inventory.name,
-                "ASTRAEUS_GROUP": group.name,
-            }
-            launch = Launch(
-                command=group.command,
-                env=env,
-                image=group.image,
-                gpu_indices=gpus,
-                cpu=group.cpu,
-                memory_bytes=group.memory_bytes,
-            )
-            try:
-                await asyncio.to_thread(self._runtime.start, key, launch)
-            except RuntimeFailure as failure:
-                raise ApplicationError(failure.reason.text, type=failure.reason.code, non_retryable=True) from None
+        env = {**input.group.env, "ASTRAEUS_NODE": self._inventory.name, "ASTRAEUS_GROUP": input.group.name}
+        details = activity.info().heartbeat_details
+        reported = str(details[0]) if details else None
+        try:
+            gpus = await self._starter.start(key, input.group, env, _beat, reported)
+        except SetupEnded as ended:
+            raise ApplicationError(ended.reason.text, type=ended.reason.code, non_retryable=True) from None
         return StartTaskResult(gpu_indices=gpus)
 
     @activity.defn(name="supervise_task")
@@ -110,9 +112,47 @@ class AgentActivities:
 
     @activity.defn(name="stop_task")
     async def stop_task(self, input: StopTaskInput) -> None:
-        """The stop signal, the grace period, then a kill; returns once the worker has ended."""
+        """The stop signal, the grace period, then a kill; returns once the worker has ended. A worker still
+        being set up stops there."""
         key = task_key(input.ref)
-        await _heartbeating(asyncio.to_thread(self._runtime.stop, key, input.grace_seconds))
+        await _heartbeating(self._starter.stop(key, input.grace_seconds))
+
+    @activity.defn(name="read_log")
+    async def read_log(self, input: ReadLogInput) -> LogText:
+        """An attempt's output (stdout and stderr), the last `max_bytes` of it, for `astraeus logs`."""
+        key = task_key(input.ref)
+        text = await asyncio.to_thread(self._runtime.log_tail, key, input.lines, input.max_bytes)
+        return LogText(text=text)
+
+    async def _report_progress(self, key: TaskKey, reason: Reason) -> None:
+        """Tell the run what its worker waits for while it is set up, or that its image is being pulled."""
+        report = TaskProgressReport(
+            task_id=key.task,
+            attempt=key.attempt,
+            pulling=reason.code == R.Pulling.code,
+            code=reason.code,
+            reason=reason.text,
+        )
+        await self._client.get_workflow_handle(job_id(key.namespace, key.job)).signal("task_progress", report)
+
+    async def _report_gpu_health(self) -> None:
+        """Tell the machine's workflow when a GPU faults or becomes at risk (update `report_gpus`)."""
+        if self._gpu_watch is None:
+            return
+        gpus: list[GpuInfo] = await asyncio.to_thread(self._gpu_watch.poll)
+        if gpus == self._gpus:
+            return
+        handle = self._client.get_workflow_handle(node_id(self._inventory.name))
+        try:
+            await handle.execute_update("report_gpus", GpuHealthReport(gpus=gpus))
+        except Exception as err:  # told again at the next look
+            log.warning("%s: could not report the GPUs' health: %s", self._inventory.name, err)
+            return
+        self._gpus = gpus
+
+
+def _beat(doing: str) -> None:
+    activity.heartbeat(doing)
 
 
 async def _heartbeating(work: Awaitable[T]) -> T:

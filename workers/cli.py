@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from activities.runtime.base import RuntimeUnavailable
 from workers.client import AstraeusClient, AstraeusError
 from workers.connect import address, connect, ensure_search_attributes
 from workers.render import render_describe, render_events, render_history, render_nodes, render_runs
@@ -90,6 +91,8 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         cpus=args.cpus,
         memory_bytes=args.memory_bytes,
         settings=settings,
+        runtime=args.runtime,
+        docker_host=args.docker_host,
     )
     async with embedded:
         print(f"Temporal frontend: {embedded.server.address}")
@@ -129,9 +132,14 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         memory_bytes=args.memory_bytes,
         labels=dict(_label(item) for item in args.label),
         runtime=args.runtime,
+        docker_host=args.docker_host,
+        host_paths=args.host_path,
     )
     client = await connect(address(args.temporal))
-    worker = await agent_worker(client, options, load_settings(args.settings))
+    try:
+        worker = await agent_worker(client, options, load_settings(args.settings))
+    except RuntimeUnavailable as error:
+        raise AstraeusError(f"--runtime {args.runtime}: {error}") from None
     await worker.run()
     return 0
 
@@ -226,6 +234,18 @@ async def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_logs(args: argparse.Namespace) -> int:
+    run, sep, task = args.task.rpartition("/")
+    if not sep or not run:
+        raise AstraeusError(f"{args.task}: expected RUN/TASK, e.g. hello/worker-0")
+    if args.tail is not None and args.tail < 1:
+        raise AstraeusError(f"--tail {args.tail}: expected a number of lines, 1 or more")
+    ns, name = split_run(run, args.namespace)
+    text = await (await _client(args)).logs(ns, name, task, lines=args.tail or 100_000)
+    sys.stdout.write(text)
+    return 0
+
+
 async def cmd_nodes(args: argparse.Namespace) -> int:
     views = await (await _client(args)).nodes()
     emit(args, views, lambda: render_nodes(views))
@@ -268,6 +288,8 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--port", type=int, default=7233, help="Temporal frontend port")
     dev.add_argument("--ui-port", type=int, default=8233, help="Temporal UI port")
     dev.add_argument("--nodes", type=int, default=1, help="local machines to start")
+    dev.add_argument("--runtime", choices=["process", "docker"], default="process", help="how workers run")
+    dev.add_argument("--docker-host", help="the Docker engine (default $DOCKER_HOST, else its socket)")
     machine_flags(dev)
 
     command("control", cmd_control, "the control plane: hosts every run's and machine's workflow", process=True)
@@ -276,7 +298,14 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--name", required=True, help="this machine's name")
     agent.add_argument("--data-dir", default=".astraeus/agent", help="where workers' files and logs live")
     agent.add_argument("--label", action="append", default=[], help="KEY=VALUE label of this machine")
-    agent.add_argument("--runtime", choices=["process", "docker"], default="process")
+    agent.add_argument("--runtime", choices=["process", "docker"], default="process", help="how workers run")
+    agent.add_argument("--docker-host", help="the Docker engine (default $DOCKER_HOST, else its socket)")
+    agent.add_argument(
+        "--host-path",
+        action="append",
+        default=[],
+        help="a host path drives may mount (repeatable; default: any but system paths)",
+    )
     machine_flags(agent)
 
     submit = command("submit", cmd_submit, "submit a run spec (YAML)", read=True)
@@ -300,6 +329,10 @@ def parser() -> argparse.ArgumentParser:
     stop.add_argument("task", help="RUN/TASK, e.g. hello/worker-0")
     stop.add_argument("--reason", help='why (default "Stopped by scheduler")')
     stop.add_argument("-n", "--namespace", default="default")
+    logs = command("logs", cmd_logs, "print a worker's output (stdout and stderr)")
+    logs.add_argument("task", help="RUN/TASK, e.g. hello/worker-0")
+    logs.add_argument("--tail", type=int, help="only the last N lines")
+    logs.add_argument("-n", "--namespace", default="default")
     command("nodes", cmd_nodes, "list machines and what they have", read=True)
     command("schema", cmd_schema, "print the run spec's JSON Schema")
     return top

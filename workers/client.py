@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
+    WorkflowFailureError,
     WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.domain.nodes import NodeView
@@ -23,7 +26,17 @@ from workflows.domain.spec import JobSpec, job_id
 from workflows.domain.status import RunState, Status
 from workflows.domain.views import Event, JobDescription
 from workflows.job import JobWorkflow, search_attributes
-from workflows.messages import CONTROL_TASK_QUEUE, SA_NAMESPACE, SA_STATE, JobInput, StopTaskRequest
+from workflows.logs import LogsWorkflow
+from workflows.messages import (
+    CONTROL_TASK_QUEUE,
+    SA_NAMESPACE,
+    SA_STATE,
+    JobInput,
+    LogsInput,
+    ReadLogInput,
+    StopTaskRequest,
+    TaskRef,
+)
 
 
 class AstraeusError(Exception):
@@ -112,6 +125,36 @@ class AstraeusClient:
                 raise
             status = await self.status(namespace, name)  # raises "no run named ..." when there is none
             raise AstraeusError(f"run {namespace}/{name} already ended: {status.state}") from None
+
+    async def logs(
+        self, namespace: str, name: str, task_id: str, lines: int = 100_000, max_bytes: int = 1 << 20
+    ) -> str:
+        """A worker's output (its current attempt's), read on the machine that runs or ran it."""
+        described = await self.describe(namespace, name)
+        task = next((t for t in described.tasks if t.id == task_id), None)
+        if task is None:
+            raise AstraeusError(f"run {namespace}/{name} has no worker {task_id}")
+        if task.node is None:
+            raise AstraeusError(f"worker {task_id} of run {name} is on no machine now ({task.status.state})")
+        ref = TaskRef(namespace=namespace, job=name, task_id=task_id, attempt=task.attempt)
+        read = ReadLogInput(ref=ref, lines=lines, max_bytes=max_bytes)
+        request = LogsInput(node=task.node, read=read)
+        try:
+            result = await self.temporal.execute_workflow(
+                LogsWorkflow.run,
+                request,
+                id=f"logs/{namespace}/{name}/{task_id}/{uuid.uuid4()}",
+                task_queue=CONTROL_TASK_QUEUE,
+                execution_timeout=timedelta(seconds=request.answer_within_seconds + 10),
+            )
+        except WorkflowFailureError as error:
+            cause = error.cause.cause if isinstance(error.cause, ActivityError) else error.cause
+            if isinstance(cause, TimeoutError):
+                why = f"it did not answer within {request.answer_within_seconds:g} s (is its agent running?)"
+            else:
+                why = str(cause)
+            raise AstraeusError(f"cannot read the log of {task_id} on machine {task.node}: {why}") from None
+        return result.text
 
     async def ls(self, namespace: str | None = None, state: str | None = None) -> list[RunSummary]:
         """Runs, newest first, filtered by namespace and state (search attributes)."""

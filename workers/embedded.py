@@ -30,11 +30,19 @@ class Embedded:
         cpus: float | None = None,
         memory_bytes: int | None = None,
         settings: Settings | None = None,
+        runtime: str = "process",
+        docker_host: str | None = None,
     ) -> None:
         self.server = DevServer(data_dir, port=port, ui_port=ui_port)
         self.data_dir = data_dir
         self.node_count = nodes
-        self.machine = {"gpus": gpus, "cpus": cpus, "memory_bytes": memory_bytes}
+        self.machine = {
+            "gpus": gpus,
+            "cpus": cpus,
+            "memory_bytes": memory_bytes,
+            "runtime": runtime,
+            "docker_host": docker_host,
+        }
         self.settings = settings or Settings()
         self.workers: list[Worker] = []
         self._running: list[asyncio.Task[None]] = []

@@ -72,6 +72,10 @@ def render_nodes(views: Sequence[NodeView]) -> str:
     for v in views:
         inv = v.inventory
         gpus = ", ".join(sorted({g.model for g in inv.gpus})) if inv and inv.gpus else ""
+        faulted = sum(g.fault is not None for g in inv.gpus) if inv else 0
+        at_risk = sum(g.fault is None and g.at_risk is not None for g in inv.gpus) if inv else 0
+        health = ", ".join(f"{n} {what}" for n, what in ((faulted, "faulted"), (at_risk, "at risk")) if n)
+        gpus += f" ({health})" if health else ""
         rows.append((
             v.name,
             v.state.value,

@@ -14,13 +14,16 @@ from temporalio.worker import Worker
 
 from activities.agent import AgentActivities
 from activities.control import ControlActivities
-from activities.gpus import read_inventory_gpus
+from activities.gpus import GpusUnavailable, GpuWatch, NvmlWatch, read_inventory_gpus
+from activities.prepare import Preparer
 from activities.runtime.base import Runtime
+from activities.runtime.docker import DockerRuntime
 from activities.runtime.process import ProcessRuntime
 from activities.scheduler import SchedulerService
 from workflows.domain.nodes import NodeInventory, NodeView, node_id, node_task_queue
 from workflows.domain.settings import Settings
 from workflows.job import JobWorkflow
+from workflows.logs import LogsWorkflow
 from workflows.messages import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, NodeInput, RegisterRequest
 from workflows.node import NodeWorkflow
 
@@ -32,7 +35,7 @@ def control_worker(client: Client, settings: Settings) -> Worker:
     return Worker(
         client,
         task_queue=CONTROL_TASK_QUEUE,
-        workflows=[JobWorkflow, NodeWorkflow],
+        workflows=[JobWorkflow, NodeWorkflow, LogsWorkflow],
         activities=[ControlActivities(settings).load_settings],
         max_concurrent_workflow_tasks=200,
     )
@@ -59,6 +62,8 @@ class AgentOptions:
     memory_bytes: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
     runtime: str = "process"
+    docker_host: str | None = None  # default: $DOCKER_HOST, else the engine's socket
+    host_paths: list[str] = field(default_factory=list)  # the only host paths drives may mount; empty: any
 
 
 def machine_memory_bytes() -> int:
@@ -81,9 +86,23 @@ def inventory(options: AgentOptions) -> NodeInventory:
 
 
 def make_runtime(options: AgentOptions) -> Runtime:
+    """`process` or `docker`; raises RuntimeUnavailable when the Docker engine does not answer."""
     if options.runtime == "process":
         return ProcessRuntime(options.data_dir / "tasks")
-    raise ValueError(f"--runtime {options.runtime}: not built yet (built: process)")
+    if options.runtime == "docker":
+        return DockerRuntime(options.name, options.docker_host)
+    raise ValueError(f"--runtime {options.runtime}: unknown (built: process, docker)")
+
+
+def gpu_watch(node: NodeInventory) -> GpuWatch | None:
+    """Watch the health of GPUs read from NVML; declared GPUs have none to watch."""
+    if node.gpu_source != "nvml":
+        return None
+    try:
+        return NvmlWatch(list(node.gpus))
+    except GpusUnavailable as err:
+        log.warning("%s: the GPUs' health goes unwatched: %s", node.name, err)
+        return None
 
 
 async def register(client: Client, node: NodeInventory, settings: Settings) -> NodeView:
@@ -105,11 +124,18 @@ async def agent_worker(client: Client, options: AgentOptions, settings: Settings
     """A node agent: polls the machine's own task queue; registered before it polls."""
     node = inventory(options)
     runtime = make_runtime(options)
-    activities = AgentActivities(client, node, runtime)
+    preparer = Preparer(options.data_dir, options.host_paths)
+    activities = AgentActivities(client, node, runtime, preparer, gpu_watch(node))
     worker = Worker(
         client,
         task_queue=node_task_queue(node.name),
-        activities=[activities.hold_lease, activities.start_task, activities.supervise_task, activities.stop_task],
+        activities=[
+            activities.hold_lease,
+            activities.start_task,
+            activities.supervise_task,
+            activities.stop_task,
+            activities.read_log,
+        ],
         max_concurrent_activities=1000,
         graceful_shutdown_timeout=timedelta(seconds=1),
     )

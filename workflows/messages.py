@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.domain.nodes import NodeInventory, NodeView
+from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
 from workflows.domain.placement import Allocation, TaskRequest
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec
@@ -132,6 +132,26 @@ class LeaseInput(_Msg):
     renew_seconds: float
 
 
+class ReadLogInput(_Msg):
+    """Activity `read_log`: the last `lines` lines of an attempt's output, at most `max_bytes` of it."""
+
+    ref: TaskRef
+    lines: int = Field(ge=1)
+    max_bytes: int = Field(ge=1)
+
+
+class LogText(_Msg):
+    text: str
+
+
+class LogsInput(_Msg):
+    """LogsWorkflow: read an attempt's output on the machine that ran it."""
+
+    node: str
+    read: ReadLogInput
+    answer_within_seconds: float = Field(20, gt=0, description="How long a person waits for the machine.")
+
+
 # ---- NodeWorkflow -----------------------------------------------------------------------------------------------
 
 
@@ -143,3 +163,9 @@ class NodeInput(_Msg):
 
 class RegisterRequest(_Msg):
     inventory: NodeInventory
+
+
+class GpuHealthReport(_Msg):
+    """Update `report_gpus`: the machine's GPUs with their health now (a fault, or at risk)."""
+
+    gpus: list[GpuInfo]

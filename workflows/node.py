@@ -15,6 +15,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain.reasons import R, Reason
     from workflows.messages import (
         SCHEDULER_TASK_QUEUE,
+        GpuHealthReport,
         LeaseInput,
         NodeChangedInput,
         NodeInput,
@@ -100,6 +101,31 @@ class NodeWorkflow:
     def _validate_register(self, request: RegisterRequest) -> None:
         if request.inventory.name != self._view.name:
             raise ApplicationError(f"inventory of {request.inventory.name} sent to machine {self._view.name}")
+
+    @workflow.update(name="report_gpus")
+    async def report_gpus(self, report: GpuHealthReport) -> NodeView:
+        """The agent saw GPUs fault or become at risk: keep the machine's GPUs and their health current, and
+        record each new fault in the machine's history."""
+        assert self._view.inventory is not None
+        before = {gpu.index: gpu for gpu in self._view.inventory.gpus}
+        inventory = self._view.inventory.model_copy(update={"gpus": report.gpus})
+        self._view = self._view.model_copy(update={"inventory": inventory})
+        for gpu in report.gpus:
+            if gpu.fault is not None and gpu.fault != before[gpu.index].fault:
+                entry = NodeStatusEntry(
+                    state=self._view.state, reason=R.GpuFault(index=gpu.index, fault=gpu.fault).text, at=workflow.now()
+                )
+                self._view = self._view.model_copy(update={"history": [*self._view.history, entry][-50:]})
+        await self._notify()
+        return self._view
+
+    @report_gpus.validator
+    def _validate_report_gpus(self, report: GpuHealthReport) -> None:
+        inventory = self._view.inventory
+        if inventory is None:
+            raise ApplicationError(f"machine {self._view.name} has not registered", type="NotRegistered")
+        if [(g.index, g.uuid) for g in report.gpus] != [(g.index, g.uuid) for g in inventory.gpus]:
+            raise ApplicationError(f"the GPUs reported are not those machine {self._view.name} registered")
 
     @workflow.query(name="view")
     def view(self) -> NodeView:

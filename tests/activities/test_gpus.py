@@ -5,10 +5,10 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,26 +31,6 @@ HAS_NVML = nvml_loads()
 no_nvml_here = pytest.mark.skipif(HAS_NVML, reason="this machine has an NVML library")
 REPO = Path(__file__).resolve().parents[2]
 
-# Just enough of libnvidia-ml.so.1 for NvmlProbe: two H100s; with FAKE_NVML_LOST set, GPU 1 is lost.
-FAKE_NVML = r"""
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-typedef struct { unsigned long long total, free, used; } memory_t;
-static unsigned index_of(void *handle) { return (unsigned)((uintptr_t)handle - 1); }
-int nvmlInitWithFlags(unsigned flags) { return 0; }
-int nvmlShutdown(void) { return 0; }
-const char *nvmlErrorString(int result) { return "Unknown Error"; }
-int nvmlDeviceGetCount_v2(unsigned *count) { *count = 2; return 0; }
-int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **handle) { *handle = (void *)(uintptr_t)(i + 1); return 0; }
-int nvmlDeviceGetName(void *h, char *name, unsigned n) { snprintf(name, n, "NVIDIA H100 80GB HBM3"); return 0; }
-int nvmlDeviceGetUUID(void *h, char *uuid, unsigned n) { snprintf(uuid, n, "GPU-fake-%u", index_of(h)); return 0; }
-int nvmlDeviceGetMemoryInfo(void *h, memory_t *memory) {
-    if (getenv("FAKE_NVML_LOST") && index_of(h) == 1) return 15; /* NVML_ERROR_GPU_IS_LOST */
-    memory->total = 85899345920ULL; memory->free = memory->total; memory->used = 0;
-    return 0;
-}
-"""
 READ_GPUS = """
 import json
 from activities.gpus import GpusUnavailable, NvmlProbe
@@ -58,6 +38,19 @@ try:
     print(json.dumps([gpu.model_dump() for gpu in NvmlProbe().read_gpus()]))
 except GpusUnavailable as error:
     print(json.dumps(str(error)))
+"""
+# Watch the GPUs: look once, then append the Xid events given as arguments ("INDEX XID") while it watches, and
+# look twice more; print the three looks.
+WATCH_GPUS = """
+import json, os, sys
+from activities.gpus import NvmlProbe, NvmlWatch
+watch = NvmlWatch(NvmlProbe().read_gpus())
+looks = [watch.poll()]
+with open(os.environ["FAKE_NVML_XID_FILE"], "a") as events:
+    events.writelines(f"{event}\\n" for event in sys.argv[1:])
+looks += [watch.poll(), watch.poll()]
+watch.close()
+print(json.dumps([[gpu.model_dump() for gpu in look] for look in looks]))
 """
 
 
@@ -133,27 +126,23 @@ def test_nvml_reads_this_machines_gpus() -> None:
     assert read_inventory_gpus(None, "n1") == (gpus, "nvml")
 
 
-@pytest.fixture(scope="module")
-def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory holding a fake libnvidia-ml.so.1, built with the C compiler."""
-    if shutil.which("gcc") is None:
-        pytest.skip("no C compiler to build a fake NVML")
-    directory = tmp_path_factory.mktemp("fake-nvml")
-    (directory / "nvml.c").write_text(FAKE_NVML)
-    library = directory / "libnvidia-ml.so.1"
-    build = ["gcc", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(library), "nvml.c"]
-    subprocess.run(build, cwd=directory, check=True)
-    return directory
+def in_process_with_fake_nvml(fake_nvml: Path, script: str, *args: str, **env: str) -> Any:
+    """The JSON a script prints in a process that loads the fake NVML (the loader reads its path at start)."""
+    environment = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml), "PYTHONPATH": str(REPO), **env}
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], env=environment, capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout)
 
 
 def read_gpus_with(fake_nvml: Path, **env: str) -> list[GpuInfo] | str:
-    """NvmlProbe's answer in a process that loads the fake NVML (the loader reads its path at start)."""
-    environment = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml), "PYTHONPATH": str(REPO), **env}
-    done = subprocess.run(
-        [sys.executable, "-c", READ_GPUS], env=environment, capture_output=True, text=True, check=True
-    )
-    answer = json.loads(done.stdout)
+    """NvmlProbe's answer on the fake GPUs."""
+    answer = in_process_with_fake_nvml(fake_nvml, READ_GPUS, **env)
     return answer if isinstance(answer, str) else [GpuInfo(**gpu) for gpu in answer]
+
+
+def health(gpus: list[dict[str, Any]]) -> list[tuple[str | None, str | None]]:
+    return [(gpu["fault"], gpu["at_risk"]) for gpu in gpus]
 
 
 def test_nvml_reads_each_gpus_index_uuid_model_and_memory(fake_nvml: Path) -> None:
@@ -166,3 +155,87 @@ def test_nvml_reads_each_gpus_index_uuid_model_and_memory(fake_nvml: Path) -> No
 
 def test_a_gpu_nvml_cannot_read_makes_the_gpus_unavailable(fake_nvml: Path) -> None:
     assert read_gpus_with(fake_nvml, FAKE_NVML_LOST="1") == "NVML could not read the GPUs: GPU is lost"
+
+
+def test_nvml_reads_as_many_gpus_as_there_are_with_their_model_and_memory(fake_nvml: Path) -> None:
+    gpus = read_gpus_with(
+        fake_nvml, FAKE_NVML_COUNT="8", FAKE_NVML_NAME="NVIDIA A100-SXM4-40GB", FAKE_NVML_MEMORY=str(40 * GIB)
+    )
+
+    assert isinstance(gpus, list)
+    assert [(g.index, g.uuid) for g in gpus] == [(i, f"GPU-fake-{i}") for i in range(8)]
+    assert {(g.model, g.memory_bytes, g.healthy) for g in gpus} == {("NVIDIA A100-SXM4-40GB", 40 * GIB, True)}
+
+
+def test_a_machine_with_no_gpu_reads_none(fake_nvml: Path) -> None:
+    assert read_gpus_with(fake_nvml, FAKE_NVML_COUNT="0") == []
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param({"FAKE_NVML_PAGES_PENDING": "1"}, (None, "retired pages pending"), id="retired pages pending"),
+        pytest.param({"FAKE_NVML_ROWS_PENDING": "1"}, (None, "row remapping pending"), id="remapped rows pending"),
+        pytest.param({"FAKE_NVML_ROWS_FAILED": "1"}, ("row remapping failed", None), id="row remapping failed"),
+        pytest.param(
+            {"FAKE_NVML_PAGES_PENDING": "1", "FAKE_NVML_NOT_SUPPORTED": "nvmlDeviceGetRetiredPagesPendingStatus"},
+            (None, None),
+            id="a GPU that does not support retired pages is taken as healthy",
+        ),
+        pytest.param(
+            {"FAKE_NVML_NOT_SUPPORTED": "nvmlDeviceGetRetiredPagesPendingStatus,nvmlDeviceGetRemappedRows"},
+            (None, None),
+            id="a GPU that supports neither is taken as healthy",
+        ),
+    ],
+)
+def test_a_gpu_with_memory_pages_or_rows_pending_is_at_risk(
+    fake_nvml: Path, env: dict[str, str], expected: tuple[str | None, str | None]
+) -> None:
+    gpus = read_gpus_with(fake_nvml, **env)
+
+    assert isinstance(gpus, list)
+    assert [(g.fault, g.at_risk) for g in gpus] == [(None, None), expected]
+
+
+def test_a_critical_xid_faults_its_gpu_and_the_fault_stays(fake_nvml: Path, tmp_path: Path) -> None:
+    events = tmp_path / "xid"
+    events.write_text("")
+    looks = in_process_with_fake_nvml(
+        fake_nvml, WATCH_GPUS, "3 79", "0 13", "2 94", FAKE_NVML_COUNT="4", FAKE_NVML_XID_FILE=str(events)
+    )
+
+    healthy = [(None, None)] * 4
+    struck = [
+        (None, None),  # Xid 13 comes from the program, not the GPU
+        (None, None),
+        (None, "Xid 94 (contained ECC error)"),
+        ("Xid 79 (GPU has fallen off the bus)", None),
+    ]
+    assert [health(look) for look in looks] == [healthy, struck, struck]
+
+
+def test_a_gpu_that_cannot_report_xid_events_is_still_watched_for_the_rest(fake_nvml: Path, tmp_path: Path) -> None:
+    events = tmp_path / "xid"
+    events.write_text("")
+    looks = in_process_with_fake_nvml(
+        fake_nvml,
+        WATCH_GPUS,
+        "1 79",
+        FAKE_NVML_XID_FILE=str(events),
+        FAKE_NVML_NOT_SUPPORTED="nvmlDeviceRegisterEvents",
+        FAKE_NVML_PAGES_PENDING="1",
+    )
+
+    assert [health(look) for look in looks] == [[(None, None), (None, "retired pages pending")]] * 3
+
+
+def test_a_gpu_lost_while_watched_is_a_fault(fake_nvml: Path) -> None:
+    script = """
+import json, os
+from activities.gpus import NvmlProbe, NvmlWatch
+watch = NvmlWatch(NvmlProbe().read_gpus())
+os.environ["FAKE_NVML_LOST"] = "1"
+print(json.dumps([gpu.model_dump() for gpu in watch.poll()]))
+"""
+    assert health(in_process_with_fake_nvml(fake_nvml, script)) == [(None, None), ("GPU is lost", None)]

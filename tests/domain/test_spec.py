@@ -77,11 +77,28 @@ def test_every_built_field_is_kept() -> None:
                 "memory_bytes": 1 << 30,
                 "gpus": 8,
                 "restart_policy": "Never",
+                "pull_policy": "Always",
+                "registry_secret": "regcred",
+                "drives": [
+                    {
+                        "name": "data",
+                        "host_path": "/mnt/data",
+                        "volume": None,
+                        "mount_path": "/data",
+                        "read_only": True,
+                    },
+                    {"name": "cache", "host_path": None, "volume": "hf", "mount_path": "/cache", "read_only": False},
+                ],
+                "secrets": [
+                    {"name": "hf", "key": "token", "env": "HF_TOKEN", "path": None},
+                    {"name": "db", "key": "password", "env": None, "path": "/run/secrets/db"},
+                ],
             },
             {"name": "eval", "command": ["eval"], "restart_policy": "Always"},
         ],
     }
     eval_defaults = {"replicas": 1, "image": None, "env": {}, "cpu": 1.0, "memory_bytes": 0, "gpus": 0}
+    eval_defaults |= {"pull_policy": "IfNotPresent", "registry_secret": None, "drives": [], "secrets": []}
     expected = data | {"groups": [data["groups"][0], data["groups"][1] | eval_defaults]}
     assert parse_spec(data).model_dump() == expected
 
@@ -102,6 +119,10 @@ def test_the_dump_leaves_out_the_fields_that_are_not_built() -> None:
         "memory_bytes",
         "gpus",
         "restart_policy",
+        "pull_policy",
+        "registry_secret",
+        "drives",
+        "secrets",
     }
 
 
@@ -237,9 +258,6 @@ NOT_BUILT_GROUP = [
     ("array", {"max_parallel": 2}),
     ("node_selection", {"names": ["n0"]}),
     ("readiness", {"port": 8080}),
-    ("drives", [{"name": "ckpt"}]),
-    ("secrets", [{"name": "hf"}]),
-    ("pull_policy", "None"),
 ]
 NOT_BUILT_JOB = [
     ("on_failure", "RestartJob"),
@@ -279,3 +297,106 @@ def test_the_second_group_is_named_by_its_index() -> None:
     with pytest.raises(ValueError) as raised:
         parse_spec(data)
     assert str(raised.value) == "groups.1.gpus: Input should be greater than or equal to 0"
+
+
+# ---- machines: image pulls, drives, secrets -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("group", "message"),
+    [
+        pytest.param(
+            {"pull_policy": "Never"},
+            "groups.0.pull_policy: Input should be 'Always', 'IfNotPresent' or 'None'",
+            id="a pull policy is Always, IfNotPresent or None",
+        ),
+        pytest.param(
+            {"drives": [{"name": "d", "host_path": "data", "mount_path": "/data"}]},
+            "groups.0.drives.0.host_path: 'data' is not an absolute path",
+            id="a host path is absolute",
+        ),
+        pytest.param(
+            {"drives": [{"name": "d", "host_path": "/mnt/../etc", "mount_path": "/data"}]},
+            "groups.0.drives.0.host_path: '/mnt/../etc' is not a normal path (write it as '/etc')",
+            id="a host path has no dot-dot",
+        ),
+        pytest.param(
+            {"drives": [{"name": "d", "volume": "v", "mount_path": "/"}]},
+            "groups.0.drives.0.mount_path: '/' cannot be mounted over",
+            id="nothing is mounted over the root",
+        ),
+        pytest.param(
+            {"drives": [{"name": "d", "volume": "v", "host_path": "/mnt", "mount_path": "/data"}]},
+            "groups.0.drives.0: set exactly one of host_path and volume",
+            id="a drive is a host path or a volume, not both",
+        ),
+        pytest.param(
+            {"drives": [{"name": "d", "volume": "-v", "mount_path": "/data"}]},
+            "groups.0.drives.0.volume: String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]*$'",
+            id="a volume has a name the engine accepts",
+        ),
+        pytest.param(
+            {
+                "drives": [
+                    {"name": "a", "volume": "v", "mount_path": "/d"},
+                    {"name": "b", "volume": "w", "mount_path": "/d"},
+                ]
+            },
+            "groups.0: drives and secrets: /d mounted twice",
+            id="two drives at one path",
+        ),
+        pytest.param(
+            {
+                "drives": [
+                    {"name": "a", "volume": "v", "mount_path": "/d"},
+                    {"name": "a", "volume": "w", "mount_path": "/e"},
+                ]
+            },
+            "groups.0: drives: duplicate drive name a",
+            id="two drives of one name",
+        ),
+        pytest.param(
+            {"secrets": [{"name": "hf", "key": "token"}]},
+            "groups.0.secrets.0: set exactly one of env and path",
+            id="a secret is a variable or a file",
+        ),
+        pytest.param(
+            {"secrets": [{"name": "hf", "key": "../token", "env": "T"}]},
+            "groups.0.secrets.0.key: String should match pattern '^[A-Za-z0-9_][-._A-Za-z0-9]*$'",
+            id="a secret's key is a file name",
+        ),
+        pytest.param(
+            {"env": {"T": "1"}, "secrets": [{"name": "hf", "key": "token", "env": "T"}]},
+            "groups.0: secrets: T set twice (by env or another secret)",
+            id="a secret's variable is not also in env",
+        ),
+        pytest.param(
+            {"registry_secret": "Reg Cred"},
+            f"groups.0.registry_secret: {NAME_RULE}",
+            id="a registry secret has a name",
+        ),
+    ],
+)
+def test_a_bad_drive_secret_or_pull_policy_is_refused_naming_the_field(group: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        parse_spec(with_group(**group))
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needs"),
+    [
+        pytest.param("network", {"mesh": True}, "the node network (subnet assignment and mesh)", id="node network"),
+        pytest.param("external_access", {"port": 8080}, "external ports assigned to workers", id="external port"),
+        pytest.param("identity", True, "identity certificates issued to workers", id="worker identity"),
+    ],
+)
+def test_a_field_needing_infrastructure_we_lack_is_refused_saying_what_it_needs(
+    field: str, value: Any, needs: str
+) -> None:
+    with pytest.raises(ValueError) as raised:
+        parse_spec(with_group(**{field: value}))
+    assert str(raised.value) == (
+        f"groups.0.{field}: {field} needs {needs}, which this cluster does not have yet; "
+        "Astraeus refuses it rather than ignore it"
+    )

@@ -45,16 +45,21 @@ class Cluster:
             self.spawn_agent(name, *flags)
         self.wait_for(lambda: len(self.json("nodes")) == len(agents), what="every agent registered")
 
-    def spawn(self, name: str, *args: str) -> None:
+    def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         log = (self.root / f"{name}.log").open("ab")
         cmd = [ASTRAEUS, *args, "--temporal", self.address, "--settings", str(self.settings)]
-        self.processes[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.processes[name] = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+        )
 
-    def spawn_agent(self, name: str, *flags: str) -> None:
+    def spawn_agent(self, name: str, *flags: str, env: dict[str, str] | None = None) -> None:
+        self.spawn(name, "agent", "--name", name, "--data-dir", str(self.agent_dir(name)), *flags, env=env)
+
+    def agent_dir(self, name: str) -> Path:
         data = self.root / "agents" / name
         if data not in self.agent_dirs:
             self.agent_dirs.append(data)
-        self.spawn(name, "agent", "--name", name, "--data-dir", str(data), *flags)
+        return data
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         process = self.processes.pop(name)

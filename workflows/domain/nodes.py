@@ -14,7 +14,8 @@ class NodeState(StrEnum):
 
 
 class GpuInfo(BaseModel):
-    """One GPU as the machine's NVML (or its declaration) reports it."""
+    """One GPU as the machine's NVML (or its declaration) reports it, with its health: healthy, at risk (fit
+    for work that does not ask for healthy GPUs only), or faulted (the machine takes no GPU work)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -22,6 +23,12 @@ class GpuInfo(BaseModel):
     uuid: str
     model: str
     memory_bytes: int
+    fault: str | None = Field(None, description='A fatal fault, e.g. "Xid 79 (GPU has fallen off the bus)".')
+    at_risk: str | None = Field(None, description='Why it may fail soon, e.g. "retired pages pending".')
+
+    @property
+    def healthy(self) -> bool:
+        return self.fault is None and self.at_risk is None
 
 
 class NodeInventory(BaseModel):

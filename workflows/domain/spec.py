@@ -6,6 +6,7 @@ accepted is honoured.
 
 from __future__ import annotations
 
+import posixpath
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -27,10 +28,13 @@ NOT_BUILT_GROUP_FIELDS = (
     "array",
     "node_selection",
     "readiness",
-    "drives",
-    "secrets",
-    "pull_policy",
 )
+# Fields that need infrastructure this cluster does not have yet, and what each one needs.
+NEEDS_INFRASTRUCTURE = {
+    "network": "the node network (subnet assignment and mesh)",
+    "external_access": "external ports assigned to workers",
+    "identity": "identity certificates issued to workers",
+}
 NOT_BUILT_JOB_FIELDS = ("on_failure", "min_available", "complete_with", "gang", "topology", "node_selection")
 
 NotBuilt = Annotated[SkipJsonSchema[Any], Field(exclude=True, repr=False)]
@@ -42,8 +46,78 @@ def _refuse(value: Any, info: Any) -> Any:
     return value
 
 
+def _refuse_infrastructure(value: Any, info: Any) -> Any:
+    if value is not None:
+        needs = NEEDS_INFRASTRUCTURE[info.field_name]
+        raise ValueError(
+            f"{info.field_name} needs {needs}, which this cluster does not have yet; "
+            "Astraeus refuses it rather than ignore it"
+        )
+    return value
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+PullPolicy = Literal["Always", "IfNotPresent", "None"]
+KEY_PATTERN = r"^[A-Za-z0-9_][-._A-Za-z0-9]*$"
+ENV_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+VOLUME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+def _absolute_path(path: str) -> str:
+    """An absolute, normal path: no `..`, no `.`, no doubled or trailing slash."""
+    if not path.startswith("/"):
+        raise ValueError(f"{path!r} is not an absolute path")
+    if "\0" in path or posixpath.normpath(path) != path or "/../" in f"{path}/":
+        raise ValueError(f"{path!r} is not a normal path (write it as {posixpath.normpath(path)!r})")
+    if path == "/":
+        raise ValueError("'/' cannot be mounted over")
+    return path
+
+
+class DriveSpec(_Frozen):
+    """A drive mounted into each worker: a path of the machine (`host_path`) or an engine's named `volume`."""
+
+    name: Name = Field(description="The drive's name, as reasons show it.")
+    host_path: str | None = Field(None, description="A directory of the machine; the worker waits until it exists.")
+    volume: str | None = Field(
+        None, pattern=VOLUME_PATTERN, description="A named volume of the engine (created empty on first use)."
+    )
+    mount_path: str = Field(description="Where the worker sees it.")
+    read_only: bool = False
+
+    @field_validator("host_path", "mount_path")
+    @classmethod
+    def _paths_are_absolute(cls, path: str | None) -> str | None:
+        return None if path is None else _absolute_path(path)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DriveSpec:
+        if (self.host_path is None) == (self.volume is None):
+            raise ValueError("set exactly one of host_path and volume")
+        return self
+
+
+class SecretSpec(_Frozen):
+    """One key of a secret synced to the machine, given to each worker as an environment variable or a file."""
+
+    name: Name = Field(description="The secret, on the machine under <agent data dir>/secrets/<name>/.")
+    key: str = Field(pattern=KEY_PATTERN, description="The key: the file <name>/<key> holds its value.")
+    env: str | None = Field(None, pattern=ENV_PATTERN, description="Given as this environment variable.")
+    path: str | None = Field(None, description="Given as a read-only file at this path (docker runtime).")
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_absolute(cls, path: str | None) -> str | None:
+        return None if path is None else _absolute_path(path)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> SecretSpec:
+        if (self.env is None) == (self.path is None):
+            raise ValueError("set exactly one of env and path")
+        return self
 
 
 class GroupSpec(_Frozen):
@@ -61,6 +135,13 @@ class GroupSpec(_Frozen):
 
     time_limit_seconds: NotBuilt = None
     heartbeat_ttl_seconds: NotBuilt = None
+    pull_policy: PullPolicy = Field("IfNotPresent", description="Always, IfNotPresent or None (never pull).")
+    registry_secret: Name | None = Field(
+        None, description="Secret with keys username and password, to pull the image from its registry."
+    )
+    drives: list[DriveSpec] = Field(default_factory=list, max_length=64, description="Drives mounted in each worker.")
+    secrets: list[SecretSpec] = Field(default_factory=list, max_length=256, description="Secrets given to each worker.")
+
     per_gpu: NotBuilt = None
     gpu_requests: NotBuilt = None
     healthy_only: NotBuilt = None
@@ -68,11 +149,12 @@ class GroupSpec(_Frozen):
     array: NotBuilt = None
     node_selection: NotBuilt = None
     readiness: NotBuilt = None
-    drives: NotBuilt = None
-    secrets: NotBuilt = None
-    pull_policy: NotBuilt = None
+    network: NotBuilt = None
+    external_access: NotBuilt = None
+    identity: NotBuilt = None
 
     _refuse_not_built = field_validator(*NOT_BUILT_GROUP_FIELDS)(_refuse)
+    _refuse_needs_infrastructure = field_validator(*NEEDS_INFRASTRUCTURE)(_refuse_infrastructure)
 
     @field_validator("command")
     @classmethod
@@ -80,6 +162,24 @@ class GroupSpec(_Frozen):
         if not command[0].strip():
             raise ValueError("the program (first item) is empty")
         return command
+
+    @model_validator(mode="after")
+    def _mounts_and_variables_unique(self) -> GroupSpec:
+        """Two mounts at one path, or a secret's variable that `env` also sets, would hide one another."""
+        paths = [d.mount_path for d in self.drives] + [s.path for s in self.secrets if s.path]
+        twice = sorted({p for p in paths if paths.count(p) > 1})
+        if twice:
+            raise ValueError(f"drives and secrets: {', '.join(twice)} mounted twice")
+        names = [d.name for d in self.drives]
+        if len(set(names)) != len(names):
+            raise ValueError(
+                f"drives: duplicate drive name {', '.join(sorted({n for n in names if names.count(n) > 1}))}"
+            )
+        variables = [s.env for s in self.secrets if s.env]
+        clash = sorted({v for v in variables if variables.count(v) > 1 or v in self.env})
+        if clash:
+            raise ValueError(f"secrets: {', '.join(clash)} set twice (by env or another secret)")
+        return self
 
 
 class JobSpec(_Frozen):

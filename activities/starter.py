@@ -1,0 +1,169 @@
+"""Starting a worker on this machine: admit it within the real free GPUs, prepare it, then start it.
+
+What `start_task` and `stop_task` share. A step that waits (a secret not synced yet, a drive not there yet) is
+reported to the run and tried again until it is ready; a pull is reported before it begins. A stop that arrives
+while the attempt is still being set up ends the setup, and waits for a start already handed to the runtime, so a
+stopped attempt never keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from activities.prepare import Preparer, Waiting
+from activities.runtime.base import Launch, Runtime, RuntimeFailure, TaskKey
+from workflows.domain.nodes import GpuInfo
+from workflows.domain.reasons import R, Reason
+from workflows.domain.spec import GroupSpec
+
+log = logging.getLogger(__name__)
+
+# Tells the run what its worker waits for, or that its image is being pulled (signal `task_progress`).
+Report = Callable[[TaskKey, Reason], Coroutine[Any, Any, None]]
+# Heartbeats the activity with what it does now, so a retry knows what was already reported.
+Beat = Callable[[str], None]
+
+PREPARE_RETRY_SECONDS = 1.0
+REPORT_TIMEOUT_SECONDS = 30.0
+
+
+class SetupEnded(Exception):
+    """The attempt cannot be set up; `reason` says why (a RuntimeFailure's, or a stop)."""
+
+    def __init__(self, reason: Reason) -> None:
+        super().__init__(reason.text)
+        self.reason = reason
+
+
+class Starter:
+    def __init__(
+        self,
+        runtime: Runtime,
+        preparer: Preparer,
+        gpus: Callable[[], list[GpuInfo]],
+        report: Report,
+        retry_seconds: float = PREPARE_RETRY_SECONDS,
+    ) -> None:
+        self._runtime = runtime
+        self._retry_seconds = retry_seconds
+        self._preparer = preparer
+        self._gpus = gpus
+        self._report = report
+        self._admission = asyncio.Lock()  # GPUs are chosen and taken in one step
+        self._reserved: dict[str, list[int]] = {}  # GPUs of attempts being set up, by slug
+        self._starting: dict[str, asyncio.Future[None]] = {}  # starts handed to the runtime, by slug
+        self._stops: set[str] = set()  # attempts asked to stop
+
+    async def start(
+        self, key: TaskKey, group: GroupSpec, env: dict[str, str], beat: Beat, reported: str | None = None
+    ) -> list[int]:
+        """Start the attempt; returns its GPUs. `reported` is the reason a former try already reported.
+        Raises SetupEnded when it cannot be set up, RuntimeUnavailable when the runtime does not answer."""
+        if key.slug in self._stops:
+            raise SetupEnded(R.StoppedOnRequest())
+        gpus, started = await self._admit(key, group.gpus)
+        if started:
+            return gpus
+        try:
+            launch = await self._prepare(key, group, env, gpus, beat, reported)
+        except BaseException:
+            if key.slug not in self._starting:  # else a former try's start still holds them
+                self._reserved.pop(key.slug, None)
+            raise
+        await self._run_start(key, launch, beat)
+        return gpus
+
+    async def stop(self, key: TaskKey, grace_seconds: float) -> None:
+        """Stop the attempt: end its setup, let a start already in the runtime finish, then stop what runs."""
+        self._stops.add(key.slug)
+        starting = self._starting.get(key.slug)
+        if starting is not None:
+            await asyncio.wait([starting])
+        await asyncio.to_thread(self._runtime.stop, key, grace_seconds)
+
+    # ---- steps ------------------------------------------------------------------------------------------------
+
+    async def _admit(self, key: TaskKey, count: int) -> tuple[list[int], bool]:
+        """Its GPUs, and whether it already started. New attempts get free, unfaulted GPUs, healthy ones first."""
+        async with self._admission:
+            in_use = await asyncio.to_thread(self._runtime.gpus_in_use)
+            if key.slug in in_use:
+                return in_use[key.slug], True
+            if key.slug in self._reserved:
+                return self._reserved[key.slug], False
+            self._preparer.forget(keep=[*in_use, *self._reserved, key.slug])
+            taken = {index for indices in [*in_use.values(), *self._reserved.values()] for index in indices}
+            usable = [gpu for gpu in self._gpus() if gpu.index not in taken and gpu.fault is None]
+            usable.sort(key=lambda gpu: (gpu.at_risk is not None, gpu.index))
+            if count > len(usable):
+                error = f"needs {count} GPUs, {len(usable)} free on this machine"
+                raise SetupEnded(R.ContainerStartFailed(error=error))
+            gpus = sorted(gpu.index for gpu in usable[:count])
+            self._reserved[key.slug] = gpus
+            return gpus, False
+
+    async def _prepare(
+        self, key: TaskKey, group: GroupSpec, env: dict[str, str], gpus: list[int], beat: Beat, reported: str | None
+    ) -> Launch:
+        """Prepare until every step is ready, reporting each new wait to the run once."""
+        while True:
+            if key.slug in self._stops:
+                raise SetupEnded(R.StoppedOnRequest())
+            try:
+                outcome = await asyncio.to_thread(self._preparer.prepare, key, group)
+            except RuntimeFailure as failure:
+                raise SetupEnded(failure.reason) from None
+            if not isinstance(outcome, Waiting):
+                break
+            if outcome.reason.text != reported:
+                await self._report(key, outcome.reason)
+                reported = outcome.reason.text
+            beat(reported)
+            await asyncio.sleep(self._retry_seconds)
+        return Launch(
+            command=group.command,
+            env={**env, **outcome.env},
+            image=group.image,
+            gpu_indices=gpus,
+            cpu=group.cpu,
+            memory_bytes=group.memory_bytes,
+            pull_policy=group.pull_policy,
+            registry_auth=outcome.registry_auth,
+            mounts=outcome.mounts,
+        )
+
+    async def _run_start(self, key: TaskKey, launch: Launch, beat: Beat) -> None:
+        """Hand the start to the runtime. It is not interrupted: if this activity is cancelled, the start still
+        finishes (and a stop waits for it); its GPUs stay reserved until the runtime holds them."""
+        loop = asyncio.get_running_loop()
+        doing = ["starting"]
+
+        def on_progress(reason: Reason) -> None:  # called on the runtime's thread
+            doing[0] = reason.text
+            try:
+                asyncio.run_coroutine_threadsafe(self._report(key, reason), loop).result(REPORT_TIMEOUT_SECONDS)
+            except Exception as err:  # the run learns it later from the start's outcome; never fail a pull for it
+                log.warning("%s: could not report %r: %s", key.slug, reason.text, err)
+
+        starting = self._starting.get(key.slug)
+        if starting is None:
+            starting = asyncio.ensure_future(asyncio.to_thread(self._runtime.start, key, launch, on_progress))
+            self._starting[key.slug] = starting
+
+            def done(_: asyncio.Future[None]) -> None:
+                self._starting.pop(key.slug, None)
+                self._reserved.pop(key.slug, None)
+
+            starting.add_done_callback(done)
+        while not starting.done():
+            beat(doing[0])
+            await asyncio.wait([asyncio.shield(starting)], timeout=1.0)
+        try:
+            starting.result()
+        except RuntimeFailure as failure:
+            raise SetupEnded(failure.reason) from None
+        if key.slug in self._stops:  # stopped while it started: the stop that waited for it ends it
+            raise SetupEnded(R.StoppedOnRequest())

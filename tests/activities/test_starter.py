@@ -1,0 +1,140 @@
+"""Starting a worker: GPU admission with health, a setup that waits and reports, and stops during setup.
+Real processes (the process runtime); the run that would hear the reports is a list."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from activities.prepare import Preparer
+from activities.runtime.base import Observed, TaskKey
+from activities.runtime.process import ProcessRuntime
+from activities.starter import SetupEnded, Starter
+from workflows.domain.nodes import GpuInfo
+from workflows.domain.reasons import Reason
+from workflows.domain.spec import GroupSpec
+
+
+def key(task: str = "w-0", attempt: int = 1) -> TaskKey:
+    return TaskKey(namespace="team-a", job="llm", task=task, attempt=attempt)
+
+
+def group(**fields: Any) -> GroupSpec:
+    return GroupSpec.model_validate({"name": "w", "command": ["sh", "-c", "sleep 30"], **fields})
+
+
+def gpu(index: int, fault: str | None = None, at_risk: str | None = None) -> GpuInfo:
+    return GpuInfo(index=index, uuid=f"GPU-{index}", model="H100", memory_bytes=80 << 30, fault=fault, at_risk=at_risk)
+
+
+class Machine:
+    """A Starter over real processes, and what it reported."""
+
+    def __init__(self, root: Path, gpus: list[GpuInfo]) -> None:
+        self.root = root
+        self.runtime = ProcessRuntime(root / "tasks")
+        self.gpus = gpus
+        self.reported: list[tuple[str, str]] = []
+        self.beats: list[str] = []
+        self.starter = Starter(self.runtime, Preparer(root), lambda: self.gpus, self.report, retry_seconds=0.05)
+
+    async def report(self, task_key: TaskKey, reason: Reason) -> None:
+        self.reported.append((task_key.task, reason.text))
+
+    async def start(self, task_key: TaskKey, spec: GroupSpec) -> list[int]:
+        return await self.starter.start(task_key, spec, {}, self.beats.append)
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> Iterator[Machine]:
+    m = Machine(tmp_path, [gpu(0), gpu(1, at_risk="retired pages pending"), gpu(2, fault="Xid 79"), gpu(3)])
+    yield m
+    for directory in (tmp_path / "tasks").glob("*"):
+        for name, kill in (("pid", os.killpg), ("shim.pid", os.kill)):
+            with suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+                kill(int((directory / name).read_text()), signal.SIGKILL)
+
+
+async def test_gpus_are_given_healthy_first_then_at_risk_never_faulted(machine: Machine) -> None:
+    assert await machine.start(key("a"), group(gpus=2)) == [0, 3]
+    assert await machine.start(key("b"), group(gpus=1)) == [1]
+    with pytest.raises(SetupEnded) as ended:
+        await machine.start(key("c"), group(gpus=1))
+
+    assert ended.value.reason.text == "Container start failed: needs 1 GPUs, 0 free on this machine"
+    assert machine.runtime.gpus_in_use() == {key("a").slug: [0, 3], key("b").slug: [1]}
+
+
+async def test_a_retried_start_finds_the_attempt_it_started(machine: Machine) -> None:
+    first = await machine.start(key(), group(gpus=1))
+
+    assert await machine.start(key(), group(gpus=1)) == first
+    assert [k.slug for k in machine.runtime.attempts()] == [key().slug]
+
+
+async def test_a_setup_that_waits_reports_once_and_starts_when_ready(machine: Machine) -> None:
+    spec = group(command=["sh", "-c", 'echo "$HF_TOKEN"'], secrets=[{"name": "hf", "key": "token", "env": "HF_TOKEN"}])
+    starting = asyncio.ensure_future(machine.start(key(), spec))
+    await asyncio.sleep(0.3)
+    assert not starting.done()
+    assert machine.reported == [("w-0", "waiting for external secret hf (key token) to be synced to this node")]
+    assert set(machine.beats) == {machine.reported[0][1]}
+
+    (machine.root / "secrets" / "hf").mkdir(parents=True)
+    (machine.root / "secrets" / "hf" / "token").write_text("hf_abc")
+    await asyncio.wait_for(starting, 5)
+
+    assert len(machine.reported) == 1
+    while machine.runtime.observe(key()).running:
+        await asyncio.sleep(0.02)
+    assert machine.runtime.log_tail(key(), 5, 100) == "hf_abc\n"
+
+
+async def test_a_retry_does_not_report_again_what_was_reported(machine: Machine) -> None:
+    spec = group(secrets=[{"name": "hf", "key": "token", "env": "HF_TOKEN"}])
+    reason = "waiting for external secret hf (key token) to be synced to this node"
+    starting = asyncio.ensure_future(machine.starter.start(key(), spec, {}, machine.beats.append, reported=reason))
+    await asyncio.sleep(0.2)
+    starting.cancel()
+
+    assert machine.reported == []
+
+
+async def test_a_stop_during_setup_ends_it_and_nothing_starts(machine: Machine) -> None:
+    spec = group(gpus=1, secrets=[{"name": "hf", "key": "token", "env": "HF_TOKEN"}])
+    starting = asyncio.ensure_future(machine.start(key(), spec))
+    await asyncio.sleep(0.2)
+
+    await machine.starter.stop(key(), grace_seconds=1)
+
+    with pytest.raises(SetupEnded) as ended:
+        await asyncio.wait_for(starting, 5)
+    assert ended.value.reason.text == "Stopped on request"
+    assert machine.runtime.observe(key()) == Observed(running=False, not_found=True)
+    assert await machine.start(key("next"), group(gpus=3)) == [0, 1, 3]  # its GPU was given back
+
+
+async def test_a_stop_before_the_start_arrives_keeps_it_from_starting(machine: Machine) -> None:
+    await machine.starter.stop(key(), grace_seconds=1)
+
+    with pytest.raises(SetupEnded, match=r"^Stopped on request$"):
+        await machine.start(key(), group())
+
+
+async def test_a_task_the_runtime_refuses_ends_its_setup_with_the_runtimes_reason(machine: Machine) -> None:
+    spec = group(gpus=1, drives=[{"name": "cache", "volume": "cache", "mount_path": "/cache"}])
+
+    with pytest.raises(SetupEnded) as ended:
+        await machine.start(key(), spec)
+
+    assert ended.value.reason.text == (
+        "Invalid task: the process runtime cannot mount drives or files (/cache); run it on a docker machine"
+    )
+    assert await machine.start(key("next"), group(gpus=3)) == [0, 1, 3]
