@@ -20,6 +20,8 @@ from activities.runtime.base import RuntimeUnavailable
 from workers.client import AstraeusClient, AstraeusError
 from workers.connect import address, connect, ensure_search_attributes
 from workers.render import render_describe, render_events, render_history, render_nodes, render_runs
+from workflows.domain.constraints import RACK_LABEL
+from workflows.domain.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, format_errors, parse_spec
 
@@ -130,7 +132,10 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         cpus=args.cpus,
         memory_bytes=args.memory_bytes,
-        labels=dict(_label(item) for item in args.label),
+        labels=dict(_label(item) for item in args.label) | ({RACK_LABEL: args.rack} if args.rack else {}),
+        pools=args.pool,
+        accept_labels=dict(_label(item, "--accept-label") for item in args.accept_label),
+        site=args.site,
         runtime=args.runtime,
         docker_host=args.docker_host,
         host_paths=args.host_path,
@@ -144,10 +149,10 @@ async def cmd_agent(args: argparse.Namespace) -> int:
     return 0
 
 
-def _label(item: str) -> tuple[str, str]:
+def _label(item: str, flag: str = "--label") -> tuple[str, str]:
     key, sep, value = item.partition("=")
     if not sep or not key:
-        raise AstraeusError(f"--label {item}: expected KEY=VALUE")
+        raise AstraeusError(f"{flag} {item}: expected KEY=VALUE")
     return key, value
 
 
@@ -247,8 +252,42 @@ async def cmd_logs(args: argparse.Namespace) -> int:
 
 
 async def cmd_nodes(args: argparse.Namespace) -> int:
+    if args.verb != "ls":
+        return await cmd_node_verb(args)
     views = await (await _client(args)).nodes()
     emit(args, views, lambda: render_nodes(views))
+    return 0
+
+
+async def cmd_node_verb(args: argparse.Namespace) -> int:
+    from workers.admin import node_verb
+
+    if not args.name:
+        raise AstraeusError(f"nodes {args.verb}: name the machine")
+    view = await node_verb((await _client(args)).temporal, args.name, args.verb, args.reason)
+    done = {"cordon": "cordoned", "uncordon": "uncordoned", "remove": "removed"}[args.verb]
+    emit(args, view, lambda: f"{done} {args.name}")
+    return 0
+
+
+async def cmd_quota(args: argparse.Namespace) -> int:
+    from workers.admin import quotas, remove_quota, render_quotas, set_quota
+
+    temporal = (await _client(args)).temporal
+    if args.verb != "ls" and not args.namespace:
+        raise AstraeusError(f"quota {args.verb}: name the namespace")
+    if args.verb == "set":
+        try:
+            quota = Quota(namespace=args.namespace, gpus=args.gpus, cpu=args.cpu, memory_bytes=args.memory_bytes,
+                          pools=tuple(args.pool))  # fmt: skip
+        except ValidationError as error:
+            raise AstraeusError(f"quota set {args.namespace}:\n{format_errors(error)}") from None
+        listed = await set_quota(temporal, quota)
+    elif args.verb == "rm":
+        listed = await remove_quota(temporal, args.namespace)
+    else:
+        listed = await quotas(temporal)
+    emit(args, listed, lambda: render_quotas(listed))
     return 0
 
 
@@ -306,6 +345,11 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         help="a host path drives may mount (repeatable; default: any but system paths)",
     )
+    agent.add_argument("--pool", action="append", default=[], help="a pool this machine belongs to (repeatable)")
+    agent.add_argument("--accept-label", action="append", default=[],
+                       help="KEY=VALUE: take only workers that select this label (repeatable)")  # fmt: skip
+    agent.add_argument("--rack", help=f"this machine's rack (the label {RACK_LABEL})")
+    agent.add_argument("--site", help="this machine's site (where its drives' data is)")
     machine_flags(agent)
 
     submit = command("submit", cmd_submit, "submit a run spec (YAML)", read=True)
@@ -333,7 +377,17 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("task", help="RUN/TASK, e.g. hello/worker-0")
     logs.add_argument("--tail", type=int, help="only the last N lines")
     logs.add_argument("-n", "--namespace", default="default")
-    command("nodes", cmd_nodes, "list machines and what they have", read=True)
+    nodes = command("nodes", cmd_nodes, "list machines, or cordon, uncordon or remove one", read=True)
+    nodes.add_argument("verb", nargs="?", choices=["ls", "cordon", "uncordon", "remove"], default="ls")
+    nodes.add_argument("name", nargs="?", help="the machine (cordon, uncordon, remove)")
+    nodes.add_argument("--reason", help="why (cordon, remove)")
+    quota = command("quota", cmd_quota, "namespace quotas: set NAMESPACE [limits], rm NAMESPACE, ls", read=True)
+    quota.add_argument("verb", choices=["set", "rm", "ls"])
+    quota.add_argument("namespace", nargs="?")
+    quota.add_argument("--gpus", type=int, help="GPUs its workers may hold at once (default: no limit)")
+    quota.add_argument("--cpu", type=float, help="CPU cores its workers may hold at once")
+    quota.add_argument("--memory-bytes", type=int, help="memory its workers may hold at once")
+    quota.add_argument("--pool", action="append", default=[], help="the only pools whose machines it may use")
     command("schema", cmd_schema, "print the run spec's JSON Schema")
     return top
 

@@ -26,6 +26,7 @@ from workflows.job import JobWorkflow
 from workflows.logs import LogsWorkflow
 from workflows.messages import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, NodeInput, RegisterRequest
 from workflows.node import NodeWorkflow
+from workflows.quotas import QuotasWorkflow
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def control_worker(client: Client, settings: Settings) -> Worker:
     return Worker(
         client,
         task_queue=CONTROL_TASK_QUEUE,
-        workflows=[JobWorkflow, NodeWorkflow, LogsWorkflow],
+        workflows=[JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow],
         activities=[ControlActivities(settings).load_settings],
         max_concurrent_workflow_tasks=200,
     )
@@ -48,7 +49,7 @@ async def scheduler_worker(client: Client) -> Worker:
     return Worker(
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
-        activities=[service.place, service.release, service.node_changed],
+        activities=[service.place, service.release, service.node_changed, service.quotas_changed, service.plan_workers],
         max_concurrent_activities=100,
     )
 
@@ -61,6 +62,9 @@ class AgentOptions:
     cpus: float | None = None
     memory_bytes: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    pools: list[str] = field(default_factory=list)
+    accept_labels: dict[str, str] = field(default_factory=dict)  # takes only workers that select one of these
+    site: str | None = None
     runtime: str = "process"
     docker_host: str | None = None  # default: $DOCKER_HOST, else the engine's socket
     host_paths: list[str] = field(default_factory=list)  # the only host paths drives may mount; empty: any
@@ -82,6 +86,9 @@ def inventory(options: AgentOptions) -> NodeInventory:
         gpus=gpus,
         labels=options.labels,
         gpu_source=source,
+        pools=options.pools,
+        accept_labels=options.accept_labels,
+        site=options.site,
     )
 
 

@@ -6,9 +6,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
 from workflows.domain.placement import Allocation, TaskRequest
+from workflows.domain.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec
-from workflows.domain.status import JobRecord
+from workflows.domain.status import JobRecord, NodeReasons
 
 CONTROL_TASK_QUEUE = "astraeus-control"
 SCHEDULER_TASK_QUEUE = "astraeus-scheduler"
@@ -89,6 +90,46 @@ class NodeChangedInput(_Msg):
     node: NodeView
 
 
+class PlacementAnswer(_Msg):
+    """Signal `placement`, from the scheduler to a run: a machine for one worker, or why it waits with every
+    machine's reasons. The run reads it as its PlacementUpdate event (the same fields)."""
+
+    task_id: str
+    attempt: int
+    node: str | None = None
+    code: str = ""
+    reason: str = ""
+    nodes: list[NodeReasons] = Field(default_factory=list)
+
+
+class QuotasChangedInput(_Msg):
+    """Activity `quotas_changed`: every namespace's quota, as the quotas workflow holds them now."""
+
+    quotas: list[Quota]
+
+
+class PlanInput(_Msg):
+    """Activity `plan_workers`: split `total_gpus` of a group into workers (on exactly `machines` machines when
+    given); `request` is one worker of the group with everything but its GPU count."""
+
+    request: TaskRequest
+    total_gpus: int
+    machines: int | None = None
+
+
+# ---- QuotasWorkflow (id QUOTAS_WORKFLOW_ID) -----------------------------------------------------------------------
+
+QUOTAS_WORKFLOW_ID = "quotas"
+
+
+class QuotasInput(_Msg):
+    quotas: list[Quota] = Field(default_factory=list)
+
+
+class RemoveQuotaRequest(_Msg):
+    namespace: str
+
+
 # ---- Node agent activities --------------------------------------------------------------------------------------
 
 
@@ -163,6 +204,12 @@ class NodeInput(_Msg):
 
 class RegisterRequest(_Msg):
     inventory: NodeInventory
+
+
+class CordonRequest(_Msg):
+    """Updates `cordon` (no new work; what runs stays) and `remove` (the machine leaves the cluster)."""
+
+    reason: str = ""
 
 
 class GpuHealthReport(_Msg):

@@ -15,6 +15,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain.reasons import R, Reason
     from workflows.messages import (
         SCHEDULER_TASK_QUEUE,
+        CordonRequest,
         GpuHealthReport,
         LeaseInput,
         NodeChangedInput,
@@ -126,6 +127,45 @@ class NodeWorkflow:
             raise ApplicationError(f"machine {self._view.name} has not registered", type="NotRegistered")
         if [(g.index, g.uuid) for g in report.gpus] != [(g.index, g.uuid) for g in inventory.gpus]:
             raise ApplicationError(f"the GPUs reported are not those machine {self._view.name} registered")
+
+    # ---- admin verbs (astraeus nodes cordon|uncordon|remove) ------------------------------------------------------
+
+    @workflow.update(name="cordon")
+    async def cordon(self, request: CordonRequest) -> NodeView:
+        """No new work on the machine (what runs there stays) until it is uncordoned."""
+        self._view = self._view.model_copy(update={"cordon": request.reason or "no reason given"})
+        await self._notify()
+        return self._view
+
+    @workflow.update(name="uncordon")
+    async def uncordon(self) -> NodeView:
+        self._view = self._view.model_copy(update={"cordon": None})
+        await self._notify()
+        return self._view
+
+    @uncordon.validator
+    def _validate_uncordon(self) -> None:
+        if self._view.cordon is None:
+            raise ApplicationError(f"machine {self._view.name} is not cordoned", type="NotCordoned")
+
+    @workflow.update(name="remove")
+    async def remove(self, request: CordonRequest) -> NodeView:
+        """The machine leaves the cluster: the scheduler forgets it. Its lease is let go; an agent that registers
+        again brings it back."""
+        self._change(NodeState.REMOVED, R.MachineRemoved())
+        if self._lease is not None and not self._lease.done():
+            self._lease.cancel()
+        await self._notify()
+        return self._view
+
+    @cordon.validator
+    def _validate_cordon(self, request: CordonRequest) -> None:
+        if self._view.state is NodeState.REMOVED:
+            raise ApplicationError(f"machine {self._view.name} was removed", type="Removed")
+
+    @remove.validator
+    def _validate_remove(self, request: CordonRequest) -> None:
+        self._validate_cordon(request)
 
     @workflow.query(name="view")
     def view(self) -> NodeView:

@@ -1,277 +1,339 @@
-"""Placement: best fit in queue order, and, when nothing fits, every machine's reasons."""
+"""Feasibility: each per-machine reason of the spec, whole, in its fixed order; best fit among machines that fit."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from datetime import UTC, datetime, timedelta
+from collections.abc import Mapping
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeState, NodeView
-from workflows.domain.placement import Allocation, Decision, Free, TaskRequest, free_capacity, place
-from workflows.domain.reasons import Reason
-from workflows.domain.status import NodeReasons
-
-T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
-
-
-def machine(
-    name: str, *, cpus: float = 16, memory: int = 1 << 40, gpus: int = 0, state: NodeState = NodeState.READY
-) -> NodeView:
-    gpu_list = [GpuInfo(index=i, uuid=f"GPU-{name}-{i}", model="H100", memory_bytes=80 << 30) for i in range(gpus)]
-    inventory = NodeInventory(name=name, cpus=cpus, memory_bytes=memory, gpus=gpu_list)
-    return NodeView(name=name, state=state, inventory=inventory)
+from tests.domain.builders import GB, T0, gpu, holding, ib, machine, request, unreported
+from workflows.domain.constraints import Drive, GpuRequest, Network
+from workflows.domain.machines import Cluster, Free, free_capacity, size_text
+from workflows.domain.nodes import NetworkPort, NodeState, NodeView
+from workflows.domain.placement import CHECKS, ask_for, explain, fits
+from workflows.domain.requests import Allocation, TaskRequest
+from workflows.domain.scheduling import schedule
 
 
-def unreported(name: str) -> NodeView:
-    return NodeView(name=name, state=NodeState.READY, inventory=None)
+def reasons(
+    node: NodeView,
+    req: TaskRequest,
+    allocations: list[Allocation] | None = None,
+    drives: Mapping[str, Drive] | None = None,
+) -> list[str]:
+    # The run's other workers (in `allocations`) sit on n0, in rack r1, when the machine examined is another one.
+    others = [machine("n0", labels=RACK)] if node.name != "n0" else []
+    cluster = Cluster([node, *others], allocations or [], T0)
+    ask = ask_for(req, cluster, drives or {})
+    return [r.text for r in explain(cluster.machines[node.name], cluster.free[node.name], ask)]
 
 
-def request(
-    task: str = "w-0",
-    *,
-    job: str = "job/default/a",
-    index: int = 0,
-    priority: int = 0,
-    submitted: int = 0,
-    cpu: float = 1,
-    memory: int = 0,
-    gpus: int = 0,
-) -> TaskRequest:
-    return TaskRequest(
-        job_id=job,
-        namespace="default",
-        task_id=task,
-        index=index,
-        attempt=0,
-        priority=priority,
-        submitted_at=T0 + timedelta(seconds=submitted),
-        cpu=cpu,
-        memory_bytes=memory,
-        gpus=gpus,
-    )
+def where(nodes: list[NodeView], req: TaskRequest, allocations: list[Allocation] | None = None) -> str | None:
+    [decision] = schedule([req], nodes, allocations or [], T0).decisions
+    return decision.node
 
 
-def holding(node: str, *, cpu: float = 0, memory: int = 0, gpus: int = 0, task: str = "x-0") -> Allocation:
-    return Allocation(
-        job_id="job/default/other", task_id=task, attempt=0, node=node, cpu=cpu, memory_bytes=memory, gpus=gpus
-    )
+# ---- every per-machine reason, whole ----------------------------------------------------------------------------
 
-
-def placed(decisions: list[Decision]) -> dict[str, str | None]:
-    return {d.request.task_id: d.node for d in decisions}
-
-
-# ---- where a request goes -------------------------------------------------------------------------------------
+H100 = GpuRequest(models=("H100",))
+NVIDIA_80 = GpuRequest(vendor="nvidia", models=("H100", "H200"), min_memory_bytes=80 * GB)
+FAULTED = [gpu(0), gpu(1), gpu(2), gpu(3, fault="Xid 79 (GPU has fallen off the bus)")]
+AT_RISK = [gpu(i, at_risk="retired pages pending" if i >= 6 else None) for i in range(8)]
+RACK = {"topology.astraeus.io/rack": "r1"}
 
 
 @pytest.mark.parametrize(
-    ("nodes", "req", "node"),
+    ("node", "req", "allocations", "expected"),
     [
+        pytest.param(machine("n0", state=NodeState.DOWN), request(), [], "machine is not ready (Down)", id="down"),
+        pytest.param(unreported("n0"), request(), [], "machine is not ready (no capacity reported)", id="unreported"),
         pytest.param(
-            [machine("big", gpus=8), machine("small", gpus=4)],
-            request(gpus=2),
-            "small",
-            id="a request goes to the machine left with the fewest gpus",
+            machine("n0", pressure=["memory", "disk"]), request(), [], "under pressure: memory, disk", id="pressure"
         ),
         pytest.param(
-            [machine("big", cpus=64), machine("small", cpus=8)],
-            request(cpu=4),
-            "small",
-            id="with gpus equal the machine left with the fewest cpus wins",
-        ),
-        pytest.param(
-            [machine("big", memory=1000), machine("small", memory=200)],
-            request(cpu=1, memory=100),
-            "small",
-            id="with gpus and cpus equal the machine left with the least memory wins",
-        ),
-        pytest.param(
-            [machine("b"), machine("a")],
+            machine("n0", cordon="disk replacement"),
             request(),
-            "a",
-            id="between equal machines the first by name wins",
+            [],
+            "machine is cordoned: disk replacement",
+            id="cordon",
         ),
         pytest.param(
-            [machine("tight", gpus=1), machine("roomy", gpus=8)],
-            request(gpus=2),
-            "roomy",
-            id="a machine without room is skipped",
+            machine("n0", refuses_runs="draining for an upgrade"),
+            request(),
+            [],
+            "machine does not accept runs: draining for an upgrade",
+            id="does not accept runs",
         ),
         pytest.param(
-            [machine("down", gpus=8, state=NodeState.DOWN), machine("up", gpus=8)],
+            machine("n0", accept_labels={"team": "vision"}, labels={"team": "nlp"}),
+            request(selection={"labels": {"team": "nlp"}}),
+            [],
+            "worker carries none of the labels this machine accepts",
+            id="accepted labels",
+        ),
+        pytest.param(
+            machine("n0"),
+            request(selection={"names": ["n1", "n2"]}),
+            [],
+            "machine is not among the selected names",
+            id="names",
+        ),
+        pytest.param(
+            machine("n0", labels={"zone": "b"}),
+            request(selection={"labels": {"zone": "a"}}),
+            [],
+            "machine lacks label zone=a",
+            id="label",
+        ),
+        pytest.param(
+            machine("n0", pools=["batch"]),
+            request(selection={"pools": ["training"]}),
+            [],
+            "machine lacks label pool.astraeus.io/name=training",
+            id="pool",
+        ),
+        pytest.param(
+            machine("n0", ports=[NetworkPort(name="mlx5_0", link="Ethernet", active=False)]),
+            request(network=Network(rdma=True)),
+            [],
+            "no active RDMA port",
+            id="rdma",
+        ),
+        pytest.param(
+            machine("n0", ports=[ib("mlx5_0", speed=100), ib("mlx5_1", speed=400, active=False)]),
+            request(network=Network(infiniband_gbps=200)),
+            [],
+            "no active InfiniBand port at 200 Gb/s or faster (mlx5_0 active at 100 Gb/s, mlx5_1 down at 400 Gb/s)",
+            id="infiniband too slow or down",
+        ),
+        pytest.param(
+            machine("n0"),
+            request(network=Network(infiniband_gbps=200)),
+            [],
+            "no active InfiniBand port at 200 Gb/s or faster (no InfiniBand port)",
+            id="no infiniband",
+        ),
+        pytest.param(
+            machine("n0"),
+            request("w-1", topology={"one_per_machine": True}),
+            [holding("n0", run="a", task="w-0", group="w")],
+            "another worker of this run is already on the machine",
+            id="one per machine",
+        ),
+        pytest.param(machine("n0", cpus=16), request(cpu=32), [], "insufficient cpu: need 32 cores, 16 free", id="cpu"),
+        pytest.param(
+            machine("n0", memory=50), request(memory=100), [], "insufficient memory: need 100 bytes, 50 free", id="mem"
+        ),
+        pytest.param(
+            machine("n0", gpus=8),
             request(gpus=8),
-            "up",
-            id="a machine that is down takes nothing",
+            [holding("n0", gpus=4)],
+            "insufficient gpus: need 8, 4 free and usable",
         ),
         pytest.param(
-            [machine("n0", cpus=4)],
-            request(cpu=4),
-            "n0",
-            id="a request that uses the whole machine fits",
+            machine("n0", gpus=AT_RISK),
+            request(gpus=8, healthy_only=True),
+            [],
+            "needs 8 healthy GPUs, 6 free (2 more free but at risk)",
+            id="healthy only",
+        ),
+        pytest.param(
+            machine("n0", gpus=[gpu(0, model="NVIDIA L4", memory=24 * GB)]),
+            request(gpus=1, gpu_requests=(H100,)),
+            [],
+            "no H100 GPU",
+            id="gpu model",
+        ),
+        pytest.param(
+            machine("n0", gpus=[gpu(0, model="NVIDIA H100 PCIe", memory=40 * GB)]),
+            request(gpus=1, gpu_requests=(NVIDIA_80,)),
+            [],
+            "no nvidia H100 or H200 with at least 80 GB GPU",
+            id="gpu model and memory",
+        ),
+        pytest.param(
+            machine("n0", gpus=FAULTED),
+            request(gpus=1),
+            [],
+            "gpu fault on the machine: GPU 3: Xid 79 (GPU has fallen off the bus)",
+            id="gpu fault",
+        ),
+        pytest.param(
+            machine("n1"),
+            request("w-1", topology={"one_machine": True}),
+            [holding("n0", run="a", task="w-0", group="w")],
+            "the run is kept on one machine, n0",
+            id="one machine",
+        ),
+        pytest.param(
+            machine("n1", labels={"topology.astraeus.io/rack": "r2"}),
+            request("w-1", topology={"same_rack": True}),
+            [holding("n0", run="a", task="w-0", group="w")],
+            "the run is kept within rack r1",
+            id="same rack",
+        ),
+        pytest.param(
+            machine("n0"),
+            request(topology={"same_rack": True}),
+            [],
+            "no rack set on this machine (topology.astraeus.io/rack)",
+            id="no rack label",
+        ),
+        pytest.param(
+            machine("n2"),
+            request("w-2", topology={"max_machines": 2}),
+            [holding("n0", run="a", task="w-0", group="w"), holding("n1", run="a", task="w-1", group="w")],
+            "the run may use at most 2 machines",
+            id="max machines",
+        ),
+        pytest.param(
+            machine("n1", labels=RACK),
+            request("w-1", topology={"one_per_rack": True}),
+            [holding("n0", run="a", task="w-0", group="w")],
+            "rack r1 already has a worker of this run",
+            id="rack used",
+        ),
+        pytest.param(
+            machine("n0"),
+            request(capabilities=("outbound_policy",), drives=()),
+            [],
+            "machine cannot enforce an outbound policy (not reported by its agent)",
+            id="outbound policy",
+        ),
+        pytest.param(
+            machine("n0", capability_notes={"sandbox": "gVisor is not installed"}),
+            request(capabilities=("sandbox",)),
+            [],
+            "machine cannot run sandboxed workers (gVisor is not installed)",
+            id="sandbox",
+        ),
+        pytest.param(
+            machine("n0", capability_notes={"tool_gateway": "no gateway configured"}),
+            request(capabilities=("tool_gateway",)),
+            [],
+            "machine serves no tool gateway to its workers (no gateway configured)",
+            id="tool gateway",
         ),
     ],
 )
-def test_a_request_that_fits_goes_to_the_tightest_machine(nodes: list[NodeView], req: TaskRequest, node: str) -> None:
-    assert place([req], nodes, []) == [Decision(req, node)]
+def test_each_per_machine_reason_is_the_spec_sentence(
+    node: NodeView, req: TaskRequest, allocations: list[Allocation], expected: str
+) -> None:
+    assert reasons(node, req, allocations) == [expected]
 
 
-# Each request asks for the whole machine, so only the head of the queue is placed.
+DRIVES = {
+    "data": Drive(name="data", size_bytes=200 * 2**30, node="n9", site="paris"),
+    "broken": Drive(name="broken", problem="its volume is being deleted"),
+    "far": Drive(name="far", node="n8", site="tokyo"),
+}
+
+
 @pytest.mark.parametrize(
-    ("requests", "expected"),
+    ("drive", "inventory", "expected"),
     [
+        pytest.param("nope", {}, "drive nope does not exist", id="missing"),
+        pytest.param("broken", {}, "drive broken: its volume is being deleted", id="problem"),
+        pytest.param("far", {"site": "paris"}, "drive far is on n8, in another site (tokyo)", id="other site"),
         pytest.param(
-            [request("low", priority=1, submitted=0, gpus=8), request("high", priority=5, submitted=9, gpus=8)],
-            {"high": "n0", "low": None},
-            id="higher priority is placed first even when submitted later",
+            "data",
+            {"site": "paris", "data_free_bytes": 50 * 2**30},
+            "drive data needs 200 GiB at this machine's data location, 50 GiB free",
+            id="no space",
         ),
-        pytest.param(
-            [request("late", submitted=9, gpus=8), request("early", submitted=0, gpus=8)],
-            {"early": "n0", "late": None},
-            id="with equal priority the earlier submission is placed first",
-        ),
-        pytest.param(
-            [request("second", index=1, gpus=8), request("first", index=0, gpus=8)],
-            {"first": "n0", "second": None},
-            id="within one run the lower worker index is placed first",
-        ),
+        pytest.param("data", {"site": "paris"}, "Choose where to keep data on n0", id="no data location"),
     ],
 )
-def test_queue_order(requests: list[TaskRequest], expected: dict[str, str | None]) -> None:
-    assert placed(place(requests, [machine("n0", gpus=8)], [])) == expected
+def test_drive_reasons(drive: str, inventory: dict[str, object], expected: str) -> None:
+    assert reasons(machine("n0", **inventory), request(drives=(drive,)), drives=DRIVES) == [expected]
 
 
-def test_decisions_come_in_queue_order() -> None:
-    requests = [request("c", priority=0), request("a", priority=9), request("b", priority=5)]
-    assert [d.request.task_id for d in place(requests, [machine("n0")], [])] == ["a", "b", "c"]
+def test_a_drive_held_by_the_machine_itself_needs_no_copy() -> None:
+    assert reasons(machine("n9", site="paris"), request(drives=("data",)), drives=DRIVES) == []
 
 
-def test_a_placement_reduces_the_room_left_for_the_next_request() -> None:
-    requests = [request("w-0", gpus=4), request("w-1", index=1, gpus=4), request("w-2", index=2, gpus=4)]
-    decisions = place(requests, [machine("n0", gpus=8)], [])
-    assert placed(decisions) == {"w-0": "n0", "w-1": "n0", "w-2": None}
-    assert decisions[2].reason == Reason("NoMachineFits", "No machine fits: 1 of 1 machines ready")
-    assert decisions[2].nodes == [NodeReasons(name="n0", reasons=["insufficient gpus: need 4, 0 free and usable"])]
-
-
-# ---- why nothing fits -----------------------------------------------------------------------------------------
-
-
-def test_no_machine_fits_lists_every_machine_sorted_by_name() -> None:
-    nodes = [
-        machine("n3", cpus=64, memory=50, gpus=8),
-        machine("n1", cpus=64, gpus=4),
-        machine("n2", cpus=16, gpus=8),
-        machine("n0", gpus=8, state=NodeState.DOWN),
-    ]
-    req = request(cpu=32, memory=100, gpus=8)
-    assert place([req], nodes, []) == [
-        Decision(
-            req,
-            None,
-            Reason("NoMachineFits", "No machine fits: 3 of 4 machines ready"),
-            [
-                NodeReasons(name="n0", reasons=["machine is not ready (Down)"]),
-                NodeReasons(name="n1", reasons=["insufficient gpus: need 8, 4 free and usable"]),
-                NodeReasons(name="n2", reasons=["insufficient cpu: need 32 cores, 16 free"]),
-                NodeReasons(name="n3", reasons=["insufficient memory: need 100 bytes, 50 free"]),
-            ],
-        )
+def test_copies_of_several_drives_must_fit_together() -> None:
+    drives = {d: Drive(name=d, size_bytes=60 * 2**30, node="n9") for d in ("a", "b")}
+    node = machine("n0", data_free_bytes=100 * 2**30)
+    assert reasons(node, request(drives=("a", "b")), drives=drives) == [
+        "drive b needs 60 GiB at this machine's data location, 40 GiB free"
     ]
 
 
-def test_no_machine_fits_one_of_two_ready() -> None:
-    nodes = [machine("b", gpus=4), machine("a", gpus=8, state=NodeState.DOWN)]
-    req = request(gpus=8)
-    [decision] = place([req], nodes, [])
-    assert decision.reason == Reason("NoMachineFits", "No machine fits: 1 of 2 machines ready")
-    assert decision.nodes == [
-        NodeReasons(name="a", reasons=["machine is not ready (Down)"]),
-        NodeReasons(name="b", reasons=["insufficient gpus: need 8, 4 free and usable"]),
+@pytest.mark.parametrize(
+    ("size", "text"), [(0, "0 B"), (512, "512 B"), (1536, "1.5 KiB"), (200 * 2**30, "200 GiB"), (3 * 2**40, "3 TiB")]
+)
+def test_sizes_are_written_in_binary_units(size: int, text: str) -> None:
+    assert size_text(size) == text
+
+
+# ---- order, and what a machine says --------------------------------------------------------------------------
+
+
+def test_a_machine_lists_every_reason_in_the_fixed_order() -> None:
+    node = machine("n0", cpus=16, memory=50, gpus=4, pressure=["disk"], cordon="repairs", labels={"zone": "b"})
+    req = request(cpu=32, memory=100, gpus=8, selection={"labels": {"zone": "a"}})
+    assert reasons(node, req) == [
+        "under pressure: disk",
+        "machine is cordoned: repairs",
+        "machine lacks label zone=a",
+        "insufficient cpu: need 32 cores, 16 free",
+        "insufficient memory: need 100 bytes, 50 free",
+        "insufficient gpus: need 8, 4 free and usable",
     ]
 
 
-def test_a_machine_lists_every_resource_it_lacks_in_a_fixed_order() -> None:
-    [decision] = place([request(cpu=32, memory=100, gpus=8)], [machine("n0", cpus=16, memory=50, gpus=4)], [])
-    assert decision.nodes == [
-        NodeReasons(
-            name="n0",
-            reasons=[
-                "insufficient cpu: need 32 cores, 16 free",
-                "insufficient memory: need 100 bytes, 50 free",
-                "insufficient gpus: need 8, 4 free and usable",
-            ],
-        )
+def test_a_machine_that_is_not_ready_says_only_that() -> None:
+    node = machine("n0", state=NodeState.DOWN, cpus=1, cordon="repairs")
+    assert reasons(node, request(cpu=32)) == ["machine is not ready (Down)"]
+
+
+def test_checks_run_cheap_first_in_the_spec_order() -> None:
+    names = [check.__name__ for check in CHECKS]
+    assert names[:3] == ["check_ready", "check_pressure", "check_open"]
+    assert names.index("check_cpu") < names.index("check_gpus") < names.index("check_topology")
+    assert names[-2:] == ["check_drives", "check_capabilities"]
+
+
+def test_a_faulted_machine_still_takes_cpu_only_work() -> None:
+    assert reasons(machine("n0", gpus=FAULTED), request(gpus=0)) == []
+
+
+def test_gpus_at_risk_are_used_when_healthy_ones_are_not_asked_for() -> None:
+    assert reasons(machine("n0", gpus=AT_RISK), request(gpus=8)) == []
+
+
+def test_gpu_requests_count_only_matching_gpus() -> None:
+    mixed = [gpu(0, model="NVIDIA L4"), gpu(1), gpu(2)]
+    assert reasons(machine("n0", gpus=mixed), request(gpus=3, gpu_requests=(H100,))) == [
+        "insufficient gpus: need 3, 2 free and usable"
     ]
+
+
+def test_an_accepted_label_lets_selecting_work_in() -> None:
+    node = machine("n0", accept_labels={"team": "vision"}, labels={"team": "vision"})
+    assert reasons(node, request(selection={"labels": {"team": "vision"}})) == []
 
 
 def test_fractional_cpu_is_written_without_trailing_zeros() -> None:
-    [decision] = place([request(cpu=2.5)], [machine("n0", cpus=1.5)], [])
-    assert decision.nodes == [NodeReasons(name="n0", reasons=["insufficient cpu: need 2.5 cores, 1.5 free"])]
-
-
-def test_no_machines_registered() -> None:
-    req = request()
-    assert place([req], [], []) == [
-        Decision(
-            req,
-            None,
-            Reason("NoMachinesRegistered", "No machine fits: 0 of 0 machines ready: no machines are registered"),
-            [],
-        )
-    ]
-
-
-def test_a_machine_that_reports_no_capacity_says_so() -> None:
-    [decision] = place([request()], [unreported("n0")], [])
-    assert decision.nodes == [NodeReasons(name="n0", reasons=["machine is not ready (no capacity reported)"])]
-
-
-def test_a_machine_that_reports_no_capacity_is_not_counted_as_ready() -> None:
-    [decision] = place([request()], [unreported("n0")], [])
-    assert decision.reason == Reason("NoMachineFits", "No machine fits: 0 of 1 machines ready")
-
-
-# ---- allocations ----------------------------------------------------------------------------------------------
+    assert reasons(machine("n0", cpus=1.5), request(cpu=2.5)) == ["insufficient cpu: need 2.5 cores, 1.5 free"]
 
 
 @pytest.mark.parametrize(
-    ("allocations", "node", "reasons"),
+    ("allocations", "expected"),
     [
-        pytest.param([], "n0", [], id="a machine holding nothing takes the request"),
+        pytest.param([], [], id="a machine holding nothing takes the request"),
+        pytest.param([holding("n0", gpus=6)], ["insufficient gpus: need 4, 2 free and usable"], id="gpus held"),
+        pytest.param([holding("n0", cpu=14)], ["insufficient cpu: need 4 cores, 2 free"], id="cpus held"),
+        pytest.param([holding("n0", memory=950)], ["insufficient memory: need 100 bytes, 50 free"], id="memory held"),
         pytest.param(
-            [holding("n0", gpus=6)],
-            None,
-            ["insufficient gpus: need 4, 2 free and usable"],
-            id="gpus held by placed workers are not free",
+            [holding("n0", gpus=10)], ["insufficient gpus: need 4, 0 free and usable"], id="overcommitted shows 0 free"
         ),
-        pytest.param(
-            [holding("n0", cpu=14)],
-            None,
-            ["insufficient cpu: need 4 cores, 2 free"],
-            id="cpus held by placed workers are not free",
-        ),
-        pytest.param(
-            [holding("n0", memory=950)],
-            None,
-            ["insufficient memory: need 100 bytes, 50 free"],
-            id="memory held by placed workers is not free",
-        ),
-        pytest.param(
-            [holding("n0", gpus=10, task="x-0")],
-            None,
-            ["insufficient gpus: need 4, 0 free and usable"],
-            id="an overcommitted machine shows 0 free rather than a negative count",
-        ),
-        pytest.param([holding("gone", gpus=8)], "n0", [], id="an allocation on an unknown machine is ignored"),
+        pytest.param([holding("gone", gpus=8)], [], id="an allocation on an unknown machine is ignored"),
     ],
 )
-def test_allocations_reduce_the_free_room(allocations: list[Allocation], node: str | None, reasons: list[str]) -> None:
-    [decision] = place([request(cpu=4, memory=100, gpus=4)], [machine("n0", memory=1000, gpus=8)], allocations)
-    assert decision.node == node
-    assert decision.nodes == ([NodeReasons(name="n0", reasons=reasons)] if reasons else [])
+def test_allocations_reduce_the_free_room(allocations: list[Allocation], expected: list[str]) -> None:
+    assert reasons(machine("n0", memory=1000, gpus=8), request(cpu=4, memory=100, gpus=4), allocations) == expected
 
 
 def test_free_capacity_subtracts_every_allocation() -> None:
@@ -280,81 +342,53 @@ def test_free_capacity_subtracts_every_allocation() -> None:
     assert free_capacity(nodes, allocations) == {"n0": Free(12.5, 850, 5), "n1": Free(0, 0, 0)}
 
 
-# ---- property: never over capacity, one decision each ---------------------------------------------------------
-
-# CPU in quarter cores so sums are exact in binary floating point.
-quarters = st.integers(0, 64).map(lambda q: q / 4)
+# ---- best fit -------------------------------------------------------------------------------------------------
 
 
-@st.composite
-def clusters(draw: st.DrawFn) -> tuple[list[TaskRequest], list[NodeView], list[Allocation]]:
-    names = draw(st.lists(st.sampled_from(["n0", "n1", "n2", "n3", "n4"]), unique=True, max_size=5))
-    nodes = [
-        machine(
-            name,
-            cpus=draw(quarters),
-            memory=draw(st.integers(0, 1000)),
-            gpus=draw(st.integers(0, 8)),
-            state=draw(st.sampled_from([NodeState.READY, NodeState.READY, NodeState.DOWN])),
-        )
-        for name in names
-    ]
-    allocations = [
-        holding(
-            draw(st.sampled_from([*names, "gone"])),
-            cpu=draw(quarters),
-            memory=draw(st.integers(0, 500)),
-            gpus=draw(st.integers(0, 4)),
-            task=f"x-{i}",
-        )
-        for i in range(draw(st.integers(0, 6)))
-    ]
-    requests = [
-        request(
-            f"w-{i}",
-            index=i,
-            priority=draw(st.integers(0, 3)),
-            submitted=draw(st.integers(0, 5)),
-            cpu=draw(quarters),
-            memory=draw(st.integers(0, 500)),
-            gpus=draw(st.integers(0, 4)),
-        )
-        for i in range(draw(st.integers(0, 12)))
-    ]
-    return requests, nodes, allocations
+@pytest.mark.parametrize(
+    ("nodes", "req", "node"),
+    [
+        pytest.param(
+            [machine("big", gpus=8), machine("small", gpus=4)], request(gpus=2), "small", id="fewest gpus left wins"
+        ),
+        pytest.param(
+            [machine("big", cpus=64), machine("small", cpus=8)], request(cpu=4), "small", id="then fewest cpus left"
+        ),
+        pytest.param(
+            [machine("big", memory=1000), machine("small", memory=200)],
+            request(memory=100),
+            "small",
+            id="then least memory left",
+        ),
+        pytest.param([machine("b"), machine("a")], request(), "a", id="then the first by name"),
+        pytest.param(
+            [machine("tight", gpus=1), machine("roomy", gpus=8)], request(gpus=2), "roomy", id="no room is skipped"
+        ),
+        pytest.param(
+            [machine("down", gpus=8, state=NodeState.DOWN), machine("up", gpus=8)],
+            request(gpus=8),
+            "up",
+            id="a machine that is down takes nothing",
+        ),
+        pytest.param(
+            [machine("a", gpus=2, cordon="repairs"), machine("b", gpus=8)], request(gpus=2), "b", id="cordoned skipped"
+        ),
+        pytest.param([machine("n0", cpus=4)], request(cpu=4), "n0", id="the whole machine fits"),
+        pytest.param(
+            [machine("a", gpus=8, labels={"zone": "x"}), machine("b", gpus=8, labels={"zone": "y"})],
+            request(gpus=1, selection={"labels": {"zone": "y"}}),
+            "b",
+            id="selection is honoured",
+        ),
+    ],
+)
+def test_a_request_goes_to_the_tightest_machine_that_fits(nodes: list[NodeView], req: TaskRequest, node: str) -> None:
+    assert where(nodes, req) == node
 
 
-@settings(max_examples=100, deadline=None, derandomize=True)
-@given(clusters())
-def test_place_never_overfills_a_machine_and_decides_once_per_request(
-    cluster: tuple[list[TaskRequest], list[NodeView], list[Allocation]],
-) -> None:
-    requests, nodes, allocations = cluster
-    decisions = place(requests, nodes, allocations)
-
-    assert sorted(d.request.task_id for d in decisions) == sorted(r.task_id for r in requests)
-
-    by_name = {n.name: n for n in nodes}
-    held: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0])
-    for a in allocations:
-        held[a.node][0] += a.cpu
-        held[a.node][1] += a.memory_bytes
-        held[a.node][2] += a.gpus
-    added: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0])
-    for d in decisions:
-        if d.node is None:
-            assert d.reason is not None
-            assert [n.name for n in d.nodes] == sorted(by_name)
-            continue
-        assert d.reason is None
-        assert by_name[d.node].state is NodeState.READY
-        added[d.node][0] += d.request.cpu
-        added[d.node][1] += d.request.memory_bytes
-        added[d.node][2] += d.request.gpus
-    for name, (cpu, memory, gpus) in added.items():
-        inv = by_name[name].inventory
-        assert inv is not None
-        # What placement adds never exceeds what was free (an already overcommitted machine takes nothing).
-        assert cpu <= max(inv.cpus - held[name][0], 0)
-        assert memory <= max(inv.memory_bytes - held[name][1], 0)
-        assert gpus <= max(len(inv.gpus) - held[name][2], 0)
+def test_fits_agrees_with_explain() -> None:
+    cluster = Cluster([machine("n0", gpus=2)], [], T0)
+    ask = ask_for(request(gpus=4), cluster, {})
+    node, free = cluster.machines["n0"], cluster.free["n0"]
+    assert not fits(node, free, ask)
+    assert explain(node, free, ask)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class NodeState(StrEnum):
     READY = "Ready"
     DOWN = "Down"
+    REMOVED = "Removed"
 
 
 class GpuInfo(BaseModel):
@@ -31,6 +33,18 @@ class GpuInfo(BaseModel):
         return self.fault is None and self.at_risk is None
 
 
+class NetworkPort(BaseModel):
+    """One RDMA-capable port: InfiniBand, or RoCE (an Ethernet link layer)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    link: Literal["InfiniBand", "Ethernet"] = "InfiniBand"
+    active: bool = True
+    speed_gbps: int = Field(0, ge=0)
+    fabric: str | None = Field(None, description="The InfiniBand fabric (subnet) it is on, e.g. ib-0.")
+
+
 class NodeInventory(BaseModel):
     """What a machine has; the agent reports it when it registers."""
 
@@ -42,6 +56,17 @@ class NodeInventory(BaseModel):
     gpus: list[GpuInfo] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
     gpu_source: str = "declared"
+    # What placement reads besides capacity (workflows/domain/placement.py); the rack is the label
+    # topology.astraeus.io/rack.
+    pools: list[str] = Field(default_factory=list)
+    accept_labels: dict[str, str] = Field(default_factory=dict, description="Takes only workers selecting one.")
+    site: str | None = None
+    ports: list[NetworkPort] = Field(default_factory=list)
+    pressure: list[str] = Field(default_factory=list, description='Conditions that stop new work, e.g. "memory".')
+    refuses_runs: str | None = Field(None, description="Why the machine takes no new runs (set on its agent).")
+    capabilities: list[str] = Field(default_factory=list, description="outbound_policy, sandbox, tool_gateway")
+    capability_notes: dict[str, str] = Field(default_factory=dict, description="Why a capability is missing.")
+    data_free_bytes: int | None = Field(None, ge=0, description="Free at its data location; None: none chosen.")
 
 
 class NodeStatusEntry(BaseModel):
@@ -61,6 +86,7 @@ class NodeView(BaseModel):
     state: NodeState
     inventory: NodeInventory | None = None
     since: datetime | None = None
+    cordon: str | None = None  # why an admin stopped new work here (`astraeus nodes cordon`)
     history: list[NodeStatusEntry] = Field(default_factory=list)
 
 

@@ -1,173 +1,278 @@
-"""Placement: which machine takes each waiting worker, and, when none does, why, machine by machine.
+"""Feasibility: whether one machine takes one waiting worker now, and when not, the spec's per-machine reasons.
 
-Pure: the scheduler service feeds it its view (requests, machines, allocations) and carries out the result.
+Each check is `(machine, free, ask) -> Reason | None`, run in the fixed order of CHECKS (the order of the spec's
+per-machine table, cheap first), as Nomad's feasibility checkers are. `fits` stops at the first reason; `explain`
+lists them all. The queue, reservation, backfill, preemption and quotas are in `workflows/domain/scheduling.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from functools import lru_cache
 
-from pydantic import BaseModel, ConfigDict
+from workflows.domain.constraints import POOL_LABEL, Drive
+from workflows.domain.machines import EPSILON, Cluster, Free, Machine, free_capacity, size_text
+from workflows.domain.reasons import R, Reason, Template
+from workflows.domain.requests import Allocation, TaskRequest
 
-from workflows.domain.nodes import NodeState, NodeView
-from workflows.domain.reasons import R, Reason
-from workflows.domain.status import NodeReasons
-
-
-class TaskRequest(BaseModel):
-    """One worker waiting for a machine."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    job_id: str
-    namespace: str
-    task_id: str
-    index: int
-    attempt: int
-    priority: int
-    submitted_at: datetime
-    cpu: float
-    memory_bytes: int
-    gpus: int
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.job_id, self.task_id)
-
-
-class Allocation(BaseModel):
-    """What one placed worker holds on its machine until it is released."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    job_id: str
-    task_id: str
-    attempt: int
-    node: str
-    cpu: float
-    memory_bytes: int
-    gpus: int
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.job_id, self.task_id)
+__all__ = ["CHECKS", "Allocation", "Ask", "Free", "TaskRequest", "ask_for", "explain", "fill", "fits", "free_capacity"]
 
 
 @dataclass
-class Free:
-    """What is left on a machine."""
-
-    cpu: float
-    memory_bytes: int
-    gpus: int
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A machine for the request, or the reason it waits with every machine's reasons."""
+class Ask:
+    """One request as the checks see it: the request, where its run's workers are, and the cluster's drives."""
 
     request: TaskRequest
-    node: str | None
-    reason: Reason | None = None
-    nodes: list[NodeReasons] = field(default_factory=list)
+    run_nodes: Counter[str] = field(default_factory=Counter)
+    run_racks: Counter[str] = field(default_factory=Counter)
+    drives: Mapping[str, Drive] = field(default_factory=dict)
 
 
-Check = Callable[[NodeView, Free, TaskRequest], Reason | None]
+def ask_for(request: TaskRequest, cluster: Cluster, drives: Mapping[str, Drive]) -> Ask:
+    if not request.with_run:
+        return Ask(request, drives=drives)
+    nodes = cluster.run_nodes.get(request.job_id, Counter())
+    return Ask(request, Counter(nodes), cluster.racks_of(request.job_id), drives)
+
+
+Check = Callable[[Machine, Free, Ask], Reason | None]
+
+
+@lru_cache(maxsize=1 << 16)
+def _filled(template: Template, values: tuple[tuple[str, object], ...]) -> Reason:
+    return template.fill(**dict(values))
+
+
+def fill(template: Template, **values: object) -> Reason:
+    """`template.fill(...)`, remembered: thousands of machines say the same few sentences."""
+    return _filled(template, tuple(values.items()))
 
 
 def _num(value: float) -> str:
     return f"{value:g}"
 
 
-def check_ready(node: NodeView, free: Free, request: TaskRequest) -> Reason | None:
-    """A machine that is Down, or has not reported what it has, takes nothing."""
-    if node.state is not NodeState.READY:
-        return R.NodeNotReady(state=node.state.value)
-    if node.inventory is None:
-        return R.NodeNoCapacity()
+# ---- the machine's own state -----------------------------------------------------------------------------------
+
+
+def check_ready(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    """A machine that is Down, or has not reported what it has, takes nothing (and has nothing else to say)."""
+    return node.not_ready
+
+
+def check_pressure(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    return node.pressure
+
+
+def check_open(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    """Cordoned by an admin, or its agent takes no new runs."""
+    return node.closed
+
+
+# ---- which machines the worker may use --------------------------------------------------------------------------
+
+
+def check_accepted_labels(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    """A machine with accepted labels takes only workers whose selection names one of them."""
+    if not node.accepts:
+        return None
+    selection = ask.request.selection
+    wanted = selection.labels if selection else {}
+    if any(wanted.get(key) == value for key, value in node.accepts):
+        return None
+    return fill(R.NoAcceptedLabel)
+
+
+def check_names(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    selection = ask.request.selection
+    if selection and selection.names and node.name not in selection.names:
+        return fill(R.NotSelectedName)
     return None
 
 
-def check_cpu(node: NodeView, free: Free, request: TaskRequest) -> Reason | None:
-    if request.cpu > free.cpu + 1e-9:
-        return R.InsufficientCpu(need=_num(request.cpu), free=_num(max(free.cpu, 0)))
+def check_labels(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    """Labels, then pools (shown as the label pool.astraeus.io/name): the first one missing."""
+    selection = ask.request.selection
+    if selection is None:
+        return None
+    for key, value in sorted(selection.labels.items()):
+        if node.labels.get(key) != value:
+            return fill(R.LacksLabel, key=key, value=value)
+    for pool in selection.pools:
+        if pool not in node.pools:
+            return fill(R.LacksLabel, key=POOL_LABEL, value=pool)
     return None
 
 
-def check_memory(node: NodeView, free: Free, request: TaskRequest) -> Reason | None:
-    if request.memory_bytes > free.memory_bytes:
-        return R.InsufficientMemory(need=request.memory_bytes, free=max(free.memory_bytes, 0))
+def check_network(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    network = ask.request.network
+    if network is None:
+        return None
+    if network.infiniband_gbps is not None:
+        speed = network.infiniband_gbps
+        infiniband = [p for p in node.ports if p.link == "InfiniBand"]
+        if any(p.active and p.speed_gbps >= speed for p in infiniband):
+            return None
+        seen = ", ".join(f"{p.name} {'active' if p.active else 'down'} at {p.speed_gbps} Gb/s" for p in infiniband)
+        return fill(R.NoInfinibandPort, speed=speed, detail=seen or "no InfiniBand port")
+    if network.rdma and not any(p.active for p in node.ports):
+        return fill(R.NoRdmaPort)
     return None
 
 
-def check_gpus(node: NodeView, free: Free, request: TaskRequest) -> Reason | None:
-    if request.gpus > free.gpus:
-        return R.InsufficientGpus(need=request.gpus, free=max(free.gpus, 0))
+def check_one_per_machine(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    topology = ask.request.topology
+    if topology is not None and topology.one_per_machine and ask.run_nodes.get(node.name):
+        return fill(R.AnotherWorkerOnMachine)
     return None
 
 
-# Fixed order, cheap first. Readiness short-circuits: a machine that is not ready has nothing else to say.
-RESOURCE_CHECKS: tuple[Check, ...] = (check_cpu, check_memory, check_gpus)
+# ---- room -------------------------------------------------------------------------------------------------------
 
 
-def explain(node: NodeView, free: Free, request: TaskRequest) -> list[Reason]:
-    """Every reason this machine does not take the request; empty when it fits."""
-    not_ready = check_ready(node, free, request)
-    if not_ready:
-        return [not_ready]
-    return [reason for check in RESOURCE_CHECKS if (reason := check(node, free, request))]
+def check_cpu(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    if ask.request.cpu > free.cpu + EPSILON:
+        return fill(R.InsufficientCpu, need=_num(ask.request.cpu), free=_num(max(free.cpu, 0)))
+    return None
 
 
-def free_capacity(nodes: Iterable[NodeView], allocations: Iterable[Allocation]) -> dict[str, Free]:
-    """Capacity of each registered machine less what placed workers hold."""
-    free: dict[str, Free] = {}
-    for node in nodes:
-        inv = node.inventory
-        free[node.name] = Free(inv.cpus, inv.memory_bytes, len(inv.gpus)) if inv else Free(0, 0, 0)
-    for alloc in allocations:
-        if alloc.node in free:
-            left = free[alloc.node]
-            left.cpu -= alloc.cpu
-            left.memory_bytes -= alloc.memory_bytes
-            left.gpus -= alloc.gpus
-    return free
+def check_memory(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    if ask.request.memory_bytes > free.memory_bytes:
+        return fill(R.InsufficientMemory, need=ask.request.memory_bytes, free=max(free.memory_bytes, 0))
+    return None
 
 
-def queue_order(request: TaskRequest) -> tuple[int, datetime, str, int]:
-    """Higher priority first, then earlier claim; ties by run and worker for a stable order."""
-    return (-request.priority, request.submitted_at, request.job_id, request.index)
+def check_gpu_model(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    """gpu_requests: no GPU of the machine is one the worker accepts."""
+    request = ask.request
+    if not (request.gpus and request.gpu_requests) or len(node.faults) == len(node.gpus):
+        return None  # nothing asked, or no working GPU to tell apart (a GPU fault or "insufficient gpus" says it)
+    if node.matching(request.gpu_requests)[0] == 0:
+        return fill(R.NoMatchingGpu, request=" or ".join(w.describe() for w in request.gpu_requests))
+    return None
 
 
-def _tightness(free: Free, request: TaskRequest) -> tuple[float, float, int]:
-    # Best fit: the machine left with the fewest GPUs, then CPUs, then memory, keeps big holes for big work.
-    return (free.gpus - request.gpus, free.cpu - request.cpu, free.memory_bytes - request.memory_bytes)
+def check_gpu_fault(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    """A GPU with a fatal fault (Xid 79: fallen off the bus, ...) keeps every GPU worker off the machine."""
+    if ask.request.gpus and node.faults:
+        gpu = node.faults[0]
+        return fill(R.GpuFault, index=gpu.index, fault=gpu.fault)
+    return None
 
 
-def place(
-    requests: Sequence[TaskRequest], nodes: Sequence[NodeView], allocations: Iterable[Allocation]
-) -> list[Decision]:
-    """Place waiting workers in queue order, best fit, on machines with room. One decision per request."""
-    ordered_nodes = sorted(nodes, key=lambda n: n.name)
-    free = free_capacity(ordered_nodes, allocations)
-    ready = sum(n.state is NodeState.READY and n.inventory is not None for n in ordered_nodes)
-    decisions = []
-    for request in sorted(requests, key=queue_order):
-        fits = [n for n in ordered_nodes if not explain(n, free[n.name], request)]
-        if fits:
-            best = min(fits, key=lambda n: (_tightness(free[n.name], request), n.name))
-            left = free[best.name]
-            left.cpu -= request.cpu
-            left.memory_bytes -= request.memory_bytes
-            left.gpus -= request.gpus
-            decisions.append(Decision(request, best.name))
+def usable_gpus(node: Machine, free: Free, request: TaskRequest) -> tuple[int, int]:
+    """(free GPUs the worker may use, of which at risk). Counted conservatively: GPUs that are held are taken to
+    be the usable ones, and GPUs at risk to be free."""
+    matching, at_risk = node.matching(request.gpu_requests)
+    usable = max(0, min(free.gpus, matching - (len(node.gpus) - free.gpus)))
+    return usable, min(at_risk, usable)
+
+
+def check_gpus(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    request = ask.request
+    if not request.gpus or node.faults or check_gpu_model(node, free, ask):
+        return None  # no GPU asked, or the fault or model reason already says why
+    usable, at_risk = usable_gpus(node, free, request)
+    if request.gpus > usable:
+        return fill(R.InsufficientGpus, need=request.gpus, free=usable)
+    if request.healthy_only and request.gpus > usable - at_risk:
+        return fill(R.HealthyGpus, need=request.gpus, free=usable - at_risk, at_risk=at_risk)
+    return None
+
+
+# ---- the run's shape --------------------------------------------------------------------------------------------
+
+
+def check_topology(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    topology = ask.request.topology
+    if topology is None:
+        return None
+    if topology.one_machine and ask.run_nodes and node.name not in ask.run_nodes:
+        return fill(R.KeptOnOneMachine, node=min(ask.run_nodes))
+    rack = node.rack
+    if (topology.same_rack or topology.one_per_rack) and rack is None:
+        return fill(R.NoRackLabel)
+    if topology.same_rack and ask.run_racks and rack not in ask.run_racks:
+        return fill(R.KeptWithinRack, rack=min(ask.run_racks))
+    limit = topology.max_machines
+    if limit is not None and node.name not in ask.run_nodes and len(ask.run_nodes) >= limit:
+        return fill(R.MaxMachines, n=limit)
+    if topology.one_per_rack and rack is not None and ask.run_racks.get(rack):
+        return fill(R.RackAlreadyUsed, rack=rack)
+    return None
+
+
+def check_drives(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    """Each drive exists and is usable; one held on another machine is copied to this one's data location, which
+    must exist (else "Choose where to keep data on <machine>") and have room for every copy."""
+    room = node.data_free
+    for name in ask.request.drives:
+        drive = ask.drives.get(name)
+        if drive is None:
+            return fill(R.DriveMissing, drive=name)
+        if drive.problem:
+            return fill(R.DriveProblem, drive=name, why=drive.problem)
+        if drive.node == node.name:
             continue
-        reasons = [
-            NodeReasons(name=n.name, reasons=[r.text for r in explain(n, free[n.name], request)]) for n in ordered_nodes
-        ]
-        waiting = R.NoMachineFits(ready=ready, total=len(ordered_nodes))
-        if not ordered_nodes:
-            waiting = R.NoMachinesRegistered(reason=waiting.text)
-        decisions.append(Decision(request, None, waiting, reasons))
-    return decisions
+        if drive.node is not None and drive.site and drive.site != node.site:
+            return fill(R.DriveOtherSite, drive=name, node=drive.node, site=drive.site)
+        if room is None:
+            return fill(R.ChooseDataLocation, node=node.name)
+        if drive.size_bytes > room:
+            return fill(R.DriveNoSpace, drive=name, size=size_text(drive.size_bytes), free=size_text(room))
+        room -= drive.size_bytes
+    return None
+
+
+def check_capabilities(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    for capability in ask.request.capabilities:
+        if capability not in node.capabilities:
+            why = node.capability_notes.get(capability, "not reported by its agent")
+            return _CAPABILITY_REASONS[capability](why=why)
+    return None
+
+
+_CAPABILITY_REASONS = {"outbound_policy": R.NoOutboundPolicy, "sandbox": R.NoSandbox, "tool_gateway": R.NoToolGateway}
+
+# The fixed order: the spec's per-machine table, cheap first. The machine's own state, then what the worker may
+# use, then room (GPU model and faults before the count, which depends on them), then the run's shape.
+CHECKS: tuple[Check, ...] = (
+    check_ready,
+    check_pressure,
+    check_open,
+    check_accepted_labels,
+    check_names,
+    check_labels,
+    check_network,
+    check_one_per_machine,
+    check_cpu,
+    check_memory,
+    check_gpu_model,
+    check_gpu_fault,
+    check_gpus,
+    check_topology,
+    check_drives,
+    check_capabilities,
+)
+# What does not depend on what is held: a machine that fails one of these would not take the worker even empty.
+ROOM_CHECKS = frozenset({check_cpu, check_memory, check_gpus})
+
+
+def fits(node: Machine, free: Free, ask: Ask) -> bool:
+    return all(check(node, free, ask) is None for check in CHECKS)
+
+
+def explain(node: Machine, free: Free, ask: Ask) -> list[Reason]:
+    """Every reason the machine does not take the worker now; empty when it does. A machine that is not ready
+    says only that."""
+    if node.not_ready is not None:
+        return [node.not_ready]
+    return [reason for check in CHECKS if (reason := check(node, free, ask))]
+
+
+def fits_empty(node: Machine, ask: Ask) -> bool:
+    """Whether the machine would take the worker once everything on it ended."""
+    empty = Free(node.cpus, node.memory_bytes, len(node.gpus))
+    return fits(node, empty, ask)

@@ -1,0 +1,303 @@
+"""The scheduler service around the pure core, with a fake Temporal client that records every signal: what it
+tells runs, whom it preempts and how, what it holds back, and that a rebuilt service decides the same."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.scheduler import NODES_REFRESH_SECONDS, SchedulerService
+from tests.domain.builders import T0, holding, machine, request
+from workflows.domain.nodes import NodeView
+from workflows.domain.quotas import Quota
+from workflows.domain.requests import Allocation, TaskRequest
+from workflows.domain.status import NodeReasons
+from workflows.messages import (
+    NodeChangedInput,
+    PlaceInput,
+    PlacementAnswer,
+    PlanInput,
+    PreemptRequest,
+    QuotasChangedInput,
+    ReleaseInput,
+    SchedulerView,
+)
+
+PRIORITY = SearchAttributeKey.for_int("AstraeusPriority")
+
+
+@dataclass
+class _Listed:
+    id: str
+    typed_search_attributes: TypedSearchAttributes
+
+
+@dataclass
+class FakeCluster:
+    """The durable truth as the service reads it, and every signal it sends."""
+
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    runs: dict[str, tuple[int, SchedulerView]] = field(default_factory=dict)
+    quotas: list[Quota] | None = None
+    gone: set[str] = field(default_factory=set)
+    signals: list[tuple[str, str, BaseModel]] = field(default_factory=list)
+
+    def sent(self, name: str) -> list[tuple[str, Any]]:
+        return [(job, message) for job, signal, message in self.signals if signal == name]
+
+
+class _Handle:
+    def __init__(self, cluster: FakeCluster, workflow_id: str) -> None:
+        self.cluster, self.id = cluster, workflow_id
+
+    async def signal(self, name: str, message: BaseModel) -> None:
+        if self.id in self.cluster.gone:
+            raise RPCError("not found", RPCStatusCode.NOT_FOUND, b"")
+        self.cluster.signals.append((self.id, name, message))
+
+    async def query(self, name: str, result_type: Any = None) -> Any:
+        if name == "view":
+            return self.cluster.nodes[self.id.removeprefix("node/")]
+        if name == "scheduler_view":
+            return self.cluster.runs[self.id][1]
+        if name == "quotas":
+            if self.cluster.quotas is None:
+                raise RPCError("not found", RPCStatusCode.NOT_FOUND, b"")
+            return self.cluster.quotas
+        raise AssertionError(name)
+
+
+class FakeClient:
+    def __init__(self, cluster: FakeCluster) -> None:
+        self.cluster = cluster
+
+    def get_workflow_handle(self, workflow_id: str) -> _Handle:
+        return _Handle(self.cluster, workflow_id)
+
+    async def list_workflows(self, query: str) -> AsyncIterator[_Listed]:
+        if "NodeWorkflow" in query:
+            for name in self.cluster.nodes:
+                yield _Listed(f"node/{name}", TypedSearchAttributes([]))
+        else:
+            for job_id, (priority, _) in self.cluster.runs.items():
+                yield _Listed(job_id, TypedSearchAttributes([SearchAttributePair(PRIORITY, priority)]))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+async def service(cluster: FakeCluster, clock: Clock | None = None) -> SchedulerService:
+    svc = SchedulerService(FakeClient(cluster), clock or Clock())  # type: ignore[arg-type]
+    await svc.rebuild()
+    return svc
+
+
+def placements(cluster: FakeCluster) -> list[tuple[str, str, str | None, str]]:
+    return [(job, u.task_id, u.node, u.reason) for job, u in cluster.sent("placement")]
+
+
+async def test_a_worker_that_fits_is_placed_and_told_so() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
+    svc = await service(cluster)
+    await svc.place(PlaceInput(requests=[request(gpus=2)]))
+    assert placements(cluster) == [("job/default/a", "w-0", "n0", "")]
+
+
+async def test_a_retried_place_gets_the_same_answer_and_nothing_is_placed_twice() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
+    svc = await service(cluster)
+    req = request(gpus=8)
+    await svc.place(PlaceInput(requests=[req]))
+    await svc.place(PlaceInput(requests=[req]))
+    await svc.place(PlaceInput(requests=[request(run="b", gpus=8)]))
+    assert placements(cluster) == [
+        ("job/default/a", "w-0", "n0", ""),
+        ("job/default/a", "w-0", "n0", ""),
+        ("job/default/b", "w-0", None, "Next to run (priority 0): waits for running work to end"),
+    ]
+
+
+async def test_an_unchanged_reason_is_not_sent_again() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=2)})
+    svc = await service(cluster)
+    await svc.place(PlaceInput(requests=[request(gpus=8)]))
+    await svc.node_changed(NodeChangedInput(node=machine("n0", gpus=2)))
+    assert len(placements(cluster)) == 1
+
+
+async def test_changed_machine_reasons_under_the_same_reason_wait_for_the_refresh() -> None:
+    clock = Clock()
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=4)})
+    svc = await service(cluster, clock)
+    await svc.place(PlaceInput(requests=[request(run="big", gpus=64)]))
+    await svc.place(PlaceInput(requests=[request(run="small", gpus=2)]))  # n0 now has 2 free
+    assert [u.nodes[0].reasons for _, u in cluster.sent("placement") if u.node is None] == [
+        ["insufficient gpus: need 64, 4 free and usable"]
+    ]
+    clock.now = T0 + timedelta(seconds=NODES_REFRESH_SECONDS)
+    await svc.node_changed(NodeChangedInput(node=machine("n0", gpus=4)))
+    assert [u.nodes[0].reasons for _, u in cluster.sent("placement") if u.node is None][-1] == [
+        "insufficient gpus: need 64, 2 free and usable"
+    ]
+
+
+async def test_preemption_signals_the_victims_run_and_the_head_follows_their_release() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
+    svc = await service(cluster)
+    await svc.place(PlaceInput(requests=[request(run="low", gpus=8)]))
+    await svc.place(PlaceInput(requests=[request(run="urgent", priority=10, gpus=8)]))
+    assert cluster.sent("preempt") == [("job/default/low", PreemptRequest(task_ids=["w-0"], by="urgent"))]
+    assert placements(cluster)[-1] == (
+        "job/default/urgent",
+        "w-0",
+        None,
+        "Preempting 1 lower-priority worker(s) of low to start",
+    )
+    # The victim's run asks to place it again before its old attempt is released: it waits.
+    await svc.place(PlaceInput(requests=[request(run="low", gpus=8).model_copy(update={"attempt": 1})]))
+    assert cluster.sent("preempt") == [("job/default/low", PreemptRequest(task_ids=["w-0"], by="urgent"))]
+    assert placements(cluster)[-2:] == [
+        ("job/default/urgent", "w-0", None, "Starting: waiting for 1 preempted worker(s) to stop"),
+        ("job/default/low", "w-0", None, "Queued behind higher-priority work (urgent)"),
+    ]
+    await svc.release(ReleaseInput(job_id="job/default/low", task_id="w-0", attempt=0))
+    assert sorted(placements(cluster)[-2:]) == [
+        ("job/default/low", "w-0", None, "Next to run (priority 0): waits for running work to end"),
+        ("job/default/urgent", "w-0", "n0", ""),
+    ]
+
+
+async def test_a_victim_is_told_only_once() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
+    svc = await service(cluster)
+    await svc.place(PlaceInput(requests=[request(run="low", gpus=8)]))
+    await svc.place(PlaceInput(requests=[request(run="urgent", priority=10, gpus=8)]))
+    await svc.place(PlaceInput(requests=[request(run="urgent2", priority=20, gpus=8)]))
+    assert [job for job, _ in cluster.sent("preempt")] == ["job/default/low"]
+
+
+async def test_quotas_change_what_waits() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
+    svc = await service(cluster)
+    await svc.quotas_changed(QuotasChangedInput(quotas=[Quota(namespace="default", gpus=2)]))
+    await svc.place(PlaceInput(requests=[request(gpus=4)]))
+    assert placements(cluster) == [
+        (
+            "job/default/a",
+            "w-0",
+            None,
+            "Waits for more than the namespace's quota allows at all (gpus 4 asked > 2): "
+            "raise the quota or ask for less",
+        )
+    ]
+    await svc.quotas_changed(QuotasChangedInput(quotas=[]))
+    assert placements(cluster)[-1] == ("job/default/a", "w-0", "n0", "")
+
+
+async def test_a_run_that_is_gone_is_forgotten() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=1)}, gone={"job/default/a"})
+    svc = await service(cluster)
+    await svc.place(PlaceInput(requests=[request(gpus=1)]))
+    await svc.place(PlaceInput(requests=[request(run="b", gpus=1)]))
+    assert placements(cluster) == [("job/default/b", "w-0", "n0", "")]
+
+
+async def test_a_removed_machine_is_forgotten() -> None:
+    from workflows.domain.nodes import NodeState
+
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
+    svc = await service(cluster)
+    await svc.node_changed(NodeChangedInput(node=machine("n0", gpus=8, state=NodeState.REMOVED)))
+    await svc.place(PlaceInput(requests=[request(gpus=1)]))
+    assert placements(cluster)[-1][3] == "No machine fits: 0 of 0 machines ready: no machines are registered"
+
+
+async def test_a_cordoned_machine_takes_nothing_new() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
+    svc = await service(cluster)
+    await svc.node_changed(NodeChangedInput(node=machine("n0", gpus=8, cordon="repairs")))
+    await svc.place(PlaceInput(requests=[request(gpus=1)]))
+    [(_, update)] = cluster.sent("placement")
+    assert (update.reason, update.nodes[0].reasons) == (
+        "No machine fits: 1 of 1 machines ready",
+        ["machine is cordoned: repairs"],
+    )
+
+
+def _view(job: str, pending: list[TaskRequest], placed: list[Allocation]) -> SchedulerView:
+    return SchedulerView(job_id=f"job/default/{job}", namespace="default", pending=pending, placed=placed)
+
+
+async def test_a_rebuilt_service_reads_priorities_and_quotas_and_decides_the_same() -> None:
+    running = holding("n0", run="low", task="w-0", gpus=8).model_copy(update={"priority": 0, "started_at": None})
+    cluster = FakeCluster(
+        nodes={"n0": machine("n0", gpus=8), "n1": machine("n1", gpus=4)},
+        runs={
+            "job/default/low": (0, _view("low", [], [running])),
+            "job/default/mid": (5, _view("mid", [request(run="mid", priority=5, gpus=8)], [])),
+            "job/capped/c": (
+                9,
+                SchedulerView(
+                    job_id="job/capped/c",
+                    namespace="capped",
+                    pending=[request(run="c", namespace="capped", priority=9, gpus=4)],
+                ),
+            ),
+        },
+        quotas=[Quota(namespace="capped", gpus=2)],
+    )
+    await service(cluster)
+    first = list(cluster.signals)
+    assert sorted((job, getattr(m, "reason", None) or getattr(m, "by", "")) for job, _, m in first) == [
+        (
+            "job/capped/c",
+            "Waits for more than the namespace's quota allows at all (gpus 4 asked > 2): raise the "
+            "quota or ask for less",
+        ),
+        ("job/default/low", "mid"),
+        ("job/default/mid", "Preempting 1 lower-priority worker(s) of low to start"),
+    ]
+    cluster.signals.clear()
+    await service(cluster)  # a second scheduler after a kill -9 (nothing changed in the runs meanwhile)
+    assert cluster.signals == first
+
+
+async def test_plan_workers_uses_the_view() -> None:
+    cluster = FakeCluster(nodes={f"n{i}": machine(f"n{i}", gpus=8) for i in range(3)})
+    svc = await service(cluster)
+    plan = await svc.plan_workers(PlanInput(request=request(group="train"), total_gpus=16))
+    assert (plan.workers, plan.gpus_per_worker) == (2, 8)
+    plan = await svc.plan_workers(PlanInput(request=request(group="train"), total_gpus=32))
+    assert plan.reason == "Cannot plan workers: no way to run 32 GPUs on these machines: 8 free on the largest one now"
+
+
+@pytest.mark.parametrize("attempt", [0, 1])
+async def test_release_of_an_old_attempt_does_not_free_a_newer_one(attempt: int) -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
+    svc = await service(cluster)
+    await svc.place(PlaceInput(requests=[request(gpus=8).model_copy(update={"attempt": 1})]))
+    await svc.release(ReleaseInput(job_id="job/default/a", task_id="w-0", attempt=attempt))
+    await svc.place(PlaceInput(requests=[request(run="b", gpus=8)]))
+    expected = "n0" if attempt == 1 else None
+    assert placements(cluster)[-1][2] == expected
+
+
+def test_the_placement_signal_is_read_by_the_run_as_its_placement_event() -> None:
+    from workflows.domain import job
+
+    nodes = [NodeReasons(name="n0", reasons=["machine is not ready (Down)"])]
+    answer = PlacementAnswer(task_id="w-0", attempt=2, code="NoMachineFits", reason="No machine fits", nodes=nodes)
+    event = job.PlacementUpdate.model_validate_json(answer.model_dump_json())
+    assert event.model_dump(exclude={"kind"}) == answer.model_dump()

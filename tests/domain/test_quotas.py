@@ -1,0 +1,88 @@
+"""Namespace quotas: which resource waits, in the spec's words, and the history entry that goes with it."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from tests.domain.builders import holding
+from workflows.domain.quotas import Quota, Usage, check_quota, usage_by_namespace
+
+
+@pytest.mark.parametrize(
+    ("quota", "used", "asked", "reason", "reached"),
+    [
+        pytest.param(
+            Quota(namespace="ml", gpus=8),
+            Usage(gpus=6),
+            Usage(gpus=4),
+            "Waits for namespace quota: gpus 6 in use + 4 asked > 8",
+            "Quota reached: gpus 6 in use + 4 asked > 8",
+            id="gpus in use",
+        ),
+        pytest.param(
+            Quota(namespace="ml", gpus=8),
+            Usage(gpus=2),
+            Usage(gpus=12),
+            "Waits for more than the namespace's quota allows at all (gpus 12 asked > 8): "
+            "raise the quota or ask for less",
+            "Quota reached: gpus 12 asked > 8",
+            id="never enough",
+        ),
+        pytest.param(
+            Quota(namespace="ml", gpus=8, cpu=4),
+            Usage(gpus=8, cpu=0.5),
+            Usage(gpus=0, cpu=4),
+            "Waits for namespace quota: cpu 0.5 in use + 4 asked > 4",
+            "Quota reached: cpu 0.5 in use + 4 asked > 4",
+            id="a resource not asked for does not wait",
+        ),
+        pytest.param(
+            Quota(namespace="ml", gpus=2, memory_bytes=10),
+            Usage(gpus=2),
+            Usage(gpus=1, memory_bytes=11),
+            "Waits for more than the namespace's quota allows at all (memory_bytes 11 asked > 10): raise the quota or "
+            "ask for less",
+            "Quota reached: memory_bytes 11 asked > 10",
+            id="never enough is said before a wait",
+        ),
+    ],
+)
+def test_quota_waits(quota: Quota, used: Usage, asked: Usage, reason: str, reached: str) -> None:
+    wait = check_quota(quota, used, asked)
+    assert wait is not None
+    assert (wait.reason.text, wait.reached.text) == (reason, reached)
+
+
+@pytest.mark.parametrize(
+    ("quota", "used", "asked"),
+    [
+        pytest.param(None, Usage(gpus=100), Usage(gpus=100), id="no quota"),
+        pytest.param(Quota(namespace="ml", gpus=8), Usage(gpus=4), Usage(gpus=4), id="exactly the quota"),
+        pytest.param(Quota(namespace="ml", gpus=8), Usage(gpus=9), Usage(gpus=0, cpu=1), id="no gpus asked"),
+    ],
+)
+def test_within_quota(quota: Quota | None, used: Usage, asked: Usage) -> None:
+    assert check_quota(quota, used, asked) is None
+
+
+def test_a_gang_waits_for_its_quota_in_its_own_words() -> None:
+    wait = check_quota(Quota(namespace="ml", gpus=8), Usage(gpus=6), Usage(gpus=4), gang=True)
+    assert wait is not None
+    assert wait.reason.text == "Gang waits for namespace quota: gpus 6 in use + 4 asked > 8"
+
+
+def test_usage_sums_what_each_namespace_holds() -> None:
+    held = [
+        holding("n0", namespace="a", gpus=2, cpu=1),
+        holding("n1", namespace="a", task="x-1", gpus=3),
+        holding("n0", namespace="b", gpus=1),
+    ]
+    assert usage_by_namespace(held) == {"a": Usage(gpus=5, cpu=1), "b": Usage(gpus=1)}
+
+
+def test_a_quota_refuses_negative_limits_and_bad_names() -> None:
+    with pytest.raises(ValidationError):
+        Quota(namespace="ml", gpus=-1)
+    with pytest.raises(ValidationError):
+        Quota(namespace="Not A Name")

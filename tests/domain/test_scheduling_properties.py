@@ -1,0 +1,186 @@
+"""Invariants of a pass over random clusters: one decision per worker, no machine over capacity, the head never
+delayed by backfill, quota never exceeded, preemption only of lower-priority work and only when it makes room,
+and the same decisions whatever order the view was rebuilt in."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from datetime import timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.domain.builders import at, holding, machine, request
+from workflows.domain.nodes import NodeState, NodeView
+from workflows.domain.quotas import Quota
+from workflows.domain.requests import Allocation, TaskRequest, allocation_for
+from workflows.domain.scheduling import Plan, schedule
+
+NOW = at(30)
+NAMES = ["n0", "n1", "n2", "n3", "n4"]
+# CPU in quarter cores so that sums are exact in binary floating point.
+quarters = st.integers(0, 64).map(lambda q: q / 4)
+limits = st.sampled_from([None, None, 600.0, 1800.0, 3600.0, 7200.0])
+
+
+@st.composite
+def clusters(
+    draw: st.DrawFn, priorities: int = 3, namespaces: int = 2
+) -> tuple[list[TaskRequest], list[NodeView], list[Allocation]]:
+    names = draw(st.lists(st.sampled_from(NAMES), unique=True, min_size=1, max_size=5))
+    nodes = [
+        machine(
+            name,
+            cpus=draw(quarters),
+            memory=draw(st.integers(0, 1000)),
+            gpus=draw(st.integers(0, 8)),
+            state=draw(st.sampled_from([NodeState.READY, NodeState.READY, NodeState.READY, NodeState.DOWN])),
+        )
+        for name in names
+    ]
+    allocations = [
+        holding(
+            draw(st.sampled_from([*names, "gone"])),
+            run=f"held-{i}",
+            namespace=f"ns{draw(st.integers(0, namespaces - 1))}",
+            task="x-0",
+            cpu=draw(quarters),
+            memory=draw(st.integers(0, 300)),
+            gpus=draw(st.integers(0, 4)),
+            priority=draw(st.integers(0, priorities - 1)),
+            started=draw(st.integers(0, 1500)),
+            limit=draw(limits),
+        )
+        for i in range(draw(st.integers(0, 8)))
+    ]
+    requests = [
+        request(
+            "w-0",
+            run=f"r{i}",
+            namespace=f"ns{draw(st.integers(0, namespaces - 1))}",
+            priority=draw(st.integers(0, priorities - 1)),
+            submitted=draw(st.integers(0, 5)),
+            cpu=draw(quarters),
+            memory=draw(st.integers(0, 300)),
+            gpus=draw(st.integers(0, 6)),
+            limit=draw(limits),
+        )
+        for i in range(draw(st.integers(0, 12)))
+    ]
+    return requests, nodes, allocations
+
+
+Cluster = tuple[list[TaskRequest], list[NodeView], list[Allocation]]
+QUOTAS = {"ns0": Quota(namespace="ns0", gpus=6, cpu=8), "ns1": Quota(namespace="ns1", memory_bytes=400)}
+
+
+def placed(plan: Plan) -> list[Allocation]:
+    return [allocation_for(d.request, d.node, NOW) for d in plan.decisions if d.node is not None]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(clusters())
+def test_no_machine_is_ever_over_capacity_and_each_worker_gets_one_decision(cluster: Cluster) -> None:
+    requests, nodes, allocations = cluster
+    plan = schedule(requests, nodes, allocations, NOW, quotas=QUOTAS)
+    assert sorted(d.request.key for d in plan.decisions) == sorted(r.key for r in requests)
+    by_name = {n.name: n for n in nodes}
+    held: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0])
+    for a in allocations:
+        held[a.node] = [held[a.node][0] + a.cpu, held[a.node][1] + a.memory_bytes, held[a.node][2] + a.gpus]
+    added: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0])
+    for d in plan.decisions:
+        if d.node is None:
+            assert d.reason is not None
+            continue
+        assert by_name[d.node].state is NodeState.READY
+        added[d.node] = [added[d.node][0] + d.request.cpu, added[d.node][1] + d.request.memory_bytes,
+                         added[d.node][2] + d.request.gpus]  # fmt: skip
+    for name, (cpu, memory, gpus) in added.items():
+        inv = by_name[name].inventory
+        assert inv is not None
+        assert cpu <= max(inv.cpus - held[name][0], 0)
+        assert memory <= max(inv.memory_bytes - held[name][1], 0)
+        assert gpus <= max(len(inv.gpus) - held[name][2], 0)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(clusters(priorities=1))
+def test_backfill_never_delays_the_head(cluster: Cluster) -> None:
+    requests, nodes, allocations = cluster
+    plan = schedule(requests, nodes, allocations, NOW)
+    order = [d.request.key for d in plan.decisions]
+    for key, (node, start) in plan.holds.items():
+        head = next(r for r in requests if r.key == key)
+        later = [d for d in plan.decisions[order.index(key) + 1 :] if d.node == node]
+        if start is None:
+            assert later == [], "nothing may start on a machine held for a head without a known start"
+            continue
+        # Everything the pass placed, then the head alone: it still starts there by its time.
+        again = schedule([head], [n for n in nodes if n.name == node], [*allocations, *placed(plan)], NOW)
+        decision = again.decisions[0]
+        if decision.node is None:
+            assert key in again.holds, decision.reason
+            new_start = again.holds[key][1]
+            assert new_start is not None and new_start <= start
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(clusters())
+def test_quota_is_never_exceeded(cluster: Cluster) -> None:
+    requests, nodes, allocations = cluster
+    plan = schedule(requests, nodes, allocations, NOW, quotas=QUOTAS)
+    for namespace, quota in QUOTAS.items():
+        before = [a for a in allocations if a.namespace == namespace]
+        after = [a for a in placed(plan) if a.namespace == namespace]
+        for resource in ("gpus", "cpu", "memory_bytes"):
+            limit = quota.limit(resource)
+            added = sum(getattr(a, resource) for a in after)
+            if limit is not None and added:
+                assert sum(getattr(a, resource) for a in before) + added <= limit + 1e-9
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(clusters(priorities=4))
+def test_preemption_stops_only_lower_priority_work_and_only_when_it_makes_room(cluster: Cluster) -> None:
+    requests, nodes, allocations = cluster
+    plan = schedule(requests, nodes, allocations, NOW)
+    by_key = {a.key: a for a in allocations}
+    for preemption in plan.preemptions:
+        head = next(r for r in requests if r.key == preemption.head)
+        victims = [by_key[(preemption.job_id, t)] for t in preemption.task_ids]
+        assert all(v.priority < head.priority for v in victims)
+        assert preemption.by in (head.run, "(a job in another namespace)")
+        assert (preemption.by == head.run) == (preemption.job_id.split("/")[1] == head.namespace)
+        decision = plan.decision(head.key)
+        assert decision.reason is not None and decision.reason.code == "Preempting"
+    for head_key in {p.head for p in plan.preemptions}:
+        head = next(r for r in requests if r.key == head_key)
+        gone = {(p.job_id, t) for p in plan.preemptions if p.head == head_key for t in p.task_ids}
+        node = by_key[next(iter(gone))].node
+        # Once its victims are gone, the head fits there.
+        rest = [a for a in allocations if a.key not in gone]
+        again = schedule([head], [n for n in nodes if n.name == node], rest, NOW)
+        assert again.decisions[0].node == node
+    victims = [(p.job_id, t) for p in plan.preemptions for t in p.task_ids]
+    assert len(victims) == len(set(victims)), "a worker is preempted once"
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(clusters(priorities=3), st.randoms(use_true_random=False))
+def test_the_same_view_in_any_order_gives_the_same_decisions(cluster: Cluster, rnd: random.Random) -> None:
+    requests, nodes, allocations = cluster
+    first = schedule(requests, nodes, allocations, NOW, quotas=QUOTAS)
+    shuffled = [list(x) for x in (requests, nodes, allocations)]
+    for items in shuffled:
+        rnd.shuffle(items)
+    again = schedule(shuffled[0], shuffled[1], shuffled[2], NOW, quotas=QUOTAS)  # type: ignore[arg-type]
+    assert again == first
+
+
+def test_a_time_limit_is_counted_from_the_start_of_its_worker() -> None:
+    alloc = holding("n0", started=60, limit=600)
+    assert alloc.ends_at(NOW) == at(11)
+    assert holding("n0").ends_at(NOW) is None
+    assert allocation_for(request(limit=60), "n0", NOW).ends_at(NOW) == NOW + timedelta(seconds=60)

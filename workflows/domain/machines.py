@@ -1,0 +1,248 @@
+"""The machines as placement reads them: each NodeView compiled once per pass, what is free on it, and an index
+of the machines by free GPUs so that a request looks only at machines that could take it."""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from workflows.domain.constraints import RACK_LABEL, GpuRequest
+from workflows.domain.nodes import GpuInfo, NetworkPort, NodeState, NodeView
+from workflows.domain.reasons import R, Reason
+from workflows.domain.requests import Allocation, TaskRequest, allocation_for
+
+EPSILON = 1e-9  # cpu is fractional: sums of quarters must compare equal
+
+
+@dataclass
+class Free:
+    """What is left on a machine."""
+
+    cpu: float
+    memory_bytes: int
+    gpus: int
+
+
+@dataclass(eq=False)
+class Machine:
+    """One machine, compiled from its NodeView: the facts every check reads, looked up once."""
+
+    name: str
+    not_ready: Reason | None
+    pressure: Reason | None
+    closed: Reason | None  # cordoned, or its agent takes no new runs
+    labels: dict[str, str]
+    pools: frozenset[str]
+    accepts: tuple[tuple[str, str], ...]
+    site: str | None
+    ports: tuple[NetworkPort, ...]
+    capabilities: frozenset[str]
+    capability_notes: dict[str, str]
+    data_free: int | None
+    cpus: float
+    memory_bytes: int
+    gpus: tuple[GpuInfo, ...]
+    faults: tuple[GpuInfo, ...]
+    _matching: dict[tuple[GpuRequest, ...], tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def profile(self) -> tuple[object, ...]:
+        """Every fact a check reads but the machine's name: machines with equal profiles and equal free room say
+        the same to a worker that does not select by name or depend on where its run is."""
+        gpus = tuple((g.model, g.memory_bytes, g.fault, g.at_risk, g.index if g.fault else -1) for g in self.gpus)
+        return (self.not_ready, self.pressure, self.closed, tuple(sorted(self.labels.items())), self.pools,
+                self.accepts, self.site, self.ports, self.capabilities, tuple(sorted(self.capability_notes.items())),
+                self.data_free, self.cpus, self.memory_bytes, gpus)  # fmt: skip
+
+    @property
+    def rack(self) -> str | None:
+        return self.labels.get(RACK_LABEL)
+
+    @property
+    def fabric(self) -> str | None:
+        """The InfiniBand fabric its first active InfiniBand port is on."""
+        return next((p.fabric for p in self.ports if p.link == "InfiniBand" and p.active and p.fabric), None)
+
+    def matching(self, wanted: tuple[GpuRequest, ...]) -> tuple[int, int]:
+        """(GPUs that match `wanted`, of which at risk); faulted GPUs count as neither."""
+        known = self._matching.get(wanted)
+        if known is None:
+            good = [g for g in self.gpus if g.fault is None and (not wanted or any(gpu_matches(g, w) for w in wanted))]
+            known = self._matching[wanted] = (len(good), sum(g.at_risk is not None for g in good))
+        return known
+
+
+def gpu_matches(gpu: GpuInfo, wanted: GpuRequest) -> bool:
+    """A model matches the GPU's name as a word ("H100" in "NVIDIA H100 80GB HBM3"); the vendor likewise."""
+    words = gpu.model.lower().replace("-", " ").split()
+    if wanted.vendor and wanted.vendor.lower() not in words:
+        return False
+    if wanted.models and not any(m.lower() in words or m.lower() == gpu.model.lower() for m in wanted.models):
+        return False
+    return not (wanted.min_memory_bytes and gpu.memory_bytes < wanted.min_memory_bytes)
+
+
+def compile_node(view: NodeView) -> Machine:
+    inv = view.inventory
+    not_ready = None
+    if view.state is not NodeState.READY:
+        not_ready = R.NodeNotReady(state=view.state.value)
+    elif inv is None:
+        not_ready = R.NodeNoCapacity()
+    closed = None
+    if view.cordon is not None:
+        closed = R.Cordoned(why=view.cordon or "no reason given")
+    elif inv is not None and inv.refuses_runs is not None:
+        closed = R.NotAcceptingRuns(why=inv.refuses_runs or "no reason given")
+    if inv is None:
+        return Machine(view.name, not_ready, None, closed, {}, frozenset(), (), None, (), frozenset(), {}, None,
+                       0.0, 0, (), ())  # fmt: skip
+    gpus = tuple(sorted(inv.gpus, key=lambda g: g.index))
+    return Machine(
+        name=view.name,
+        not_ready=not_ready,
+        pressure=R.UnderPressure(condition=", ".join(inv.pressure)) if inv.pressure else None,
+        closed=closed,
+        labels=dict(inv.labels),
+        pools=frozenset(inv.pools),
+        accepts=tuple(sorted(inv.accept_labels.items())),
+        site=inv.site,
+        ports=tuple(sorted(inv.ports, key=lambda p: p.name)),
+        capabilities=frozenset(inv.capabilities),
+        capability_notes=dict(inv.capability_notes),
+        data_free=inv.data_free_bytes,
+        cpus=inv.cpus,
+        memory_bytes=inv.memory_bytes,
+        gpus=gpus,
+        faults=tuple(g for g in gpus if g.fault is not None),
+    )
+
+
+def size_text(size: int) -> str:
+    """Bytes as people read a drive's size: 512 B, 1.5 KiB, 200 GiB."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f}".removesuffix(".0") + f" {unit}" if unit != "B" else f"{size} B"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+class Cluster:
+    """Free room on every machine, indexed by free GPUs, what each machine holds, and where each run's workers
+    are. Changed in place as a pass places workers; `version` and `changed` tell caches what moved."""
+
+    def __init__(self, views: Iterable[NodeView], allocations: Iterable[Allocation], now: datetime) -> None:
+        self.now = now
+        self.machines: dict[str, Machine] = {v.name: compile_node(v) for v in sorted(views, key=lambda v: v.name)}
+        self.names: list[str] = list(self.machines)
+        self.free: dict[str, Free] = {m.name: Free(m.cpus, m.memory_bytes, len(m.gpus)) for m in self.machines.values()}
+        self.held: dict[str, dict[tuple[str, str], Allocation]] = {name: {} for name in self.names}
+        self.allocations: dict[tuple[str, str], Allocation] = {}
+        self.run_nodes: dict[str, Counter[str]] = {}
+        self.group_placed: Counter[tuple[str, str]] = Counter()
+        self.version = 0
+        self.changed: list[str] = []  # the machine changed by each version, in order: changed[v - 1]
+        self._buckets: list[list[tuple[float, int, str]]] = []
+        for alloc in allocations:
+            self._hold(alloc, 1)
+        for name in self.names:
+            if self.machines[name].not_ready is None:
+                self._index(name)
+
+    @property
+    def ready(self) -> int:
+        return sum(m.not_ready is None for m in self.machines.values())
+
+    def changed_since(self, version: int) -> set[str]:
+        return set(self.changed[version:])
+
+    # ---- the index ----------------------------------------------------------------------------------------------
+
+    def _entry(self, name: str) -> tuple[int, tuple[float, int, str]]:
+        free = self.free[name]
+        return max(free.gpus, 0), (free.cpu, free.memory_bytes, name)
+
+    def _index(self, name: str) -> None:
+        gpus, entry = self._entry(name)
+        while len(self._buckets) <= gpus:
+            self._buckets.append([])
+        insort(self._buckets[gpus], entry)
+
+    def _unindex(self, name: str) -> None:
+        gpus, entry = self._entry(name)
+        bucket = self._buckets[gpus]
+        del bucket[bisect_left(bucket, entry)]
+
+    def candidates(self, request: TaskRequest) -> Iterator[str]:
+        """Ready machines with at least the GPUs, cpu and memory asked free, tightest first (best fit): fewest GPUs
+        left, then fewest cpus, then least memory, then by name. The index may change between two yields."""
+        for gpus in range(max(request.gpus, 0), len(self._buckets)):
+            bucket = self._buckets[gpus]
+            i = bisect_left(bucket, (request.cpu - EPSILON,))
+            while i < len(bucket):
+                _, memory, name = bucket[i]
+                i += 1
+                if memory >= request.memory_bytes:
+                    yield name
+
+    # ---- changes ------------------------------------------------------------------------------------------------
+
+    def _hold(self, alloc: Allocation, sign: int) -> None:
+        held = self.held.get(alloc.node)
+        if sign > 0:
+            self.allocations[alloc.key] = alloc
+            if held is not None:
+                held[alloc.key] = alloc
+        else:
+            self.allocations.pop(alloc.key, None)
+            if held is not None:
+                held.pop(alloc.key, None)
+        nodes = self.run_nodes.setdefault(alloc.job_id, Counter())
+        nodes[alloc.node] += sign
+        if nodes[alloc.node] <= 0:
+            del nodes[alloc.node]
+        self.group_placed[(alloc.job_id, alloc.group)] += sign
+        free = self.free.get(alloc.node)
+        if free is not None:
+            free.cpu -= sign * alloc.cpu
+            free.memory_bytes -= sign * alloc.memory_bytes
+            free.gpus -= sign * alloc.gpus
+
+    def _change(self, alloc: Allocation, sign: int) -> None:
+        node = alloc.node
+        indexed = node in self.machines and self.machines[node].not_ready is None
+        if indexed:
+            self._unindex(node)
+        self._hold(alloc, sign)
+        if indexed:
+            self._index(node)
+        self.version += 1
+        self.changed.append(node)
+
+    def place(self, request: TaskRequest, node: str) -> Allocation:
+        """`request` takes its room on `node` now."""
+        alloc = allocation_for(request, node, self.now)
+        self._change(alloc, 1)
+        return alloc
+
+    def release(self, alloc: Allocation) -> None:
+        """`alloc`'s room is free again (an undone placement, or a preempted worker as its head sees it)."""
+        if alloc.key in self.held.get(alloc.node, {}):
+            self._change(alloc, -1)
+
+    def racks_of(self, job_id: str) -> Counter[str]:
+        racks: Counter[str] = Counter()
+        for node, count in self.run_nodes.get(job_id, Counter()).items():
+            machine = self.machines.get(node)
+            if machine is not None and machine.rack is not None:
+                racks[machine.rack] += count
+        return racks
+
+
+def free_capacity(nodes: Iterable[NodeView], allocations: Iterable[Allocation]) -> dict[str, Free]:
+    """Capacity of each registered machine less what placed workers hold."""
+    return Cluster(nodes, allocations, datetime.min).free

@@ -1,0 +1,88 @@
+"""Planning: a group that asks for GPUs across machines becomes workers, one per machine, each with the same
+power-of-2 number of GPUs; when that cannot be done, "Cannot plan workers: <why>" (the run looks again every 60 s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from workflows.domain.machines import Cluster
+from workflows.domain.nodes import NodeView
+from workflows.domain.placement import Ask, explain, usable_gpus
+from workflows.domain.reasons import R, Reason
+from workflows.domain.requests import Allocation, TaskRequest
+
+_ROOM_FOR_GPUS = frozenset({R.InsufficientGpus.code, R.HealthyGpus.code})
+
+
+class WorkerPlan(BaseModel):
+    """`workers` workers of `gpus_per_worker` GPUs each, or (workers 0) why not: `reason` is the whole
+    "Cannot plan workers: <why>" sentence."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workers: int = 0
+    gpus_per_worker: int = 0
+    code: str = ""
+    reason: str = ""
+
+    @classmethod
+    def cannot(cls, why: Reason) -> WorkerPlan:
+        reason = R.CannotPlanWorkers(why=why.text)
+        return cls(code=why.code, reason=reason.text)
+
+
+def power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _room(cluster: Cluster, template: TaskRequest, names: Iterable[str]) -> list[int]:
+    """For each machine that could host a worker of the group but for its GPU count, the GPUs it could use now."""
+    probe = template.model_copy(update={"gpus": max(template.gpus, 1)})
+    ask = Ask(probe)
+    room = []
+    for name in names:
+        machine, free = cluster.machines[name], cluster.free[name]
+        if all(reason.code in _ROOM_FOR_GPUS for reason in explain(machine, free, ask)):
+            room.append(usable_gpus(machine, free, probe)[0])
+    return room
+
+
+def plan_workers(
+    template: TaskRequest,
+    total_gpus: int,
+    machines: int | None,
+    nodes: Sequence[NodeView],
+    allocations: Iterable[Allocation],
+    now: datetime,
+    pools: Sequence[str] = (),
+) -> WorkerPlan:
+    """Split `total_gpus` of the group `template.group` into workers on the machines as they are now: across
+    exactly `machines` machines when given, else across as few as will take them (at most the run's
+    topology.max_machines). `template` is one worker of the group with everything but its GPU count."""
+    if machines is not None:
+        if total_gpus % machines:
+            return WorkerPlan.cannot(R.PlanUneven(gpus=total_gpus, machines=machines))
+        per = total_gpus // machines
+        if not power_of_two(per):
+            return WorkerPlan.cannot(R.PlanNotPowerOfTwo(gpus=total_gpus, machines=machines, per=per))
+    cluster = Cluster(nodes, allocations, now)
+    allowed = set(pools)
+    names = [n for n in cluster.names if not allowed or cluster.machines[n].pools & allowed]
+    room = _room(cluster, template, names)
+    if not room:
+        return WorkerPlan.cannot(R.PlanNoHost(group=template.group))
+    largest = max(room)
+    if machines is not None:
+        counts = [machines]
+    else:
+        most = template.topology.max_machines if template.topology and template.topology.max_machines else total_gpus
+        counts = [w for w in range(1, min(most, total_gpus) + 1) if total_gpus % w == 0]
+    for workers in counts:
+        per = total_gpus // workers
+        if power_of_two(per) and sum(r >= per for r in room) >= workers:
+            return WorkerPlan(workers=workers, gpus_per_worker=per)
+    return WorkerPlan.cannot(R.PlanNoWay(gpus=total_gpus, free=largest))

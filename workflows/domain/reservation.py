@@ -1,0 +1,130 @@
+"""The head of the queue holds room: when its worker can start (from the time limits of the work that runs), on
+which machine, and which other workers may still start there now (backfill) without delaying it.
+
+EASY backfill, per machine: the head reserves the machine where it starts soonest. Another worker may start on
+that machine now only if it ends (by its time limit) before the head's start, or if it leaves the head enough room
+at that start. Machines the head does not reserve are free for anyone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from workflows.domain.machines import Cluster, Free
+from workflows.domain.placement import Ask, fits, fits_empty
+from workflows.domain.requests import TaskRequest
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Room held on `node` for a head worker from `at` (None: from when work without a time limit ends)."""
+
+    ask: Ask
+    node: str
+    at: datetime | None
+
+    @property
+    def request(self) -> TaskRequest:
+        return self.ask.request
+
+
+def _free_at(cluster: Cluster, node: str, at: datetime) -> Free:
+    """What will be free on `node` at `at` if nothing new starts: now's free plus what ends by then."""
+    free = cluster.free[node]
+    result = Free(free.cpu, free.memory_bytes, free.gpus)
+    for alloc in cluster.held[node].values():
+        end = alloc.ends_at(cluster.now)
+        if end is not None and end <= at:
+            result.cpu += alloc.cpu
+            result.memory_bytes += alloc.memory_bytes
+            result.gpus += alloc.gpus
+    return result
+
+
+def earliest_start(cluster: Cluster, node: str, ask: Ask) -> datetime | None:
+    """When the worker fits on `node` as time-limited work ends; None when that takes work without a limit."""
+    machine = cluster.machines[node]
+    if fits(machine, cluster.free[node], ask):
+        return cluster.now
+    ends = sorted({end for a in cluster.held[node].values() if (end := a.ends_at(cluster.now)) is not None})
+    for end in ends:
+        if fits(machine, _free_at(cluster, node, end), ask):
+            return max(end, cluster.now)
+    return None
+
+
+def reserve(cluster: Cluster, ask: Ask, names: list[str], taken: set[str]) -> Reservation | None:
+    """The machine where the worker starts soonest: known times first, then the machine missing the fewest GPUs,
+    then by name; a machine another head worker holds only when no other will do. None when no machine would
+    ever take it."""
+    far = datetime.max.replace(tzinfo=cluster.now.tzinfo)
+    best: tuple[tuple[bool, bool, datetime, int, str], Reservation] | None = None
+    for name in names:
+        machine = cluster.machines[name]
+        if machine.not_ready is not None or not fits_empty(machine, ask):
+            continue
+        at = earliest_start(cluster, name, ask)
+        missing = max(ask.request.gpus - cluster.free[name].gpus, 0)
+        rank = (name in taken, at is None, at or far, missing, name)
+        if best is None or rank < best[0]:
+            best = (rank, Reservation(ask, name, at))
+    return best[1] if best else None
+
+
+@dataclass
+class Reservations:
+    """Every reservation of this pass, by machine."""
+
+    by_node: dict[str, list[Reservation]] = field(default_factory=dict)
+
+    def add(self, reservation: Reservation) -> None:
+        self.by_node.setdefault(reservation.node, []).append(reservation)
+
+    @property
+    def nodes(self) -> set[str]:
+        return set(self.by_node)
+
+    def allows(self, cluster: Cluster, node: str, ask: Ask) -> bool:
+        """Whether the worker may start on `node` now without delaying any head that holds room there."""
+        held = self.by_node.get(node)
+        if not held:
+            return True
+        request = ask.request
+        for reservation in held:
+            if reservation.at is None:
+                return False  # no start time known: nothing can be shown not to delay it
+            ends = request.time_limit_seconds
+            if ends is not None and cluster.now + timedelta(seconds=ends) <= reservation.at:
+                continue  # backfill: it is gone before the head starts
+            room = _free_at(cluster, node, reservation.at)
+            for other in held:
+                if other is not reservation:
+                    _take(room, other.request)
+            _take(room, request)
+            if not fits(cluster.machines[node], room, reservation.ask):
+                return False
+        return True
+
+
+def _take(free: Free, request: TaskRequest) -> None:
+    free.cpu -= request.cpu
+    free.memory_bytes -= request.memory_bytes
+    free.gpus -= request.gpus
+
+
+def by_minute(at: datetime) -> datetime:
+    """Start times are shown to the minute, rounded up: "starts by" stays true, and the reason changes rarely."""
+    seconds = at.second + at.microsecond / 1e6
+    if seconds == 0:
+        return at
+    return at.replace(second=0, microsecond=0) + timedelta(minutes=1)
+
+
+def show_time(at: datetime) -> str:
+    return by_minute(at).strftime("%Y-%m-%d %H:%M")
+
+
+def minutes_left(seconds: float) -> int:
+    return max(1, math.ceil(seconds / 60))

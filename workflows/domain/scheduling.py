@@ -1,0 +1,271 @@
+"""One scheduling pass: every waiting worker, in queue order, gets a machine or the reason it waits.
+
+Queue order is higher priority first, then earlier claim. In order, each worker: waits on its namespace's quota
+(never blocking other namespaces) or its array's limit; else takes the tightest machine that fits it and that no
+head holds (or that it may backfill); else, if no machine could ever take it, says why machine by machine; else the
+first such worker of the queue is the head: it preempts lower-priority work when that makes room, or reserves the
+machine where it starts soonest; the others queue behind it. Pure: the result is a Plan the service carries out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from workflows.domain.constraints import Drive
+from workflows.domain.explaining import Explainer, NamesKey
+from workflows.domain.machines import Cluster
+from workflows.domain.nodes import NodeView
+from workflows.domain.placement import Ask, ask_for, fill, fits
+from workflows.domain.preemption import choose_victims, freed
+from workflows.domain.quotas import Quota, Usage, check_quota, usage_by_namespace
+from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Reason
+from workflows.domain.requests import Allocation, TaskRequest, namespace_of, run_name
+from workflows.domain.reservation import Reservation, Reservations, minutes_left, reserve, show_time
+from workflows.domain.status import NodeReasons
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A machine for the request, or the reason it waits with every machine's reasons; `reached` is the
+    "Quota reached: <why>" entry for its run's history when it waits on quota."""
+
+    request: TaskRequest
+    node: str | None
+    reason: Reason | None = None
+    nodes: list[NodeReasons] = field(default_factory=list)
+    reached: Reason | None = None
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """Stop these workers of one run (signal `preempt`) to make room for the head worker `head`; `by` is how the
+    victims' reasons name the head's run."""
+
+    job_id: str
+    task_ids: tuple[str, ...]
+    by: str
+    head: Key
+
+
+@dataclass
+class Plan:
+    decisions: list[Decision] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+    wake_at: datetime | None = None  # decide again then, even if nothing happens (a patience window moves)
+    holds: dict[Key, tuple[str, datetime | None]] = field(default_factory=dict)  # head worker -> machine, start
+
+    def decision(self, key: Key) -> Decision:
+        return next(d for d in self.decisions if d.request.key == key)
+
+
+def queue_order(request: TaskRequest) -> tuple[int, datetime, str, int]:
+    """Higher priority first, then earlier claim; ties by run and worker for a stable order."""
+    return (-request.priority, request.submitted_at, request.job_id, request.index)
+
+
+def shown_to(job_id: str, namespace: str) -> str:
+    """How a reason read in `namespace` names the run `job_id`: its name, or not at all."""
+    return run_name(job_id) if namespace_of(job_id) == namespace else ANOTHER_NAMESPACE
+
+
+def schedule(
+    requests: Sequence[TaskRequest],
+    nodes: Sequence[NodeView],
+    allocations: Iterable[Allocation],
+    now: datetime,
+    *,
+    quotas: Mapping[str, Quota] | None = None,
+    drives: Mapping[str, Drive] | None = None,
+    preempting: Mapping[Key, Key] | None = None,
+) -> Plan:
+    """Decide for every waiting worker. `preempting` maps each worker already asked to stop (victim) to the head
+    worker it makes room for; those heads keep the room their victims free."""
+    return _Pass(nodes, list(allocations), now, quotas or {}, drives or {}, dict(preempting or {})).run(requests)
+
+
+class _Pass:
+    def __init__(
+        self,
+        nodes: Sequence[NodeView],
+        allocations: list[Allocation],
+        now: datetime,
+        quotas: Mapping[str, Quota],
+        drives: Mapping[str, Drive],
+        preempting: dict[Key, Key],
+    ) -> None:
+        self.now = now
+        self.cluster = Cluster(nodes, allocations, now)
+        self.quotas = quotas
+        self.drives = drives
+        self.preempting = preempting
+        self.usage = usage_by_namespace(allocations)
+        self.explainer = Explainer(self.cluster)
+        self.reservations = Reservations()
+        self.head: TaskRequest | None = None
+        self.head_starts: list[datetime | None] = []
+        self.plan = Plan()
+
+    # ---- the pass ---------------------------------------------------------------------------------------------
+
+    def run(self, requests: Sequence[TaskRequest]) -> Plan:
+        waiting = {r.key: r for r in requests}
+        promised = self._keep_promises(waiting)
+        for request in sorted(waiting.values(), key=queue_order):
+            if request.key not in promised:
+                self.plan.decisions.append(self._decide(request))
+        return self.plan
+
+    def _keep_promises(self, waiting: dict[Key, TaskRequest]) -> set[Key]:
+        """Heads whose victims are still stopping keep the room those victims free ("Starting: waiting for k
+        preempted worker(s) to stop"); a head that no longer fits there queues as any other worker."""
+        victims: dict[Key, list[Allocation]] = {}
+        for victim, head in self.preempting.items():
+            alloc = self.cluster.allocations.get(victim)
+            if alloc is not None and head in waiting:
+                victims.setdefault(head, []).append(alloc)
+        promised = set()
+        for head, allocs in sorted(victims.items(), key=lambda item: queue_order(waiting[item[0]])):
+            request, node = waiting[head], allocs[0].node
+            machine = self.cluster.machines.get(node)
+            ask = ask_for(request, self.cluster, self.drives)
+            if machine is None or not fits(machine, freed(self.cluster.free[node], allocs), ask):
+                continue
+            # The victims hold their room until they are gone; the head takes the rest now, so nothing else does.
+            self._take(request, node)
+            promised.add(head)
+            self.head = self.head or request
+            self.plan.decisions.append(Decision(request, None, R.WaitingForPreempted(k=len(allocs))))
+        return promised
+
+    def _take(self, request: TaskRequest, node: str) -> None:
+        self.cluster.place(request, node)
+        self._usage(request.namespace).add(request)
+
+    def _usage(self, namespace: str) -> Usage:
+        return self.usage.setdefault(namespace, Usage())
+
+    def _decide(self, request: TaskRequest) -> Decision:
+        quota = self.quotas.get(request.namespace)
+        wait = check_quota(quota, self._usage(request.namespace), _asked(request), request.gang)
+        if wait is not None:
+            return Decision(request, None, wait.reason, reached=wait.reached)
+        limit = request.max_parallel
+        if limit is not None and self.cluster.group_placed[(request.job_id, request.group)] >= limit:
+            return Decision(request, None, R.ArrayMaxParallel(k=limit))
+        names, names_key = self._visible(quota)
+        ask = ask_for(request, self.cluster, self.drives)
+        found = self._find(ask, names_key)
+        if isinstance(found, Decision):
+            return found
+        if found is not None:
+            self._take(request, found)
+            return Decision(request, found)
+        return self._blocked(ask, names, names_key)
+
+    # ---- finding a machine ------------------------------------------------------------------------------------
+
+    def _visible(self, quota: Quota | None) -> tuple[list[str], NamesKey]:
+        """The machines a namespace may use: those of its pools, or all."""
+        if quota is None or not quota.pools:
+            return self.cluster.names, None
+        pools = set(quota.pools)
+        return [n for n in self.cluster.names if self.cluster.machines[n].pools & pools], quota.pools
+
+    def _allowed(self, name: str, ask: Ask, names_key: NamesKey) -> bool:
+        cluster = self.cluster
+        machine = cluster.machines[name]
+        if names_key is not None and not machine.pools & set(names_key):
+            return False
+        return fits(machine, cluster.free[name], ask) and self.reservations.allows(cluster, name, ask)
+
+    def _find(self, ask: Ask, names_key: NamesKey) -> str | Decision | None:
+        """The tightest machine that takes the worker now; with a patience window, one on an InfiniBand fabric
+        (its run's, if it has one) while the window lasts."""
+        request = ask.request
+        candidates = (n for n in self.cluster.candidates(request) if self._allowed(n, ask, names_key))
+        patience = request.topology.patience_seconds if request.topology else None
+        if not patience:
+            return next(candidates, None)
+        fabrics = {m.fabric for n in ask.run_nodes if (m := self.cluster.machines.get(n)) and m.fabric}
+        allowed = list(candidates)
+        for name in allowed:
+            fabric = self.cluster.machines[name].fabric
+            if fabric is not None and (not fabrics or fabric in fabrics):
+                return name
+        left = patience - (self.now - request.since).total_seconds()
+        fabric = min(fabrics) if fabrics else self.explainer.fabric_for(ask, names_key)
+        if left <= 0 or not allowed or fabric is None:
+            return allowed[0] if allowed else None
+        self._wake(self.now + timedelta(seconds=left % 60 or 60))
+        return Decision(request, None, R.WaitingForFabric(minutes=minutes_left(left), fabric=fabric))
+
+    def _wake(self, at: datetime) -> None:
+        if self.plan.wake_at is None or at < self.plan.wake_at:
+            self.plan.wake_at = at
+
+    # ---- waiting ----------------------------------------------------------------------------------------------
+
+    def _blocked(self, ask: Ask, names: list[str], names_key: NamesKey) -> Decision:
+        request = ask.request
+        if not names:
+            nothing = R.NoMachineFits(ready=0, total=0)
+            return Decision(request, None, R.NoMachinesRegistered(reason=nothing.text))
+        reasons = self.explainer.reasons(ask, names, names_key)
+        data = self.explainer.only_data_location(ask, reasons)
+        if data is not None:
+            return Decision(request, None, R.ChooseDataLocation(node=data), reasons)
+        if not self.explainer.feasible(ask, names, names_key):
+            ready = self.explainer.ready(names, names_key)
+            return Decision(request, None, R.NoMachineFits(ready=ready, total=len(names)), reasons)
+        if self.head is None or self.head.job_id == request.job_id:
+            return Decision(request, None, self._lead(ask, names), reasons)
+        return Decision(request, None, self._behind(request), reasons)
+
+    def _lead(self, ask: Ask, names: list[str]) -> Reason:
+        """The head: stop lower-priority work if that lets it start, else hold the machine where it starts first."""
+        request = ask.request
+        self.head = self.head or request
+        choice = choose_victims(self.cluster, ask, names, spared=set(self.preempting))
+        if choice is not None:
+            for victim in choice.victims:
+                self.preempting[victim.key] = request.key
+            self._take(request, choice.node)  # on top of its victims until they are gone: nothing else fits there
+            by_run: dict[str, list[str]] = {}
+            for victim in choice.victims:
+                by_run.setdefault(victim.job_id, []).append(victim.task_id)
+            for job_id, task_ids in sorted(by_run.items()):
+                by = shown_to(request.job_id, namespace_of(job_id))
+                self.plan.preemptions.append(Preemption(job_id, tuple(sorted(task_ids)), by, request.key))
+            runs = sorted({shown_to(job_id, request.namespace) for job_id in by_run})
+            return R.Preempting(k=len(choice.victims), runs=", ".join(runs))
+        reservation = reserve(self.cluster, ask, names, self.reservations.nodes)
+        assert reservation is not None, "a feasible worker has a machine to wait for"
+        return self._hold(reservation)
+
+    def _hold(self, reservation: Reservation) -> Reason:
+        self.reservations.add(reservation)
+        self.head_starts.append(reservation.at)
+        self.plan.holds[reservation.request.key] = (reservation.node, reservation.at)
+        priority = reservation.request.priority
+        if reservation.at is None:
+            return R.NextToRunWaits(priority=priority)
+        return R.NextToRunStartsBy(priority=priority, time=show_time(reservation.at))
+
+    def _behind(self, request: TaskRequest) -> Reason:
+        head = self.head
+        assert head is not None
+        who = shown_to(head.job_id, request.namespace)
+        if head.priority > request.priority:
+            return fill(R.QueuedBehindHigherPriority, run=who)
+        starts = self.head_starts
+        if starts and None not in starts:
+            return fill(R.QueuedBehindStartsBy, run=who, time=show_time(max(s for s in starts if s is not None)))
+        return fill(R.QueuedBehind, run=who)
+
+
+def _asked(request: TaskRequest) -> Usage:
+    return Usage(gpus=request.gpus, cpu=request.cpu, memory_bytes=request.memory_bytes)
