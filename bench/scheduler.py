@@ -150,6 +150,17 @@ def main() -> None:
     show("per pass", passes)
     show("per decision (pass / queued runs)", passes, per=len(requests))
 
+    # The same queue when running work outranks it: nothing to preempt, so the head holds room and the rest backfill.
+    senior = [a.model_copy(update={"priority": a.priority + 10}) for a in allocations]
+    plan = schedule(requests, nodes, senior, NOW, quotas=quotas)
+    codes = Counter(d.reason.code if d.reason else "Placed" for d in plan.decisions)
+    print("\nwhen running work outranks the queue, one pass decides: "
+          + ", ".join(f"{code} {n}" for code, n in codes.most_common()))  # fmt: skip
+    print(f"  heads holding room: {len(plan.holds)}")
+    reserving = timed(lambda: schedule(requests, nodes, senior, NOW, quotas=quotas), args.repeat)
+    show("per pass", reserving)
+    show("per decision (pass / queued runs)", reserving, per=len(requests))
+
     print("\nthe pass's view:")
     show("build (compile machines, index free GPUs, what each holds)", timed(lambda: Cluster(nodes, allocations, NOW),
                                                                           args.repeat))  # fmt: skip

@@ -313,11 +313,13 @@ def test_a_worker_over_its_namespace_quota_waits_and_its_run_records_it() -> Non
     assert decision.reached == Reason("QuotaReached", "Quota reached: gpus 6 in use + 4 asked > 8")
 
 
-def test_a_gang_waits_for_quota_in_its_own_words() -> None:
-    held = [holding("n0", run="mine", gpus=6)]
-    [decision] = run([request(gpus=4, gang=True)], [machine("n0", gpus=16)], held, quotas=QUOTA).decisions
-    assert decision.reason is not None
-    assert decision.reason.text == "Gang waits for namespace quota: gpus 6 in use + 4 asked > 8"
+def test_a_gang_asks_its_quota_for_every_member_at_once() -> None:
+    held = [holding("n0", run="mine", gpus=2)]
+    gang = [request(f"w-{i}", gpus=2, gang=True) for i in range(4)]
+    plan = run(gang, [machine("n0", gpus=16)], held, quotas=QUOTA)
+    assert set(outcome(plan).values()) == {"Gang waits for namespace quota: gpus 2 in use + 8 asked > 8"}
+    plan = run(gang, [machine("n0", gpus=16)], quotas=QUOTA)
+    assert set(outcome(plan).values()) == {"n0"}, "members placed move from asked to held"
 
 
 def test_a_worker_asking_more_than_the_quota_at_all() -> None:
@@ -401,4 +403,43 @@ def test_patience_counts_from_when_the_worker_began_to_wait() -> None:
     plan = run([req], FABRIC, [holding("ib", gpus=8)], now=10)
     assert outcome(plan) == {
         "a/w-0": "Waiting up to 8 min more for InfiniBand fabric ib-0 (could start now on Ethernet)"
+    }
+
+
+def test_victims_of_several_runs_are_listed_once_each_and_others_unnamed() -> None:
+    held = [
+        holding("n0", run="low-a", task="x-0", gpus=2),
+        holding("n0", run="low-b", task="x-1", gpus=2),
+        holding("n0", run="low-b", task="x-2", gpus=2),
+        holding("n0", run="theirs", namespace="ns2", task="x-3", gpus=2),
+    ]
+    plan = run([request(run="urgent", priority=10, gpus=8)], NODES, held)
+    assert outcome(plan) == {
+        "urgent/w-0": "Preempting 4 lower-priority worker(s) of (a job in another namespace), low-a, low-b to start"
+    }
+    assert [(p.job_id, p.task_ids, p.by) for p in plan.preemptions] == [
+        ("job/default/low-a", ("x-0",), "urgent"),
+        ("job/default/low-b", ("x-1", "x-2"), "urgent"),
+        ("job/ns2/theirs", ("x-3",), "(a job in another namespace)"),
+    ]
+
+
+def test_a_head_whose_machine_went_away_queues_again() -> None:
+    victim = holding("n0", run="low", gpus=8)
+    head = request(run="urgent", priority=10, gpus=8)
+    nodes = [machine("n0", gpus=8, cordon="repairs"), machine("n1", gpus=8)]
+    plan = run([head], nodes, [victim], preempting={victim.key: head.key})
+    assert outcome(plan) == {"urgent/w-0": "n1"}
+
+
+def test_a_patient_run_follows_its_own_fabric() -> None:
+    nodes = [
+        machine("a", gpus=8, ports=[ib(fabric="ib-0")]),
+        machine("b", gpus=8, ports=[ib(fabric="ib-1")]),
+        machine("c", gpus=8),
+    ]
+    placed = [holding("b", run="a", task="w-0", group="w", gpus=4)]
+    req = request("w-1", gpus=8, topology={"patience_seconds": 600})
+    assert outcome(run([req], nodes, placed)) == {
+        "a/w-1": "Waiting up to 10 min more for InfiniBand fabric ib-1 (could start now on Ethernet)"
     }

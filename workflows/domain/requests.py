@@ -88,6 +88,7 @@ class TaskRequest(BaseModel):
             or topology.one_per_rack
             or topology.one_per_machine
             or topology.max_machines is not None
+            or topology.patience_seconds is not None  # it waits for its run's fabric
         )
 
 

@@ -107,12 +107,16 @@ class _Pass:
         self.reservations = Reservations()
         self.head: TaskRequest | None = None
         self.head_starts: list[datetime | None] = []
+        self.gang_asked: dict[str, Usage] = {}
         self.plan = Plan()
 
     # ---- the pass ---------------------------------------------------------------------------------------------
 
     def run(self, requests: Sequence[TaskRequest]) -> Plan:
         waiting = {r.key: r for r in requests}
+        for request in requests:
+            if request.gang:  # a gang asks its quota for every member that waits, at once
+                self.gang_asked.setdefault(request.job_id, Usage()).add(request)
         promised = self._keep_promises(waiting)
         for request in sorted(waiting.values(), key=queue_order):
             if request.key not in promised:
@@ -144,13 +148,16 @@ class _Pass:
     def _take(self, request: TaskRequest, node: str) -> None:
         self.cluster.place(request, node)
         self._usage(request.namespace).add(request)
+        if request.gang:  # no longer asked: held
+            self.gang_asked[request.job_id].add(request, -1)
 
     def _usage(self, namespace: str) -> Usage:
         return self.usage.setdefault(namespace, Usage())
 
     def _decide(self, request: TaskRequest) -> Decision:
         quota = self.quotas.get(request.namespace)
-        wait = check_quota(quota, self._usage(request.namespace), _asked(request), request.gang)
+        asked = self.gang_asked[request.job_id] if request.gang else _asked(request)
+        wait = check_quota(quota, self._usage(request.namespace), asked, request.gang)
         if wait is not None:
             return Decision(request, None, wait.reason, reached=wait.reached)
         limit = request.max_parallel
