@@ -64,6 +64,8 @@ class SchedulerService:
         self._sent: dict[Key, tuple[PlacementAnswer, datetime]] = {}  # the last answer each waiting worker got
         self._refresh_at: datetime | None = None  # when a held-back refresh of machines' reasons is due
         self._lock = asyncio.Lock()  # one pass at a time: decisions must see each other's effects
+        self._changes = 0  # changes made to the view
+        self._decided = 0  # changes the last pass began with
         self._wake: asyncio.TimerHandle | None = None
 
     # ---- the durable truth ------------------------------------------------------------------------------------
@@ -116,62 +118,71 @@ class SchedulerService:
 
     @activity.defn(name="place")
     async def place(self, input: PlaceInput) -> None:
-        async with self._lock:
-            for request in input.requests:
-                held = self._allocations.get(request.key)
-                if held is not None and held.attempt == request.attempt:
-                    # Asked again for a worker already placed (a retried call): answer the same.
-                    await self._signal(request.job_id, "placement", _update(request, held.node))
-                    continue
-                self._requests[request.key] = request
-                self._sent.pop(request.key, None)
-            await self._pass()
+        again: list[Awaitable[None]] = []
+        for request in input.requests:
+            held = self._allocations.get(request.key)
+            if held is not None and held.attempt == request.attempt:
+                # Asked again for a worker already placed (a retried call): answer the same.
+                again.append(self._signal(request.job_id, "placement", _update(request, held.node)))
+                continue
+            self._requests[request.key] = request
+            self._sent.pop(request.key, None)
+        await _bounded(again)
+        await self._settle()
 
     @activity.defn(name="release")
     async def release(self, input: ReleaseInput) -> None:
-        async with self._lock:
-            key = (input.job_id, input.task_id)
-            held = self._allocations.get(key)
-            if held is not None and held.attempt <= input.attempt:
-                del self._allocations[key]
-                self._preempting.pop(key, None)
-            waiting = self._requests.get(key)
-            if waiting is not None and waiting.attempt <= input.attempt:
-                del self._requests[key]
-                self._sent.pop(key, None)
-            await self._pass()
+        key = (input.job_id, input.task_id)
+        held = self._allocations.get(key)
+        if held is not None and held.attempt <= input.attempt:
+            del self._allocations[key]
+            self._preempting.pop(key, None)
+        waiting = self._requests.get(key)
+        if waiting is not None and waiting.attempt <= input.attempt:
+            del self._requests[key]
+            self._sent.pop(key, None)
+        await self._settle()
 
     @activity.defn(name="node_changed")
     async def node_changed(self, input: NodeChangedInput) -> None:
-        async with self._lock:
-            self._set_node(input.node)
-            await self._pass()
+        self._set_node(input.node)
+        await self._settle()
 
     @activity.defn(name="quotas_changed")
     async def quotas_changed(self, input: QuotasChangedInput) -> None:
-        async with self._lock:
-            self._quotas = {q.namespace: q for q in input.quotas}
-            await self._pass()
+        self._quotas = {q.namespace: q for q in input.quotas}
+        await self._settle()
 
     @activity.defn(name="plan_workers")
     async def plan_workers(self, input: PlanInput) -> WorkerPlan:
         """How many workers a group asking `total_gpus` becomes, on the machines as they are now."""
-        async with self._lock:
-            quota = self._quotas.get(input.request.namespace)
-            return plan_workers(
-                input.request,
-                input.total_gpus,
-                input.machines,
-                list(self._nodes.values()),
-                list(self._allocations.values()),
-                self._clock(),
-                pools=quota.pools if quota else (),
-            )
+        quota = self._quotas.get(input.request.namespace)
+        return plan_workers(
+            input.request,
+            input.total_gpus,
+            input.machines,
+            list(self._nodes.values()),
+            list(self._allocations.values()),
+            self._clock(),
+            pools=quota.pools if quota else (),
+        )
 
     # ---- decisions --------------------------------------------------------------------------------------------
 
+    async def _settle(self) -> None:
+        """Return once a pass that saw every change made so far is done. Changes wait for the pass in progress
+        and are then decided by one pass together, however many arrived meanwhile."""
+        self._changes += 1
+        target = self._changes
+        async with self._lock:
+            if self._decided >= target:
+                return  # a pass that began after this change has decided it
+            self._decided = self._changes
+            await self._pass()
+
     async def _pass(self) -> None:
-        """Decide for every waiting worker; tell each run what changed for it, and stop what is preempted."""
+        """Decide for every waiting worker; tell each run what changed for it, and stop what is preempted. The view
+        changes before the first await, so a change made while signals are in flight is the next pass's."""
         now = self._clock()
         self._refresh_at = None
         plan = schedule(
@@ -196,7 +207,7 @@ class SchedulerService:
         request = decision.request
         if decision.node is not None:
             self._allocations[request.key] = allocation_for(request, decision.node, now)
-            del self._requests[request.key]
+            self._requests.pop(request.key, None)
             self._sent.pop(request.key, None)
             return self._signal(request.job_id, "placement", _update(request, decision.node))
         assert decision.reason is not None
@@ -219,12 +230,12 @@ class SchedulerService:
         self._sent[request.key] = (update, now)
         return self._signal(request.job_id, "placement", update)
 
-    async def _preempt(self, preemption: Preemption) -> None:
+    def _preempt(self, preemption: Preemption) -> Awaitable[None]:
         for task_id in preemption.task_ids:
             self._preempting[(preemption.job_id, task_id)] = preemption.head
         request = PreemptRequest(task_ids=list(preemption.task_ids), by=preemption.by)
         log.info("preempting %s %s for %s", preemption.job_id, preemption.task_ids, preemption.head)
-        await self._signal(preemption.job_id, "preempt", request)
+        return self._signal(preemption.job_id, "preempt", request)
 
     async def _signal(self, job_id: str, name: str, message: BaseModel) -> None:
         handle: WorkflowHandle[object, object] = self._client.get_workflow_handle(job_id)
@@ -252,8 +263,7 @@ class SchedulerService:
 
     async def _woken(self) -> None:
         try:
-            async with self._lock:
-                await self._pass()
+            await self._settle()
         except Exception:  # the next event decides again; a timer has no caller to retry it
             log.exception("scheduling pass on wake-up failed")
 

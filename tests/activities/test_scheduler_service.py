@@ -3,6 +3,7 @@ tells runs, whom it preempts and how, what it holds back, and that a rebuilt ser
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -301,3 +302,34 @@ def test_the_placement_signal_is_read_by_the_run_as_its_placement_event() -> Non
     answer = PlacementAnswer(task_id="w-0", attempt=2, code="NoMachineFits", reason="No machine fits", nodes=nodes)
     event = job.PlacementUpdate.model_validate_json(answer.model_dump_json())
     assert event.model_dump(exclude={"kind"}) == answer.model_dump()
+
+
+class CountingService(SchedulerService):
+    passes = 0
+
+    async def _pass(self) -> None:
+        self.passes += 1
+        await super()._pass()
+
+
+class SlowHandle(_Handle):
+    async def signal(self, name: str, message: BaseModel) -> None:
+        await asyncio.sleep(0.01)  # signals take a while: changes pile up behind the pass in progress
+        await super().signal(name, message)
+
+
+class SlowClient(FakeClient):
+    def get_workflow_handle(self, workflow_id: str) -> _Handle:
+        return SlowHandle(self.cluster, workflow_id)
+
+
+async def test_changes_that_arrive_during_a_pass_are_decided_together() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", cpus=64, gpus=64)})
+    svc = CountingService(SlowClient(cluster), Clock())  # type: ignore[arg-type]
+    await svc.rebuild()
+    svc.passes = 0
+    await asyncio.gather(*(svc.place(PlaceInput(requests=[request(run=f"r{i}", gpus=1)])) for i in range(20)))
+    assert sorted(job for job, _, node, _ in placements(cluster) if node == "n0") == sorted(
+        f"job/default/r{i}" for i in range(20)
+    )
+    assert svc.passes <= 3
