@@ -150,11 +150,8 @@ class NodeWorkflow:
 
     @workflow.update(name="remove")
     async def remove(self, request: CordonRequest) -> NodeView:
-        """The machine leaves the cluster: the scheduler forgets it. Its lease is let go; an agent that registers
-        again brings it back."""
+        """The machine leaves the cluster: the scheduler forgets it. An agent that registers again brings it back."""
         self._change(NodeState.REMOVED, R.MachineRemoved())
-        if self._lease is not None and not self._lease.done():
-            self._lease.cancel()
         await self._notify()
         return self._view
 

@@ -156,3 +156,28 @@ def test_a_killed_scheduler_comes_back_with_the_same_queue(cluster: Cluster, tmp
     waited = [e["reason"] for t in capped["tasks"] for e in t["history"]]
     assert "Waits for namespace quota: gpus 1 in use + 1 asked > 1" in waited
     cluster.cli("quota", "rm", "qb")
+
+
+def test_a_removed_machine_is_forgotten_until_its_agent_registers_again(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.cli("nodes", "remove", "c0", "--reason", "decommissioned")
+    assert {n["name"]: n["state"] for n in cluster.json("nodes")} == {"c0": "Removed", "g0": "Ready"}
+    submit(cluster, tmp_path, "enormous", group={"gpus": 64})
+    described = cluster.wait_for(
+        lambda: (d := cluster.describe("enormous"))["placement"]["nodes"] and d, "enormous to explain its wait"
+    )
+    assert described["status"]["reason"] == "No machine fits: 1 of 1 machines ready"
+    assert [n["name"] for n in described["placement"]["nodes"]] == ["g0"]
+    cluster.kill("c0")
+    cluster.spawn_agent("c0", "--cpus", "4", "--memory-bytes", str(8 * GIB))
+    cluster.wait_for(
+        lambda: {n["name"]: n["state"] for n in cluster.json("nodes")} == {"c0": "Ready", "g0": "Ready"}, "c0 back"
+    )
+    described = cluster.wait_for(
+        lambda: (
+            (d := cluster.describe("enormous"))["status"]["reason"] == "No machine fits: 2 of 2 machines ready" and d
+        ),
+        "enormous to see c0 again",
+        timeout=90,
+    )
+    assert [n["name"] for n in described["placement"]["nodes"]] == ["c0", "g0"]
+    cluster.cli("cancel", "enormous")
