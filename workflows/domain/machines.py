@@ -153,10 +153,6 @@ class Cluster:
             if self.machines[name].not_ready is None:
                 self._index(name)
 
-    @property
-    def ready(self) -> int:
-        return sum(m.not_ready is None for m in self.machines.values())
-
     def changed_since(self, version: int) -> set[str]:
         return set(self.changed[version:])
 

@@ -256,8 +256,6 @@ CHECKS: tuple[Check, ...] = (
     check_drives,
     check_capabilities,
 )
-# What does not depend on what is held: a machine that fails one of these would not take the worker even empty.
-ROOM_CHECKS = frozenset({check_cpu, check_memory, check_gpus})
 
 
 def fits(node: Machine, free: Free, ask: Ask) -> bool:

@@ -8,7 +8,7 @@ run's history gets "Quota reached: <why>" the first time.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -89,7 +89,3 @@ def check_quota(quota: Quota | None, used: Usage, asked: Usage, gang: bool = Fal
             why = f"{resource} {values['used']} in use + {values['asked']} asked > {values['limit']}"
             return QuotaWait(template(**values), R.QuotaReached(why=why))
     return None
-
-
-def quota_of(quotas: Mapping[str, Quota], namespace: str) -> Quota | None:
-    return quotas.get(namespace)
