@@ -95,12 +95,13 @@ class AgentActivities:
         observed = await asyncio.to_thread(self._runtime.observe, key)
         if observed.not_found:
             return TaskExit(not_found=True)
-        details = activity.info().heartbeat_details
-        if not details:  # the first supervisor of this attempt tells the run it runs
-            handle = self._client.get_workflow_handle(job_id(input.ref.namespace, input.ref.job))
-            await handle.signal("task_running", TaskReport(task_id=input.ref.task_id, attempt=input.ref.attempt))
+        # Tell the run it runs; a supervisor that re-attached after a missed heartbeat says it is heard again.
+        report = TaskReport(task_id=input.ref.task_id, attempt=input.ref.attempt, heartbeat=input.reattach)
+        await self._client.get_workflow_handle(job_id(input.ref.namespace, input.ref.job)).signal(
+            "task_running", report
+        )
         while observed.running:
-            activity.heartbeat("reported")
+            activity.heartbeat()
             await asyncio.sleep(POLL_SECONDS)
             observed = await asyncio.to_thread(self._runtime.observe, key)
         if observed.not_found:

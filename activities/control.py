@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 from temporalio import activity
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.domain.settings import Settings
+from workflows.messages import SA_NODES, MachineLostReport
 
 
 class ControlActivities:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, client: Client) -> None:
         self._settings = settings
+        self._client = client
 
     @activity.defn(name="load_settings")
     async def load_settings(self) -> Settings:
         """The operator's settings, recorded in each run's history when it starts (so replay sees the same)."""
         return self._settings
+
+    @activity.defn(name="machine_lost")
+    async def machine_lost(self, report: MachineLostReport) -> int:
+        """Tell every open run with a worker on the machine (search attribute AstraeusNodes) that it is gone."""
+        told = 0
+        query = f'WorkflowType="JobWorkflow" AND ExecutionStatus="Running" AND {SA_NODES}="{report.node}"'
+        async for run in self._client.list_workflows(query):
+            try:
+                await self._client.get_workflow_handle(run.id).signal("machine_lost", report)
+                told += 1
+            except RPCError as error:
+                if error.status != RPCStatusCode.NOT_FOUND:  # it closed meanwhile: nothing left to tell
+                    raise
+        return told

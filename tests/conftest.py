@@ -30,6 +30,18 @@ async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
     await env.shutdown()
 
 
+@pytest.fixture
+async def own_time_skipping() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping test server for one test: time skips only while no activity is in flight anywhere on
+    the server, so a test that depends on skipping should not share it."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(BIN / "temporal-test-server"), data_converter=pydantic_data_converter
+    )
+    await ensure_search_attributes(env.client)
+    yield env
+    await env.shutdown()
+
+
 @pytest.fixture(scope="session")
 def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerEngine]:
     """A real Docker engine of its own (dockerd under a temporary root), with the image local/busybox:latest."""

@@ -12,7 +12,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
-from workflows.messages import SA_NAMESPACE, SA_PRIORITY, SA_STATE
+from workflows.messages import SA_NAMESPACE, SA_NODES, SA_PRIORITY, SA_STATE
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
 TEMPORAL_NAMESPACE = "default"
@@ -20,6 +20,7 @@ SEARCH_ATTRIBUTES = {
     SA_NAMESPACE: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
     SA_STATE: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
     SA_PRIORITY: IndexedValueType.INDEXED_VALUE_TYPE_INT,
+    SA_NODES: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD_LIST,
 }
 
 

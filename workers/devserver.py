@@ -17,6 +17,7 @@ from workers.connect import SEARCH_ATTRIBUTES
 _SA_TYPES = {
     IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD: "Keyword",
     IndexedValueType.INDEXED_VALUE_TYPE_INT: "Int",
+    IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD_LIST: "KeywordList",
 }
 
 

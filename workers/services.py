@@ -33,11 +33,12 @@ log = logging.getLogger(__name__)
 
 def control_worker(client: Client, settings: Settings) -> Worker:
     """Hosts every JobWorkflow and NodeWorkflow."""
+    control = ControlActivities(settings, client)
     return Worker(
         client,
         task_queue=CONTROL_TASK_QUEUE,
         workflows=[JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow],
-        activities=[ControlActivities(settings).load_settings],
+        activities=[control.load_settings, control.machine_lost],
         max_concurrent_workflow_tasks=200,
     )
 

@@ -5,26 +5,39 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.common import (
+    RetryPolicy,
+    SearchAttributeKey,
+    SearchAttributePair,
+    SearchAttributeUpdate,
+    TypedSearchAttributes,
+)
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.domain import job as core
+    from workflows.domain import events as ev
+    from workflows.domain.job import decide, is_settled
     from workflows.domain.nodes import node_task_queue
     from workflows.domain.reasons import R
+    from workflows.domain.resume import resume
     from workflows.domain.settings import Settings
     from workflows.domain.spec import JobSpec
-    from workflows.domain.status import RUN_TERMINAL, TASK_ENDED, JobRecord, Status, TaskState
+    from workflows.domain.status import RUN_TERMINAL, TASK_ENDED, TASK_ON_NODE, JobRecord, Status, TaskState
+    from workflows.domain.tasks import allocation, new_job, nodes_in_use, task_request
     from workflows.domain.views import Event, JobDescription, describe, events
     from workflows.messages import (
         SA_NAMESPACE,
+        SA_NODES,
         SA_PRIORITY,
         SA_STATE,
         SCHEDULER_TASK_QUEUE,
         JobInput,
+        MachineLostReport,
         PlaceInput,
+        PreemptRequest,
         ReleaseInput,
         SchedulerView,
         StartTaskInput,
@@ -41,10 +54,14 @@ with workflow.unsafe.imports_passed_through():
 STATE_KEY = SearchAttributeKey.for_keyword(SA_STATE)
 NAMESPACE_KEY = SearchAttributeKey.for_keyword(SA_NAMESPACE)
 PRIORITY_KEY = SearchAttributeKey.for_int(SA_PRIORITY)
+NODES_KEY = SearchAttributeKey.for_keyword_list(SA_NODES)
 
 # The scheduler and agents come back after a crash: keep retrying calls to them, gently.
 PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
+# A supervisor is never retried by Temporal: the workflow decides (a missed heartbeat makes the worker Stale).
 ONCE = RetryPolicy(maximum_attempts=1)
+
+Key = tuple[str, int]
 
 
 def search_attributes(spec: JobSpec, state: str) -> TypedSearchAttributes:
@@ -62,67 +79,106 @@ def search_attributes(spec: JobSpec, state: str) -> TypedSearchAttributes:
 class JobWorkflow:
     def __init__(self) -> None:
         self._job: JobRecord | None = None
-        self._inbox: list[core.Event] = []
-        self._effects: set[asyncio.Task[None]] = set()
+        self._inbox: list[ev.Event] = []
+        self._busy: set[asyncio.Task[None]] = set()  # calls that must finish (place, release, start, stop)
+        self._supervisors: dict[Key, asyncio.Task[None]] = {}  # cancelled once their worker leaves its machine
+        self._timers: set[asyncio.Task[None]] = set()  # cancelled when the run closes or continues as new
+        self._nodes: list[str] = []
 
     # ---- run --------------------------------------------------------------------------------------------------
 
     @workflow.run
     async def run(self, input: JobInput) -> Status:
         if input.record is not None:
-            raise ApplicationError("continuing a run as new is not built yet", non_retryable=True)
-        settings = await workflow.execute_local_activity(
-            "load_settings", result_type=Settings, start_to_close_timeout=timedelta(seconds=10)
-        )
-        self._job = core.new_job(input.spec, settings, workflow.now())
-        self._inbox.append(core.Created())
-        while True:
-            await workflow.wait_condition(lambda: bool(self._inbox) or self._settled())
-            if not self._inbox:
-                break
-            events_, self._inbox = self._inbox, []
-            self._job, commands = core.decide(self._job, events_, workflow.now())
-            for command in commands:
+            self._job = input.record
+            for command in resume(self._job, workflow.now()):
                 self._carry_out(command)
-            self._publish()
-        return self._job.status
+        else:
+            settings = await workflow.execute_local_activity(
+                "load_settings", result_type=Settings, start_to_close_timeout=timedelta(seconds=10)
+            )
+            self._job = new_job(input.spec, settings, workflow.now())
+            self._inbox.append(ev.Created())
+        self._publish()
+        while True:
+            await workflow.wait_condition(lambda: bool(self._inbox) or self._settled() or self._continue_now())
+            if self._inbox:
+                batch, self._inbox = self._inbox, []
+                self._job, commands = decide(self._job, batch, workflow.now())
+                for command in commands:
+                    self._carry_out(command)
+                self._forget_gone_workers()
+                self._publish()
+            elif self._settled():
+                self._cancel_background()
+                return self._job.status
+            else:
+                await self._continue_as_new()
 
     def _settled(self) -> bool:
-        # Close only once the run ended and every effect (releases included) finished.
-        return self._job is not None and core.is_settled(self._job) and not self._effects
+        # Close only once the run ended and every call that must finish (stops, releases) finished.
+        return self._job is not None and is_settled(self._job) and not self._busy
+
+    def _continue_now(self) -> bool:
+        """History grew long: continue as new at a quiet moment (no call in flight that a new run cannot redo)."""
+        assert self._job is not None
+        info = workflow.info()
+        long = info.is_continue_as_new_suggested() or (
+            info.get_current_history_length() >= self._job.settings.continue_as_new_events
+        )
+        return long and not self._busy and not is_settled(self._job)
+
+    async def _continue_as_new(self) -> None:
+        assert self._job is not None
+        background = [*self._supervisors.values(), *self._timers]
+        self._cancel_background()
+        await asyncio.gather(*background, return_exceptions=True)  # nothing may follow continue_as_new
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if self._inbox:
+            return  # a message arrived meanwhile: decide it first; the run continues as new afterwards
+        workflow.continue_as_new(JobInput(spec=self._job.spec, record=self._job))
 
     def _publish(self) -> None:
         assert self._job is not None
         status = self._job.status
-        workflow.upsert_search_attributes([STATE_KEY.value_set(status.state)])
+        updates: list[SearchAttributeUpdate[Any]] = [STATE_KEY.value_set(status.state)]
+        nodes = nodes_in_use(self._job)
+        if nodes != self._nodes:
+            self._nodes = nodes
+            updates.append(NODES_KEY.value_set(nodes) if nodes else NODES_KEY.value_unset())
+        workflow.upsert_search_attributes(updates)
         workflow.set_current_details(f"**{status.state}**: {status.reason}")
 
     # ---- commands ---------------------------------------------------------------------------------------------
 
-    def _carry_out(self, command: core.Command) -> None:
+    def _carry_out(self, command: ev.Command) -> None:
         match command:
-            case core.Place():
+            case ev.Place():
                 self._spawn(self._place(command))
-            case core.Release():
+            case ev.Release():
                 self._spawn(self._release(command))
-            case core.Start():
+            case ev.Start():
                 self._spawn(self._start(command))
-            case core.Stop():
+            case ev.Supervise():
+                self._supervise(command.task_id, command.attempt, command.node)
+            case ev.Stop():
                 self._spawn(self._stop(command))
-            case core.ArmRestart():
-                self._spawn(self._restart_timer(command))
+            case ev.ArmTimer():
+                timer = asyncio.ensure_future(self._timer(command))
+                self._timers.add(timer)
+                timer.add_done_callback(self._timers.discard)
 
     def _spawn(self, effect: Awaitable[None]) -> None:
         task = asyncio.ensure_future(effect)
-        self._effects.add(task)
-        task.add_done_callback(self._effects.discard)
+        self._busy.add(task)
+        task.add_done_callback(self._busy.discard)
 
     def _ref(self, task_id: str, attempt: int) -> TaskRef:
         assert self._job is not None
         spec = self._job.spec
         return TaskRef(namespace=spec.namespace, job=spec.name, task_id=task_id, attempt=attempt)
 
-    async def _place(self, command: core.Place) -> None:
+    async def _place(self, command: ev.Place) -> None:
         await workflow.execute_activity(
             "place",
             PlaceInput(requests=command.requests),
@@ -132,7 +188,7 @@ class JobWorkflow:
             summary=f"place {', '.join(r.task_id for r in command.requests)}",
         )
 
-    async def _release(self, command: core.Release) -> None:
+    async def _release(self, command: ev.Release) -> None:
         assert self._job is not None
         await workflow.execute_activity(
             "release",
@@ -143,39 +199,77 @@ class JobWorkflow:
             summary=f"release {command.task_id}",
         )
 
-    async def _start(self, command: core.Start) -> None:
-        """Start the worker on its machine, then watch it until it ends."""
-        assert self._job is not None
-        ref = self._ref(command.task_id, command.attempt)
-        queue = node_task_queue(command.node)
+    async def _start(self, command: ev.Start) -> None:
+        """Start the worker on its machine; once started, a supervisor watches it."""
         try:
             await workflow.execute_activity(
                 "start_task",
-                StartTaskInput(ref=ref, group=command.group),
-                task_queue=queue,
+                StartTaskInput(ref=self._ref(command.task_id, command.attempt), group=command.group),
+                task_queue=node_task_queue(command.node),
                 result_type=StartTaskResult,
-                start_to_close_timeout=timedelta(minutes=2),
+                start_to_close_timeout=timedelta(minutes=10),
+                heartbeat_timeout=timedelta(seconds=60),
                 retry_policy=PATIENT,
                 summary=f"start {command.task_id} on {command.node}",
             )
         except ActivityError as error:
             code, reason = _failure(error)
-            self._inbox.append(core.TaskSetupFailed(**_ids(command), code=code, reason=reason))
+            self._inbox.append(
+                ev.TaskSetupFailed(task_id=command.task_id, attempt=command.attempt, code=code, reason=reason)
+            )
             return
-        self._inbox.append(core.TaskStarted(**_ids(command)))
-        result = await workflow.execute_activity(
-            "supervise_task",
-            SuperviseInput(ref=ref, settings=self._job.settings),
-            task_queue=queue,
-            result_type=TaskExit,
-            start_to_close_timeout=timedelta(days=3650),
-            heartbeat_timeout=timedelta(seconds=self._job.settings.node_lease_ttl_seconds),
-            retry_policy=PATIENT,
-            summary=f"supervise {command.task_id} on {command.node}",
-        )
-        self._inbox.append(core.TaskEnded(**_ids(command), **result.model_dump()))
+        self._inbox.append(ev.TaskStarted(task_id=command.task_id, attempt=command.attempt))
+        self._supervise(command.task_id, command.attempt, command.node)
 
-    async def _stop(self, command: core.Stop) -> None:
+    def _supervise(self, task_id: str, attempt: int, node: str) -> None:
+        if (task_id, attempt) not in self._supervisors:
+            self._supervisors[(task_id, attempt)] = asyncio.ensure_future(self._watch(task_id, attempt, node))
+
+    async def _watch(self, task_id: str, attempt: int, node: str) -> None:
+        """Supervise until the worker ends. A missed heartbeat (the stale grace) makes it Stale; the next
+        supervisor re-attaches and, finding it running, brings it back ("Heartbeat received")."""
+        assert self._job is not None
+        settings = self._job.settings
+        reattach = False
+        while True:
+            try:
+                result = await workflow.execute_activity(
+                    "supervise_task",
+                    SuperviseInput(ref=self._ref(task_id, attempt), settings=settings, reattach=reattach),
+                    task_queue=node_task_queue(node),
+                    result_type=TaskExit,
+                    start_to_close_timeout=timedelta(days=3650),
+                    heartbeat_timeout=timedelta(seconds=settings.stale_grace_seconds),
+                    retry_policy=ONCE,
+                    summary=f"supervise {task_id} on {node}",
+                )
+            except ActivityError as error:
+                if isinstance(error.cause, CancelledError):
+                    return  # the worker left its machine, or the run continues as new
+                if _heartbeat_missed(error):
+                    self._inbox.append(ev.HeartbeatLate(task_id=task_id, attempt=attempt))
+                else:
+                    await workflow.sleep(1)  # the agent restarted, or refused: watch again
+                reattach = True
+                continue
+            self._inbox.append(ev.TaskEnded(task_id=task_id, attempt=attempt, **result.model_dump()))
+            return
+
+    def _forget_gone_workers(self) -> None:
+        """Cancel the supervisors of workers that left their machine (ended, lost, or a new attempt)."""
+        assert self._job is not None
+        on_node = {(t.id, t.attempt) for t in self._job.tasks if t.state in TASK_ON_NODE}
+        for key in [k for k in self._supervisors if k not in on_node]:
+            self._supervisors.pop(key).cancel()
+
+    def _cancel_background(self) -> None:
+        for supervisor in self._supervisors.values():
+            supervisor.cancel()
+        self._supervisors.clear()
+        for timer in list(self._timers):
+            timer.cancel()
+
+    async def _stop(self, command: ev.Stop) -> None:
         assert self._job is not None
         grace = self._job.settings.stop_grace_seconds
         await workflow.execute_activity(
@@ -188,41 +282,49 @@ class JobWorkflow:
             summary=f"stop {command.task_id} on {command.node}",
         )
 
-    async def _restart_timer(self, command: core.ArmRestart) -> None:
-        await workflow.sleep(max((command.at - workflow.now()).total_seconds(), 0), summary="restart back-off")
-        self._inbox.append(core.RestartDue(task_id=command.task_id, attempt=command.attempt))
+    async def _timer(self, command: ev.ArmTimer) -> None:
+        await workflow.sleep(max((command.at - workflow.now()).total_seconds(), 0), summary=command.timer.value)
+        self._inbox.append(ev.TimerFired(timer=command.timer, task_id=command.task_id, attempt=command.attempt))
 
     # ---- messages ---------------------------------------------------------------------------------------------
 
     @workflow.signal(name="placement")
-    def placement(self, update: core.PlacementUpdate) -> None:
+    def placement(self, update: ev.PlacementUpdate) -> None:
         self._inbox.append(update)
 
     @workflow.signal(name="task_progress")
     def task_progress(self, report: TaskProgressReport) -> None:
-        self._inbox.append(core.TaskProgress(**report.model_dump()))
+        self._inbox.append(ev.TaskProgress(**report.model_dump()))
 
     @workflow.signal(name="task_running")
     def task_running(self, report: TaskReport) -> None:
-        self._inbox.append(core.TaskRunning(task_id=report.task_id, attempt=report.attempt))
+        self._inbox.append(ev.TaskRunning(**report.model_dump()))
+
+    @workflow.signal(name="machine_lost")
+    def machine_lost(self, report: MachineLostReport) -> None:
+        self._inbox.append(ev.MachineLost(node=report.node, removed=report.removed))
+
+    @workflow.signal(name="preempt")
+    def preempt(self, request: PreemptRequest) -> None:
+        self._inbox.append(ev.Preempt(task_ids=request.task_ids, by=request.by))
 
     @workflow.update(name="cancel")
     def cancel(self) -> Status:
-        self._inbox.append(core.CancelRequested())
+        self._inbox.append(ev.CancelRequested())
         return self._record().status
 
     @cancel.validator
     def _validate_cancel(self) -> None:
         job = self._record()
         if job.state in RUN_TERMINAL:
-            raise ApplicationError(f"run {job.spec.name} already ended: {job.state}", type="RunEnded")
+            raise ApplicationError(f"run {job.spec.namespace}/{job.spec.name} already ended: {job.state}")
         if job.cancel_requested:
-            raise ApplicationError(f"run {job.spec.name} is already being cancelled", type="AlreadyCancelling")
+            raise ApplicationError(f"run {job.spec.namespace}/{job.spec.name} is already being cancelled")
 
     @workflow.update(name="stop_task")
     def stop_task(self, request: StopTaskRequest) -> Status:
         reason = request.reason or R.StoppedByScheduler.template
-        self._inbox.append(core.StopRequested(task_id=request.task_id, reason=reason))
+        self._inbox.append(ev.StopRequested(task_id=request.task_id, reason=reason))
         return self._record().task(request.task_id).status
 
     @stop_task.validator
@@ -255,8 +357,8 @@ class JobWorkflow:
     def scheduler_view(self) -> SchedulerView:
         """What this run asks of the scheduler, for a scheduler that rebuilds its view."""
         job = self._record()
-        pending = [core.task_request(job, t) for t in job.tasks if t.state is TaskState.PENDING and not t.final]
-        placed = [core.allocation(job, t) for t in job.tasks if t.node is not None and t.state not in TASK_ENDED]
+        pending = [task_request(job, t) for t in job.tasks if t.state is TaskState.PENDING and not t.final]
+        placed = [allocation(job, t) for t in job.tasks if t.node is not None and t.state not in TASK_ENDED]
         return SchedulerView(job_id=job.id, namespace=job.spec.namespace, pending=pending, placed=placed)
 
     def _record(self) -> JobRecord:
@@ -265,8 +367,9 @@ class JobWorkflow:
         return self._job
 
 
-def _ids(command: core.Start) -> dict[str, object]:
-    return {"task_id": command.task_id, "attempt": command.attempt}
+def _heartbeat_missed(error: ActivityError) -> bool:
+    cause = error.cause
+    return isinstance(cause, TimeoutError) and cause.type == TimeoutType.HEARTBEAT
 
 
 def _failure(error: ActivityError) -> tuple[str, str]:

@@ -18,6 +18,7 @@ SCHEDULER_TASK_QUEUE = "astraeus-scheduler"
 SA_NAMESPACE = "AstraeusNamespace"
 SA_STATE = "AstraeusState"
 SA_PRIORITY = "AstraeusPriority"
+SA_NODES = "AstraeusNodes"  # machines that hold a worker of the run now
 
 
 class _Msg(BaseModel):
@@ -67,10 +68,19 @@ class TaskProgressReport(_Msg):
 
 
 class TaskReport(_Msg):
-    """A machine's report about one attempt of a worker (signal `task_running`)."""
+    """A machine's report that one attempt of a worker runs (signal `task_running`); `heartbeat` when a
+    supervisor re-attached to it after a missed heartbeat."""
 
     task_id: str
     attempt: int
+    heartbeat: bool = False
+
+
+class MachineLostReport(_Msg):
+    """Signal `machine_lost`: the machine's lease expired (or it was removed from the cluster)."""
+
+    node: str
+    removed: bool = False
 
 
 # ---- Scheduler activities ---------------------------------------------------------------------------------------
@@ -154,6 +164,7 @@ class StartTaskResult(_Msg):
 class SuperviseInput(_Msg):
     ref: TaskRef
     settings: Settings
+    reattach: bool = False
 
 
 class TaskExit(_Msg):

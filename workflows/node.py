@@ -14,10 +14,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain.nodes import NodeState, NodeStatusEntry, NodeView, node_task_queue
     from workflows.domain.reasons import R, Reason
     from workflows.messages import (
+        CONTROL_TASK_QUEUE,
         SCHEDULER_TASK_QUEUE,
         CordonRequest,
         GpuHealthReport,
         LeaseInput,
+        MachineLostReport,
         NodeChangedInput,
         NodeInput,
         RegisterRequest,
@@ -51,6 +53,7 @@ class NodeWorkflow:
             if await self._hold_lease(settings.node_lease_ttl_seconds) and self._registrations == held:
                 self._change(NodeState.DOWN, R.MachineLost())
                 await self._notify()
+                await self._tell_runs(removed=False)
 
     async def _hold_lease(self, ttl: float) -> bool:
         """Hold the lease until it expires (True) or a new registration replaces it (False)."""
@@ -72,6 +75,17 @@ class NodeWorkflow:
         except asyncio.CancelledError:
             return False
         return True
+
+    async def _tell_runs(self, removed: bool) -> None:
+        """Every run with a worker on this machine learns it is gone (its workers go Down)."""
+        await workflow.execute_activity(
+            "machine_lost",
+            MachineLostReport(node=self._view.name, removed=removed),
+            task_queue=CONTROL_TASK_QUEUE,
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=PATIENT,
+            summary="tell runs the machine is lost",
+        )
 
     async def _notify(self) -> None:
         await workflow.execute_activity(
@@ -150,9 +164,11 @@ class NodeWorkflow:
 
     @workflow.update(name="remove")
     async def remove(self, request: CordonRequest) -> NodeView:
-        """The machine leaves the cluster: the scheduler forgets it. An agent that registers again brings it back."""
+        """The machine leaves the cluster: the scheduler forgets it and its workers go Down ("Machine removed from
+        the cluster"). An agent that registers again brings it back."""
         self._change(NodeState.REMOVED, R.MachineRemoved())
         await self._notify()
+        await self._tell_runs(removed=True)
         return self._view
 
     @cordon.validator

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from workflows.domain.job import (
-    ArmRestart,
+from workflows.domain.events import (
+    ArmTimer,
     CancelRequested,
     Command,
     Created,
@@ -16,7 +16,6 @@ from workflows.domain.job import (
     Place,
     PlacementUpdate,
     Release,
-    RestartDue,
     Start,
     Stop,
     StopRequested,
@@ -24,14 +23,15 @@ from workflows.domain.job import (
     TaskRunning,
     TaskSetupFailed,
     TaskStarted,
-    decide,
-    is_settled,
-    new_job,
+    Timer,
+    TimerFired,
 )
+from workflows.domain.job import decide, is_settled
 from workflows.domain.placement import TaskRequest
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.status import LastFailure, NodeReasons, Placement
+from workflows.domain.tasks import new_job
 from workflows.domain.views import describe
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
@@ -76,10 +76,14 @@ class Story:
     def __init__(self, spec: JobSpec, settings: Settings | None = None) -> None:
         self.spec = spec
         self.job = new_job(spec, settings or Settings(), T0)
+        self.resets: list[Command] = []
 
     def step(self, second: float, *events: Event) -> list[Command]:
+        """Decide a batch; returns its commands but the 10-minute reset timers, kept in `resets`
+        (test_a_running_worker_arms_its_reset_and_time_limit_timers covers them)."""
         self.job, commands = decide(self.job, list(events), at(second))
-        return commands
+        self.resets += [c for c in commands if isinstance(c, ArmTimer) and c.timer is Timer.RESET]
+        return [c for c in commands if not (isinstance(c, ArmTimer) and c.timer is Timer.RESET)]
 
     def start(self, second: float, task: str, node: str, attempt: int = 0) -> list[Command]:
         return self.step(second, PlacementUpdate(task_id=task, attempt=attempt, node=node))
@@ -335,9 +339,11 @@ def test_always_restarts_a_completed_worker() -> None:
     story = running_story(1, policy="Always")
     assert story.step(5, TaskEnded(task_id="w-0", attempt=0, exit_code=0)) == [
         Release(task_id="w-0", attempt=0),
-        ArmRestart(task_id="w-0", attempt=0, at=at(15)),
+        ArmTimer(timer=Timer.RESTART, task_id="w-0", attempt=0, at=at(15)),
     ]
-    assert story.step(15, RestartDue(task_id="w-0", attempt=0)) == [Place(requests=[ask("w-0", 0, attempt=1)])]
+    assert story.step(15, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0)) == [
+        Place(requests=[ask("w-0", 0, attempt=1)])
+    ]
     assert story.history("w-0")[-2:] == [
         ("Completed", "Exited with code 0"),
         ("Pending", "Restarted by policy (restart 1/10)"),
@@ -468,13 +474,15 @@ def test_onfailure_restarts_after_the_backoff() -> None:
     story = running_story(1)
     assert story.step(10, TaskEnded(task_id="w-0", attempt=0, exit_code=1)) == [
         Release(task_id="w-0", attempt=0),
-        ArmRestart(task_id="w-0", attempt=0, at=at(20)),
+        ArmTimer(timer=Timer.RESTART, task_id="w-0", attempt=0, at=at(20)),
     ]
     task = story.job.task("w-0")
     assert (task.state, task.final, task.restart_at, task.restarts) == ("Failed", False, at(20), 0)
     assert story.status() == ("Pending", "Exited with code 1")
 
-    assert story.step(20, RestartDue(task_id="w-0", attempt=0)) == [Place(requests=[ask("w-0", 0, attempt=1)])]
+    assert story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0)) == [
+        Place(requests=[ask("w-0", 0, attempt=1)])
+    ]
     task = story.job.task("w-0")
     assert (task.attempt, task.restarts, task.node, task.restart_at) == (1, 1, None, None)
     assert story.history("w-0") == [
@@ -498,14 +506,14 @@ def test_onfailure_restarts_after_the_backoff() -> None:
 def test_events_about_an_older_attempt_are_ignored() -> None:
     story = running_story(1)
     story.step(10, TaskEnded(task_id="w-0", attempt=0, exit_code=1))
-    story.step(20, RestartDue(task_id="w-0", attempt=0))
+    story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0))
     before = story.job.model_dump()
     stale: list[Event] = [
         TaskStarted(task_id="w-0", attempt=0),
         TaskRunning(task_id="w-0", attempt=0),
         TaskEnded(task_id="w-0", attempt=0, exit_code=0),
         TaskSetupFailed(task_id="w-0", attempt=0, code="ErrImagePull", reason="ErrImagePull: x"),
-        RestartDue(task_id="w-0", attempt=0),
+        TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0),
         PlacementUpdate(
             task_id="w-0", attempt=0, code="NoMachineFits", reason="No machine fits: 0 of 1 machines ready"
         ),
@@ -524,7 +532,7 @@ def test_events_about_unknown_workers_are_ignored() -> None:
         TaskStarted(task_id="ghost-0", attempt=0),
         TaskRunning(task_id="ghost-0", attempt=0),
         TaskEnded(task_id="ghost-0", attempt=0, exit_code=1),
-        RestartDue(task_id="ghost-0", attempt=0),
+        TimerFired(timer=Timer.RESTART, task_id="ghost-0", attempt=0),
     ):
         assert story.step(5, event) == []
     assert story.start(5, "ghost-0", "n0") == [Release(task_id="ghost-0", attempt=0)]
@@ -535,7 +543,7 @@ def test_the_budget_makes_a_failure_final() -> None:
     shrunk = Settings(backoff_base_seconds=1, restart_budget=1, restart_reset_seconds=600)
     story = running_story(1, settings=shrunk)
     story.step(10, TaskEnded(task_id="w-0", attempt=0, exit_code=1))
-    story.step(11, RestartDue(task_id="w-0", attempt=0))
+    story.step(11, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0))
     story.start(12, "w-0", "n1", attempt=1)
     story.step(13, TaskStarted(task_id="w-0", attempt=1))
     story.step(14, TaskRunning(task_id="w-0", attempt=1))
@@ -557,16 +565,16 @@ def test_running_long_enough_resets_the_count() -> None:
     shrunk = Settings(backoff_base_seconds=1, restart_budget=1, restart_reset_seconds=5)
     story = running_story(1, settings=shrunk)
     story.step(10, TaskEnded(task_id="w-0", attempt=0, exit_code=1))
-    story.step(11, RestartDue(task_id="w-0", attempt=0))
+    story.step(11, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0))
     story.start(12, "w-0", "n0", attempt=1)
     story.step(13, TaskStarted(task_id="w-0", attempt=1))
     story.step(14, TaskRunning(task_id="w-0", attempt=1))
     # Running from 14 s to 19 s: the reset window of 5 s, so the spent budget is refilled.
     assert story.step(19, TaskEnded(task_id="w-0", attempt=1, exit_code=1)) == [
         Release(task_id="w-0", attempt=1),
-        ArmRestart(task_id="w-0", attempt=1, at=at(20)),
+        ArmTimer(timer=Timer.RESTART, task_id="w-0", attempt=1, at=at(20)),
     ]
-    story.step(20, RestartDue(task_id="w-0", attempt=1))
+    story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=1))
     assert story.history("w-0")[-1] == ("Pending", "Restarted by policy (restart 1/1)")
     assert story.job.task("w-0").attempt == 2
 
@@ -576,7 +584,7 @@ def test_a_restart_due_for_a_worker_that_was_stopped_meanwhile_is_ignored() -> N
     story.step(10, TaskEnded(task_id="w-0", attempt=0, exit_code=1))
     story.step(11, CancelRequested())
     before = story.job.task("w-0").model_dump()
-    story.step(20, RestartDue(task_id="w-0", attempt=0))
+    story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0))
     assert story.job.task("w-0").model_dump() == before
 
 
@@ -622,7 +630,7 @@ def test_a_cancelled_run_stays_cancelled_when_a_backoff_timer_fires() -> None:
     story.step(11, CancelRequested())
     story.step(12, TaskEnded(task_id="w-1", attempt=0, exit_code=143))
     assert story.status() == ("Cancelled", "All workers ended; some were cancelled")
-    story.step(20, RestartDue(task_id="w-0", attempt=0))
+    story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0))
     assert story.status() == ("Cancelled", "All workers ended; some were cancelled")
 
 

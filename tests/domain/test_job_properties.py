@@ -16,8 +16,8 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from workflows.domain.job import (
-    ArmRestart,
+from workflows.domain.events import (
+    ArmTimer,
     CancelRequested,
     Command,
     Created,
@@ -25,19 +25,20 @@ from workflows.domain.job import (
     Place,
     PlacementUpdate,
     Release,
-    RestartDue,
     Start,
     StopRequested,
     TaskEnded,
     TaskRunning,
     TaskSetupFailed,
     TaskStarted,
-    decide,
-    new_job,
+    Timer,
+    TimerFired,
 )
+from workflows.domain.job import decide
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.status import RUN_TERMINAL, JobRecord, RunState, TaskState
+from workflows.domain.tasks import new_job
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 SHRUNK = Settings(backoff_base_seconds=1, backoff_cap_seconds=4, restart_budget=2, restart_reset_seconds=30)
@@ -75,7 +76,7 @@ class World:
                     self.waiting |= {(r.task_id, r.attempt) for r in requests}
                 case Start(task_id=task, attempt=attempt, node=node):
                     self.starting.add((task, attempt, node))
-                case ArmRestart(task_id=task, attempt=attempt, at=at):
+                case ArmTimer(timer=Timer.RESTART, task_id=task, attempt=attempt, at=at):
                     self.timers[(task, attempt)] = at
                 case Release(task_id=task, attempt=attempt):
                     self.waiting.discard((task, attempt))
@@ -93,7 +94,9 @@ class World:
             if (task, attempt) not in self.reported:
                 found.append(TaskRunning(task_id=task, attempt=attempt))
             found += [TaskEnded(task_id=task, attempt=attempt, **ending) for ending in ENDINGS]
-        found += [RestartDue(task_id=task, attempt=attempt) for task, attempt in sorted(self.timers)]
+        found += [
+            TimerFired(timer=Timer.RESTART, task_id=task, attempt=attempt) for task, attempt in sorted(self.timers)
+        ]
         # A person, through the workflow's validators: cancel once, stop a worker not final and not stopping.
         if job.state not in RUN_TERMINAL and not job.cancel_requested:
             found.append(CancelRequested())
@@ -113,7 +116,7 @@ class World:
                 self.reported.add((task, attempt))
             case TaskEnded(task_id=task, attempt=attempt):
                 self.supervised.discard((task, attempt))
-            case RestartDue(task_id=task, attempt=attempt):
+            case TimerFired(timer=Timer.RESTART, task_id=task, attempt=attempt):
                 self.timers.pop((task, attempt), None)
 
 
@@ -128,7 +131,7 @@ def stale_events(job: JobRecord) -> list[Event]:
             TaskSetupFailed(task_id=task, attempt=attempt, code="ErrImagePull", reason="ErrImagePull: x"),
             TaskRunning(task_id=task, attempt=attempt),
             TaskEnded(task_id=task, attempt=attempt, exit_code=1),
-            RestartDue(task_id=task, attempt=attempt),
+            TimerFired(timer=Timer.RESTART, task_id=task, attempt=attempt),
         ]
     return events
 
@@ -153,7 +156,7 @@ def play(policy: str, picks: list[Choice]) -> list[tuple[JobRecord, JobRecord]]:
             break
         event = options[pick % len(options)]
         now += timedelta(seconds=seconds)
-        if isinstance(event, RestartDue):
+        if isinstance(event, TimerFired) and event.timer is Timer.RESTART:
             now = max(now, world.timers[(event.task_id, event.attempt)])
         world.consume(event)
         before, dump = job, job.model_dump()

@@ -280,6 +280,11 @@ SPEC_TABLES: dict[str, list[Row]] = {
 ADDITIONS: list[Row] = [
     ("Placed", {"node": "n0"}, "Placed on n0"),
     ("NodeRegistered", {}, "Registered by its agent"),
+    (
+        "HistorySummarised",
+        {"count": 40, "first": "2026-01-01 00:00:03 UTC", "last": "2026-01-01 00:09:00 UTC"},
+        "40 earlier changes summarised, from 2026-01-01 00:00:03 UTC to 2026-01-01 00:09:00 UTC",
+    ),
 ]
 
 ALL_ROWS = [row for rows in SPEC_TABLES.values() for row in rows] + ADDITIONS

@@ -25,11 +25,11 @@ SETTINGS = {"backoff_base_seconds": 1, "backoff_cap_seconds": 2, "stop_grace_sec
 
 
 class Cluster:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, **settings: float) -> None:
         self.root = root
         self.server = DevServer(root / "temporal", port=free_port(), ui_port=None)
         self.settings = root / "settings.yaml"
-        self.settings.write_text(yaml.safe_dump(SETTINGS))
+        self.settings.write_text(yaml.safe_dump(SETTINGS | settings))
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.agent_dirs: list[Path] = []
 

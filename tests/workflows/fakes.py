@@ -14,7 +14,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from workflows.domain.job import PlacementUpdate
+from workflows.domain.events import PlacementUpdate
 from workflows.domain.nodes import node_task_queue
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id
@@ -42,8 +42,15 @@ class Script:
 
     exits: dict[str, list[int]] = field(default_factory=dict)
     log_tail: str = ""
-    hold: set[str] = field(default_factory=set)  # these run until stopped
+    hold: set[str] = field(default_factory=set)  # these run until stopped: "w-0" (every attempt) or "w-0.1"
+    hold_exit: int = 143  # how a held worker exits once stopped (0: it ended on its own)
     no_room: set[str] = field(default_factory=set)  # these never fit
+    # Supervisors that go silent (no heartbeat) before one answers again: "w-0.0" -> how many go silent
+    # (a large number: the agent never answers again).
+    silent: dict[str, int] = field(default_factory=dict)
+
+    def holds(self, task_id: str, attempt: int) -> bool:
+        return task_id in self.hold or f"{task_id}.{attempt}" in self.hold
 
 
 class FakeCluster:
@@ -53,6 +60,7 @@ class FakeCluster:
         self.script = script
         self.released: list[tuple[str, int]] = []
         self.stopped: dict[str, asyncio.Event] = {}
+        self.supervisors: list[tuple[str, int, bool]] = []  # (task, attempt, reattach) of every call
 
     @activity.defn(name="load_settings")
     async def load_settings(self) -> Settings:
@@ -83,12 +91,23 @@ class FakeCluster:
     @activity.defn(name="supervise_task")
     async def supervise_task(self, input: SuperviseInput) -> TaskExit:
         ref = input.ref
+        key = f"{ref.task_id}.{ref.attempt}"
+        self.supervisors.append((ref.task_id, ref.attempt, input.reattach))
         handle = self.client.get_workflow_handle(job_id(ref.namespace, ref.job))
-        await handle.signal("task_running", TaskReport(task_id=ref.task_id, attempt=ref.attempt))
-        if ref.task_id in self.script.hold:
+        report = TaskReport(task_id=ref.task_id, attempt=ref.attempt, heartbeat=input.reattach)
+        if self.script.silent.get(key, 0) > 0:
+            self.script.silent[key] -= 1
+            if not input.reattach:
+                await handle.signal("task_running", report)
+            await asyncio.sleep(3600)  # no heartbeat: the workflow's heartbeat timeout ends this call
+        await handle.signal("task_running", report)
+        if self.script.holds(ref.task_id, ref.attempt):
             stopped = self.stopped.setdefault(f"{ref.task_id}.{ref.attempt}", asyncio.Event())
-            await stopped.wait()
-            return TaskExit(exit_code=143)
+            while not stopped.is_set():
+                activity.heartbeat()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopped.wait(), 0.2)
+            return TaskExit(exit_code=self.script.hold_exit)
         codes = self.script.exits.get(ref.task_id, [0])
         return TaskExit(exit_code=codes[min(ref.attempt, len(codes) - 1)], log_tail=self.script.log_tail)
 

@@ -15,6 +15,7 @@ from workflows.messages import (
     CONTROL_TASK_QUEUE,
     SCHEDULER_TASK_QUEUE,
     LeaseInput,
+    MachineLostReport,
     NodeChangedInput,
     NodeInput,
     RegisterRequest,
@@ -26,6 +27,7 @@ class FakeMachine:
     def __init__(self) -> None:
         self.alive = True
         self.seen: list[NodeView] = []
+        self.lost: list[MachineLostReport] = []
 
     @activity.defn(name="hold_lease")
     async def hold_lease(self, input: LeaseInput) -> None:
@@ -33,6 +35,11 @@ class FakeMachine:
             activity.heartbeat()
             await asyncio.sleep(input.renew_seconds)
         await asyncio.sleep(30)
+
+    @activity.defn(name="machine_lost")
+    async def machine_lost(self, report: MachineLostReport) -> int:
+        self.lost.append(report)
+        return 0
 
     @activity.defn(name="node_changed")
     async def node_changed(self, input: NodeChangedInput) -> None:
@@ -48,7 +55,7 @@ async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping:
     )
     settings = Settings(node_lease_ttl_seconds=1)
     async with (
-        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
+        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow], activities=[machine.machine_lost]),
         Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed]),
         Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
     ):
@@ -75,4 +82,5 @@ async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping:
                 break
             await asyncio.sleep(0.1)
         assert [v.state for v in machine.seen] == ["Ready", "Down", "Ready"]
+        assert machine.lost == [MachineLostReport(node=name, removed=False)]  # its runs were told
         await handle.terminate()

@@ -103,8 +103,13 @@ def next_state(state: TaskState, event: TaskEvent) -> TaskState:
         raise InvalidTransition(f"a worker in {state} cannot take {event}") from None
 
 
+_FAILED = (TaskState.FAILED, TaskState.DOWN)
+
+
 def _failure_sentence(task: TaskRecord) -> Reason:
     """The run's reason for one worker that failed for good."""
+    if task.exceeded is not None:
+        return R.WorkerTimeLimit(task=task.id, duration=task.exceeded)
     cause = task.status.reason  # its final reason: the exit, or "Retry budget exhausted after 10/10 restarts"
     node = task.node or "no machine"
     if task.state is TaskState.DOWN:
@@ -113,7 +118,11 @@ def _failure_sentence(task: TaskRecord) -> Reason:
 
 
 def _waiting_reason(tasks: Sequence[TaskRecord]) -> Reason:
-    """A run that runs nothing shows why its first waiting worker waits."""
+    """A run that runs nothing shows why its first waiting worker waits (a preempted one: why it was)."""
+    for task in tasks:
+        if task.preempted_by is not None and task.state is TaskState.PENDING:
+            cause = R.PreemptedByHigherPriority(run=task.preempted_by).text
+            return R.PreemptedWaiting(cause=cause)
     for wanted in (TaskState.PENDING, None):
         for task in tasks:
             if task.final or task.state in (TaskState.RUNNING, TaskState.STALE, TaskState.STOPPING):
@@ -138,7 +147,7 @@ def derive_run(
         return (RunState.CANCELLED, R.SomeCancelled()) if all(t.final for t in tasks) else None
     if current in (RunState.COMPLETED, RunState.CANCELLED):
         return None
-    failures = [t for t in tasks if t.final and not t.stopped and t.state in (TaskState.FAILED, TaskState.DOWN)]
+    failures = [t for t in tasks if t.final and (t.exceeded or (not t.stopped and t.state in _FAILED))]
     if failures:
         first = _failure_sentence(failures[0])
         if len(failures) == 1:

@@ -201,10 +201,21 @@ class R:
     Placed = _t("Placed", "Placed on {node}")
     # A machine's own history: its agent registered (Ready); Down uses MachineLost.
     NodeRegistered = _t("NodeRegistered", "Registered by its agent")
+    # A long history keeps how it began and its latest changes; the middle is counted in one entry.
+    HistorySummarised = _t("HistorySummarised", "{count} earlier changes summarised, from {first} to {last}")
 
 
 # How reasons name a run of another namespace (spec: "Runs from another workspace are never named").
 ANOTHER_NAMESPACE = "(a job in another namespace)"
+
+
+def duration(seconds: float) -> str:
+    """A duration as reasons print it: 45s, 2m, 1m30s, 1h, 2h5m."""
+    total = round(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "", f"{secs}s" if secs else ""]
+    return "".join(parts) or "0s"
 
 
 def all_templates() -> list[Template]:

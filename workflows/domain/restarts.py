@@ -46,7 +46,9 @@ def decide_restart(
         restarts = 0  # it stayed Running for the reset window: its count starts again
     if ended not in RESTARTS_AFTER[policy]:
         return RestartDecision(restarts, None)
-    if restarts >= settings.restart_budget:
+    if ended is TaskState.COMPLETED:
+        restarts = 0  # a success is no crash: the budget and the back-off start again (restart_policy Always)
+    elif restarts >= settings.restart_budget:
         exhausted = R.RetryBudgetExhausted(restarts=restarts, budget=settings.restart_budget)
         return RestartDecision(restarts, None, exhausted)
     return RestartDecision(restarts, now + backoff(restarts, settings))

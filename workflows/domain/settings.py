@@ -22,3 +22,5 @@ class Settings(BaseModel):
     stop_grace_seconds: float = Field(10, ge=0, description="Between the stop signal and the kill.")
     log_tail_lines: int = Field(50, gt=0, description="Lines of log kept in last_failure.")
     log_tail_bytes: int = Field(16 * 1024, gt=0, description="Bytes of log kept in last_failure.")
+    continue_as_new_events: int = Field(4000, ge=50, description="A run's workflow continues as new past this.")
+    history_keep: int = Field(200, ge=10, description="Entries kept per history; older ones are summarised.")

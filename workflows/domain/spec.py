@@ -19,8 +19,6 @@ RestartPolicy = Literal["OnFailure", "Always", "Never"]
 
 # Fields of the spec that a later capability builds; until then a spec that sets one is refused by name.
 NOT_BUILT_GROUP_FIELDS = (
-    "time_limit_seconds",
-    "heartbeat_ttl_seconds",
     "per_gpu",
     "gpu_requests",
     "healthy_only",
@@ -35,7 +33,7 @@ NEEDS_INFRASTRUCTURE = {
     "external_access": "external ports assigned to workers",
     "identity": "identity certificates issued to workers",
 }
-NOT_BUILT_JOB_FIELDS = ("on_failure", "min_available", "complete_with", "gang", "topology", "node_selection")
+NOT_BUILT_JOB_FIELDS = ("min_available", "complete_with", "gang", "topology", "node_selection")
 
 NotBuilt = Annotated[SkipJsonSchema[Any], Field(exclude=True, repr=False)]
 
@@ -133,8 +131,12 @@ class GroupSpec(_Frozen):
     gpus: int = Field(0, ge=0, le=64, description="GPUs per worker.")
     restart_policy: RestartPolicy = Field("OnFailure", description="When an ended worker starts again.")
 
-    time_limit_seconds: NotBuilt = None
-    heartbeat_ttl_seconds: NotBuilt = None
+    time_limit_seconds: float | None = Field(
+        None, gt=0, description="Stop the worker after this long Running; it then fails for good."
+    )
+    heartbeat_ttl_seconds: float | None = Field(
+        None, gt=0, description="Stale past the grace, Down after this long unheard (default 60)."
+    )
     pull_policy: PullPolicy = Field("IfNotPresent", description="Always, IfNotPresent or None (never pull).")
     registry_secret: Name | None = Field(
         None, description="Secret with keys username and password, to pull the image from its registry."
@@ -191,7 +193,9 @@ class JobSpec(_Frozen):
     lifetime: Literal["Batch"] = Field("Batch", description="Batch runs end; Service is not built yet.")
     groups: list[GroupSpec] = Field(min_length=1, max_length=64)
 
-    on_failure: NotBuilt = None
+    on_failure: Literal["RestartTask", "RestartJob"] = Field(
+        "RestartTask", description="Who restarts when a worker fails: only it, or every worker of the run."
+    )
     min_available: NotBuilt = None
     complete_with: NotBuilt = None
     gang: NotBuilt = None

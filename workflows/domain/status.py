@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.domain.reasons import Reason
+from workflows.domain.reasons import R, Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec
 
@@ -114,7 +115,13 @@ class TaskRecord(BaseModel):
     restart_at: datetime | None = None
     final: bool = False
     stopped: bool = False  # a person, the API or the run stopped it: never counted as a failure
+    stop_cause: Literal["preempted", "time_limit", "gang_restart"] | None = None  # decides what follows the stop
+    preempted_by: str | None = None  # set while it waits to run again after a preemption
+    exceeded: str | None = None  # its time limit, when it was stopped for running past it
+    requeue: Reason | None = None  # the reason it is queued again with when its restart_at comes
     running_since: datetime | None = None
+    stale_since: datetime | None = None
+    summarised: int = 0  # history entries folded into one summary entry
     status: Status
     history: list[StatusEntry] = Field(default_factory=list)
     last_failure: LastFailure | None = None
@@ -136,6 +143,7 @@ class JobRecord(BaseModel):
     history: list[StatusEntry] = Field(default_factory=list)
     tasks: list[TaskRecord] = Field(default_factory=list)
     cancel_requested: bool = False
+    summarised: int = 0
 
     @property
     def id(self) -> str:
@@ -150,6 +158,28 @@ class JobRecord(BaseModel):
             if task.id == task_id:
                 return task
         raise KeyError(f"run {self.spec.namespace}/{self.spec.name} has no worker {task_id}")
+
+
+def compact(history: list[StatusEntry], summarised: int, keep: int) -> int:
+    """Fold the middle of a history longer than `keep` into one summary entry; returns the new summarised count.
+
+    The first entries (how it began) and the latest ones stay; nothing is dropped without being counted. The
+    summary entry is dated by the first change it folds, so the history stays in order."""
+    head, tail = 3, keep - 4
+    if len(history) <= keep:
+        return summarised
+    start = head + 1 if summarised else head
+    folded = history[start : len(history) - tail]
+    first = history[head].at if summarised else folded[0].at
+    total = summarised + len(folded)
+    reason = R.HistorySummarised(count=total, first=_stamp(first), last=_stamp(folded[-1].at))
+    summary = StatusEntry(state=folded[-1].state, reason=reason.text, code=reason.code, at=first)
+    history[head : len(history) - tail] = [summary]
+    return total
+
+
+def _stamp(at: datetime) -> str:
+    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def record(status: Status, history: list[StatusEntry], state: str, reason: Reason, now: datetime) -> bool:

@@ -1,0 +1,204 @@
+"""What can happen to a run (events) and what it asks to be done (commands): the vocabulary of `decide`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from workflows.domain.placement import TaskRequest
+from workflows.domain.reasons import R
+from workflows.domain.spec import GroupSpec
+from workflows.domain.status import NodeReasons
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Timer(StrEnum):
+    """Why a timer was armed."""
+
+    RESTART = "restart"  # a back-off (or a gang restart's wait) is over
+    RESET = "reset"  # the worker stayed Running for the reset window
+    STALE_TTL = "stale_ttl"  # a Stale worker was not heard from for its full TTL
+    TIME_LIMIT = "time_limit"  # the worker ran for time_limit_seconds
+
+
+# ---- Events -----------------------------------------------------------------------------------------------------
+
+
+class Created(_Msg):
+    kind: Literal["created"] = "created"
+
+
+class PlacementUpdate(_Msg):
+    """The scheduler's answer for one worker: a machine, or why it waits."""
+
+    kind: Literal["placement"] = "placement"
+    task_id: str
+    attempt: int
+    node: str | None = None
+    code: str = ""
+    reason: str = ""
+    nodes: list[NodeReasons] = Field(default_factory=list)
+
+
+class TaskStarted(_Msg):
+    kind: Literal["started"] = "started"
+    task_id: str
+    attempt: int
+
+
+class TaskProgress(_Msg):
+    """The machine is setting the worker up: a Preparing reason (a wait), or Pulling its image."""
+
+    kind: Literal["progress"] = "progress"
+    task_id: str
+    attempt: int
+    pulling: bool = False
+    code: str
+    reason: str
+
+
+class TaskSetupFailed(_Msg):
+    kind: Literal["setup_failed"] = "setup_failed"
+    task_id: str
+    attempt: int
+    code: str
+    reason: str
+
+
+class TaskRunning(_Msg):
+    """The machine reports the worker running; `heartbeat` when a supervisor re-attached to it."""
+
+    kind: Literal["running"] = "running"
+    task_id: str
+    attempt: int
+    heartbeat: bool = False
+
+
+class HeartbeatLate(_Msg):
+    """The worker's supervisor missed its heartbeat deadline (the stale grace)."""
+
+    kind: Literal["heartbeat_late"] = "heartbeat_late"
+    task_id: str
+    attempt: int
+
+
+class TaskEnded(_Msg):
+    """The machine saw the worker's process end (or found it gone)."""
+
+    kind: Literal["ended"] = "ended"
+    task_id: str
+    attempt: int
+    exit_code: int | None = None
+    oom: bool = False
+    not_found: bool = False
+    log_tail: str = ""
+
+
+class TimerFired(_Msg):
+    kind: Literal["timer"] = "timer"
+    timer: Timer
+    task_id: str
+    attempt: int
+
+
+class MachineLost(_Msg):
+    """A machine's lease expired (or it was removed): its workers are Down."""
+
+    kind: Literal["machine_lost"] = "machine_lost"
+    node: str
+    removed: bool = False
+
+
+class CancelRequested(_Msg):
+    kind: Literal["cancel"] = "cancel"
+
+
+class StopRequested(_Msg):
+    kind: Literal["stop"] = "stop"
+    task_id: str
+    reason: str = R.StoppedByScheduler.template
+
+
+class Preempt(_Msg):
+    """The scheduler stops these workers for higher-priority work; they are queued again once gone."""
+
+    kind: Literal["preempt"] = "preempt"
+    task_ids: list[str]
+    by: str
+
+
+Event = Annotated[
+    Created
+    | PlacementUpdate
+    | TaskStarted
+    | TaskProgress
+    | TaskSetupFailed
+    | TaskRunning
+    | HeartbeatLate
+    | TaskEnded
+    | TimerFired
+    | MachineLost
+    | CancelRequested
+    | StopRequested
+    | Preempt,
+    Field(discriminator="kind"),
+]
+
+
+# ---- Commands ---------------------------------------------------------------------------------------------------
+
+
+class Place(_Msg):
+    kind: Literal["place"] = "place"
+    requests: list[TaskRequest]
+
+
+class Release(_Msg):
+    """Give back a worker's room (or its place in the queue) at the scheduler."""
+
+    kind: Literal["release"] = "release"
+    task_id: str
+    attempt: int
+
+
+class Start(_Msg):
+    """Start the worker on its machine, then supervise it."""
+
+    kind: Literal["start"] = "start"
+    task_id: str
+    attempt: int
+    node: str
+    group: GroupSpec
+
+
+class Supervise(_Msg):
+    """Watch a worker that was started already (after a continue-as-new): re-attach, never start it again."""
+
+    kind: Literal["supervise"] = "supervise"
+    task_id: str
+    attempt: int
+    node: str
+
+
+class Stop(_Msg):
+    kind: Literal["stop"] = "stop"
+    task_id: str
+    attempt: int
+    node: str
+
+
+class ArmTimer(_Msg):
+    kind: Literal["arm_timer"] = "arm_timer"
+    timer: Timer
+    task_id: str
+    attempt: int
+    at: datetime
+
+
+Command = Annotated[Place | Release | Start | Supervise | Stop | ArmTimer, Field(discriminator="kind")]

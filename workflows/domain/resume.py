@@ -1,0 +1,45 @@
+"""Picking a run up where its previous workflow run left it (continue-as-new)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from workflows.domain.events import ArmTimer, Command, Place, Start, Stop, Supervise, Timer
+from workflows.domain.status import TASK_ON_NODE, JobRecord, TaskState
+from workflows.domain.tasks import group_of, heartbeat_ttl, task_request
+
+
+def resume(job: JobRecord, now: datetime) -> list[Command]:
+    """Commands that pick a run up where its previous workflow run left it (continue-as-new): re-ask for room,
+    re-arm timers, re-attach to workers on machines (never start them again) and repeat stops in progress."""
+    commands: list[Command] = []
+    waiting = [task_request(job, t) for t in job.tasks if t.state is TaskState.PENDING and not t.final]
+    if waiting:
+        commands.append(Place(requests=waiting))
+    for task in job.tasks:
+        if task.final:
+            continue
+        ids = {"task_id": task.id, "attempt": task.attempt}
+        if task.restart_at is not None:
+            commands.append(ArmTimer(timer=Timer.RESTART, at=task.restart_at, **ids))
+        if task.state not in TASK_ON_NODE:
+            continue
+        assert task.node is not None
+        node = task.node
+        if task.state in (TaskState.PREPARING, TaskState.PULLING):
+            commands.append(Start(node=node, group=group_of(job, task), **ids))
+            continue
+        commands.append(Supervise(node=node, **ids))
+        if task.state is TaskState.STOPPING:
+            commands.append(Stop(node=node, **ids))
+        if task.running_since is not None and task.state in (TaskState.RUNNING, TaskState.STALE):
+            reset = task.running_since + timedelta(seconds=job.settings.restart_reset_seconds)
+            commands.append(ArmTimer(timer=Timer.RESET, at=max(reset, now), **ids))
+            limit = group_of(job, task).time_limit_seconds
+            if limit is not None:
+                at = max(task.running_since + timedelta(seconds=limit), now)
+                commands.append(ArmTimer(timer=Timer.TIME_LIMIT, at=at, **ids))
+        if task.stale_since is not None and task.state is TaskState.STALE:
+            at = max(task.stale_since + timedelta(seconds=heartbeat_ttl(job, task)), now)
+            commands.append(ArmTimer(timer=Timer.STALE_TTL, at=at, **ids))
+    return commands
