@@ -25,7 +25,15 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain.resume import resume
     from workflows.domain.settings import Settings
     from workflows.domain.spec import JobSpec
-    from workflows.domain.status import RUN_TERMINAL, TASK_ENDED, TASK_ON_NODE, JobRecord, Status, TaskState
+    from workflows.domain.status import (
+        RUN_TERMINAL,
+        TASK_ENDED,
+        TASK_ON_NODE,
+        JobRecord,
+        RunState,
+        Status,
+        TaskState,
+    )
     from workflows.domain.tasks import allocation, new_job, nodes_in_use, task_request
     from workflows.domain.views import Event, JobDescription, describe, events
     from workflows.messages import (
@@ -84,6 +92,7 @@ class JobWorkflow:
         self._supervisors: dict[Key, asyncio.Task[None]] = {}  # cancelled once their worker leaves its machine
         self._timers: set[asyncio.Task[None]] = set()  # cancelled when the run closes or continues as new
         self._nodes: list[str] = []
+        self._state = RunState.PENDING.value  # the AstraeusState the run was started with
 
     # ---- run --------------------------------------------------------------------------------------------------
 
@@ -141,12 +150,17 @@ class JobWorkflow:
     def _publish(self) -> None:
         assert self._job is not None
         status = self._job.status
-        updates: list[SearchAttributeUpdate[Any]] = [STATE_KEY.value_set(status.state)]
+        # Each upsert is a history event: write only what changed.
+        updates: list[SearchAttributeUpdate[Any]] = []
+        if status.state != self._state:
+            self._state = status.state
+            updates.append(STATE_KEY.value_set(status.state))
         nodes = nodes_in_use(self._job)
         if nodes != self._nodes:
             self._nodes = nodes
             updates.append(NODES_KEY.value_set(nodes) if nodes else NODES_KEY.value_unset())
-        workflow.upsert_search_attributes(updates)
+        if updates:
+            workflow.upsert_search_attributes(updates)
         workflow.set_current_details(f"**{status.state}**: {status.reason}")
 
     # ---- commands ---------------------------------------------------------------------------------------------

@@ -67,6 +67,7 @@ def ask(task: str, index: int, attempt: int = 0, **resources: Any) -> TaskReques
         cpu=resources.get("cpu", 1.0),
         memory_bytes=resources.get("memory_bytes", 0),
         gpus=resources.get("gpus", 0),
+        group="w",
     )
 
 

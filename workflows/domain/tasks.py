@@ -6,6 +6,7 @@ from datetime import datetime
 
 from workflows.domain.placement import Allocation, TaskRequest
 from workflows.domain.reasons import R
+from workflows.domain.requests import request_fields
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec
 from workflows.domain.status import TASK_ON_NODE, JobRecord, RunState, Status, TaskRecord, TaskState, record
@@ -53,6 +54,7 @@ def task_request(job: JobRecord, task: TaskRecord) -> TaskRequest:
         cpu=group.cpu,
         memory_bytes=group.memory_bytes,
         gpus=group.gpus,
+        **request_fields(job.spec, group),
     )
 
 
