@@ -580,6 +580,30 @@ def test_running_long_enough_resets_the_count() -> None:
     assert story.job.task("w-0").attempt == 2
 
 
+def test_the_reset_timer_sets_the_count_to_zero_after_ten_minutes_running() -> None:
+    story = running_story(1)
+    story.step(10, TaskEnded(task_id="w-0", attempt=0, exit_code=1))
+    story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0))
+    story.start(21, "w-0", "n0", attempt=1)
+    story.step(22, TaskStarted(task_id="w-0", attempt=1))
+    story.step(23, TaskRunning(task_id="w-0", attempt=1))
+    assert story.resets[-1] == ArmTimer(timer=Timer.RESET, task_id="w-0", attempt=1, at=at(623))
+    assert story.job.task("w-0").restarts == 1
+    story.step(623, TimerFired(timer=Timer.RESET, task_id="w-0", attempt=1))
+    assert story.job.task("w-0").restarts == 0  # shown at once, not only at the next failure
+    story.step(700, TaskEnded(task_id="w-0", attempt=1, exit_code=1))
+    story.step(710, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=1))
+    assert story.history("w-0")[-1] == ("Pending", "Restarted by policy (restart 1/10)")
+
+
+def test_a_reset_timer_of_an_earlier_attempt_changes_nothing() -> None:
+    story = running_story(1)
+    story.step(10, TaskEnded(task_id="w-0", attempt=0, exit_code=1))
+    before = story.job.model_dump()
+    story.step(604, TimerFired(timer=Timer.RESET, task_id="w-0", attempt=0))
+    assert story.job.model_dump() == before
+
+
 def test_a_restart_due_for_a_worker_that_was_stopped_meanwhile_is_ignored() -> None:
     story = running_story(2)
     story.step(10, TaskEnded(task_id="w-0", attempt=0, exit_code=1))
