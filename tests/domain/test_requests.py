@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.domain.builders import request
 from workflows.domain.constraints import GpuRequest, NodeSelection
 from workflows.domain.requests import request_fields
@@ -42,3 +44,51 @@ def test_gpu_requests_say_what_they_accept() -> None:
 def test_equal_needs_have_equal_shapes() -> None:
     assert request("w-0", run="a", gpus=2).shape == request("w-3", run="b", gpus=2, priority=5).shape
     assert request(gpus=2).shape != request(gpus=4).shape
+
+
+def test_the_spec_fields_placement_honours_reach_the_request() -> None:
+    spec = parse_spec(
+        {
+            "name": "a",
+            "topology": {"same_rack": True, "patience_seconds": 360},
+            "node_selection": {"pools": ["training"]},
+            "groups": [
+                {
+                    "name": "w",
+                    "command": ["x"],
+                    "gpus": 8,
+                    "gpu_requests": [{"vendor": "nvidia", "model": "H100"}],
+                    "healthy_only": True,
+                    "node_selection": {"labels": {"zone": "a"}},
+                }
+            ],
+        }
+    )
+    fields = request_fields(spec, spec.groups[0])
+    assert fields["selection"] == NodeSelection(labels={"zone": "a"}, pools=("training",))
+    assert fields["gpu_requests"] == (GpuRequest(vendor="nvidia", models=("H100",)),)
+    assert fields["healthy_only"] is True
+    assert fields["topology"] is not None and fields["topology"].patience_seconds == 360
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        (
+            "topology",
+            {"one_machine": True, "one_per_machine": True},
+            "topology: one_machine cannot be combined with one_per_machine or one_per_rack",
+        ),
+        ("topology", {"max_machines": 0}, "topology.max_machines: Input should be greater than or equal to 1"),
+        ("node_selection", {"hosts": ["n0"]}, "node_selection.hosts: unknown field"),
+    ],
+)
+def test_placement_fields_are_checked_at_submit(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        parse_spec({"name": "a", field: value, "groups": [{"name": "w", "command": ["x"]}]})
+    assert str(raised.value) == message
+
+
+def test_a_gpu_request_takes_a_model_or_models_but_not_both() -> None:
+    with pytest.raises(ValueError):
+        GpuRequest.model_validate({"model": "H100", "models": ["H200"]})

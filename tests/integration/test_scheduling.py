@@ -168,7 +168,7 @@ def test_a_removed_machine_is_forgotten_until_its_agent_registers_again(cluster:
     assert described["status"]["reason"] == "No machine fits: 1 of 1 machines ready"
     assert [n["name"] for n in described["placement"]["nodes"]] == ["g0"]
     cluster.kill("c0")
-    cluster.spawn_agent("c0", "--cpus", "4", "--memory-bytes", str(8 * GIB))
+    cluster.spawn_agent("c0", "--cpus", "4", "--memory-bytes", str(8 * GIB), "--pool", "cpu-only")
     cluster.wait_for(
         lambda: {n["name"]: n["state"] for n in cluster.json("nodes")} == {"c0": "Ready", "g0": "Ready"}, "c0 back"
     )
@@ -181,3 +181,21 @@ def test_a_removed_machine_is_forgotten_until_its_agent_registers_again(cluster:
     )
     assert [n["name"] for n in described["placement"]["nodes"]] == ["c0", "g0"]
     cluster.cli("cancel", "enormous")
+
+
+def test_selection_and_gpu_requests_choose_machines_and_say_why_not(cluster: Cluster, tmp_path: Path) -> None:
+    submit(cluster, tmp_path, "pooled", sleep=1, node_selection={"pools": ["cpu-only"]})
+    assert cluster.wait_state("pooled", "Completed")["tasks"][0]["node"] == "c0"
+    submit(cluster, tmp_path, "picky", group={"gpus": 1, "gpu_requests": [{"model": "H100"}], "healthy_only": True})
+    described = cluster.wait_for(
+        lambda: (d := cluster.describe("picky"))["placement"]["nodes"] and d, "picky to explain its wait"
+    )
+    assert described["status"]["reason"] == "No machine fits: 2 of 2 machines ready"
+    assert described["placement"]["nodes"] == [
+        {"name": "c0", "reasons": ["insufficient gpus: need 1, 0 free and usable"]},
+        {"name": "g0", "reasons": ["no H100 GPU"]},
+    ]
+    cluster.cli("cancel", "picky")
+    submit(cluster, tmp_path, "racked", sleep=1, topology={"same_rack": True}, group={"replicas": 2})
+    racked = cluster.wait_state("racked", "Completed")
+    assert {t["node"] for t in racked["tasks"]} == {"g0"}  # c0 has no rack label

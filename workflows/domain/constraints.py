@@ -6,7 +6,7 @@ frozen models with tuples, so that a request's needs hash and compare cheaply.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -34,6 +34,17 @@ class GpuRequest(_Frozen):
     vendor: str | None = Field(None, description="e.g. nvidia")
     models: tuple[str, ...] = Field((), description="Accepted models, e.g. [H100, H200]; empty accepts any.")
     min_memory_bytes: int | None = Field(None, ge=0, description="Memory each GPU must have at least.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_model(cls, data: Any) -> Any:
+        """`model: H100` is `models: [H100]`."""
+        if isinstance(data, dict) and "model" in data:
+            if "models" in data:
+                raise ValueError("set model or models, not both")
+            data = {**data, "models": [data["model"]]}
+            del data["model"]
+        return data
 
     def describe(self) -> str:
         """How the per-machine reason names it: `H100`, `nvidia H100 or H200 with at least 80 GB`."""

@@ -146,11 +146,8 @@ def allocation_for(request: TaskRequest, node: str, now: datetime) -> Allocation
 
 
 def request_fields(spec: JobSpec, group: GroupSpec) -> dict[str, Any]:
-    """The placement fields of a worker of `group`, for `TaskRequest(**ids, **request_fields(spec, group))`. Fields
-    the spec still refuses ("not built yet") are None here; they take effect as the spec accepts them."""
-    job_selection: NodeSelection | None = spec.node_selection
-    group_selection: NodeSelection | None = group.node_selection
-    selection = job_selection.merged(group_selection) if job_selection else group_selection
+    """The placement fields of a worker of `group`, for `TaskRequest(**ids, **request_fields(spec, group))`."""
+    selection = spec.node_selection.merged(group.node_selection) if spec.node_selection else group.node_selection
     return {
         "group": group.name,
         "time_limit_seconds": group.time_limit_seconds,

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from workflows.domain.constraints import GpuRequest, NodeSelection, Topology
+
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="Lower-case letters, digits and dashes.")]
 
@@ -20,11 +22,8 @@ RestartPolicy = Literal["OnFailure", "Always", "Never"]
 # Fields of the spec that a later capability builds; until then a spec that sets one is refused by name.
 NOT_BUILT_GROUP_FIELDS = (
     "per_gpu",
-    "gpu_requests",
-    "healthy_only",
     "depends_on",
     "array",
-    "node_selection",
     "readiness",
 )
 # Fields that need infrastructure this cluster does not have yet, and what each one needs.
@@ -33,7 +32,7 @@ NEEDS_INFRASTRUCTURE = {
     "external_access": "external ports assigned to workers",
     "identity": "identity certificates issued to workers",
 }
-NOT_BUILT_JOB_FIELDS = ("min_available", "complete_with", "gang", "topology", "node_selection")
+NOT_BUILT_JOB_FIELDS = ("min_available", "complete_with", "gang")
 
 NotBuilt = Annotated[SkipJsonSchema[Any], Field(exclude=True, repr=False)]
 
@@ -144,12 +143,17 @@ class GroupSpec(_Frozen):
     drives: list[DriveSpec] = Field(default_factory=list, max_length=64, description="Drives mounted in each worker.")
     secrets: list[SecretSpec] = Field(default_factory=list, max_length=256, description="Secrets given to each worker.")
 
+    gpu_requests: list[GpuRequest] | None = Field(
+        None, description="GPUs its workers accept (any of these); default: any GPU."
+    )
+    healthy_only: bool = Field(False, description="Only GPUs with no fault and none at risk.")
+    node_selection: NodeSelection | None = Field(
+        None, description="Machines its workers may use, by names, labels and pools (with the run's own)."
+    )
+
     per_gpu: NotBuilt = None
-    gpu_requests: NotBuilt = None
-    healthy_only: NotBuilt = None
     depends_on: NotBuilt = None
     array: NotBuilt = None
-    node_selection: NotBuilt = None
     readiness: NotBuilt = None
     network: NotBuilt = None
     external_access: NotBuilt = None
@@ -196,11 +200,16 @@ class JobSpec(_Frozen):
     on_failure: Literal["RestartTask", "RestartJob"] = Field(
         "RestartTask", description="Who restarts when a worker fails: only it, or every worker of the run."
     )
+    topology: Topology | None = Field(
+        None, description="Where its workers sit: one machine, one rack, at most n machines, patience for a fabric."
+    )
+    node_selection: NodeSelection | None = Field(
+        None, description="Machines every worker may use, by names, labels and pools."
+    )
+
     min_available: NotBuilt = None
     complete_with: NotBuilt = None
     gang: NotBuilt = None
-    topology: NotBuilt = None
-    node_selection: NotBuilt = None
 
     _refuse_not_built = field_validator(*NOT_BUILT_JOB_FIELDS)(_refuse)
 
