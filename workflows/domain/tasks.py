@@ -70,6 +70,10 @@ def allocation(job: JobRecord, task: TaskRecord) -> Allocation:
         cpu=group.cpu,
         memory_bytes=group.memory_bytes,
         gpus=group.gpus,
+        priority=job.spec.priority,
+        group=group.name,
+        started_at=task.running_since,
+        time_limit_seconds=group.time_limit_seconds,
     )
 
 
