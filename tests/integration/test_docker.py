@@ -25,7 +25,9 @@ NODE = "d0"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, docker_engine: DockerEngine) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("docker-cluster"))
+    # The machine's lease outlasts an agent restart (kill -9, then start again): its workers are re-attached, not
+    # lost. A lease shorter than the restart would make the machine Down and its workers lost, as it should.
+    c = Cluster(tmp_path_factory.mktemp("docker-cluster"), node_lease_ttl_seconds=30)
     try:
         c.start({NODE: agent_flags(docker_engine)})
         yield c
