@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         JobInput,
         MachineLostReport,
         PlaceInput,
+        PlacementAnswer,
         PreemptRequest,
         ReleaseInput,
         SchedulerView,
@@ -303,8 +304,8 @@ class JobWorkflow:
     # ---- messages ---------------------------------------------------------------------------------------------
 
     @workflow.signal(name="placement")
-    def placement(self, update: ev.PlacementUpdate) -> None:
-        self._inbox.append(update)
+    def placement(self, answer: PlacementAnswer) -> None:
+        self._inbox.append(ev.PlacementUpdate(**answer.model_dump()))
 
     @workflow.signal(name="task_progress")
     def task_progress(self, report: TaskProgressReport) -> None:

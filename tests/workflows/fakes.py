@@ -14,7 +14,6 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from workflows.domain.events import PlacementUpdate
 from workflows.domain.nodes import node_task_queue
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id
@@ -23,6 +22,7 @@ from workflows.messages import (
     CONTROL_TASK_QUEUE,
     SCHEDULER_TASK_QUEUE,
     PlaceInput,
+    PlacementAnswer,
     ReleaseInput,
     StartTaskInput,
     StartTaskResult,
@@ -70,14 +70,14 @@ class FakeCluster:
     async def place(self, input: PlaceInput) -> None:
         for r in input.requests:
             if r.task_id in self.script.no_room:
-                update = PlacementUpdate(
+                update = PlacementAnswer(
                     task_id=r.task_id,
                     attempt=r.attempt,
                     code="NoMachineFits",
                     reason="No machine fits: 1 of 1 machines ready",
                 )
             else:
-                update = PlacementUpdate(task_id=r.task_id, attempt=r.attempt, node=NODE)
+                update = PlacementAnswer(task_id=r.task_id, attempt=r.attempt, node=NODE)
             await self.client.get_workflow_handle(r.job_id).signal("placement", update)
 
     @activity.defn(name="release")

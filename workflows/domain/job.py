@@ -41,6 +41,7 @@ from workflows.domain.status import (
     JobRecord,
     LastFailure,
     RunState,
+    StopCause,
     TaskRecord,
     TaskState,
     compact,
@@ -149,12 +150,12 @@ class _Step:
             task.final, task.restart_at = True, None
             record(task.status, task.history, task.state, reason, self.now)
 
-    def stop_for(self, task: TaskRecord, cause: str, reason: Reason) -> None:
+    def stop_for(self, task: TaskRecord, cause: StopCause, reason: Reason) -> None:
         """A stop whose cause decides what follows (preemption, time limit): only a worker on a machine."""
         if task.final or task.state not in TASK_ON_NODE or task.state is TaskState.STOPPING:
             return
         self.move(task, TaskEvent.STOP, reason)
-        task.stop_cause = cause  # type: ignore[assignment]
+        task.stop_cause = cause
         task.stopped = cause == "time_limit"
         self.commands.append(Stop(task_id=task.id, attempt=task.attempt, node=_node(task)))
 

@@ -54,6 +54,10 @@ TASK_ON_NODE = frozenset(
 )
 
 
+# Why Astraeus stopped a worker, when that decides what follows: queued again, fails the run, or waits for a gang.
+StopCause = Literal["preempted", "time_limit", "gang_restart"]
+
+
 class StatusEntry(BaseModel):
     """One change: the state, why, and when."""
 
@@ -115,7 +119,7 @@ class TaskRecord(BaseModel):
     restart_at: datetime | None = None
     final: bool = False
     stopped: bool = False  # a person, the API or the run stopped it: never counted as a failure
-    stop_cause: Literal["preempted", "time_limit", "gang_restart"] | None = None  # decides what follows the stop
+    stop_cause: StopCause | None = None  # decides what follows the stop
     preempted_by: str | None = None  # set while it waits to run again after a preemption
     exceeded: str | None = None  # its time limit, when it was stopped for running past it
     requeue: Reason | None = None  # the reason it is queued again with when its restart_at comes
