@@ -76,6 +76,16 @@ class TaskReport(_Msg):
     heartbeat: bool = False
 
 
+class TaskHealthReport(_Msg):
+    """Signal `task_health`: the group's readiness check now passes (`healthy`) or stopped passing; `detail`
+    says why it fails (the command's exit, the HTTP status, the connection error)."""
+
+    task_id: str
+    attempt: int
+    healthy: bool
+    detail: str = ""
+
+
 class MachineLostReport(_Msg):
     """Signal `machine_lost`: the machine's lease expired (or it was removed from the cluster)."""
 
@@ -107,9 +117,11 @@ class PlacementAnswer(_Msg):
     task_id: str
     attempt: int
     node: str | None = None
+    address: str | None = None  # the machine's address, when placed (how a gang's workers reach its leader)
     code: str = ""
     reason: str = ""
     nodes: list[NodeReasons] = Field(default_factory=list)
+    quota_reached: str = ""  # "Quota reached: <why>" when it waits on its namespace's quota
 
 
 class QuotasChangedInput(_Msg):
@@ -153,12 +165,19 @@ class TaskRef(_Msg):
 
 
 class StartTaskInput(_Msg):
+    """Activity `start_task`. With `barrier` (a gang member) the machine admits, prepares and pulls, then returns
+    without starting: the run calls it again once every member is ready. `env` is what the run adds to the
+    group's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...)."""
+
     ref: TaskRef
     group: GroupSpec
+    barrier: bool = False
+    env: dict[str, str] = Field(default_factory=dict)
 
 
 class StartTaskResult(_Msg):
     gpu_indices: list[int] = Field(default_factory=list)
+    started: bool = True  # False: set up and waiting at the barrier (StartTaskInput.barrier)
 
 
 class SuperviseInput(_Msg):

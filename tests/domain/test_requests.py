@@ -21,9 +21,27 @@ def test_a_worker_asks_with_its_group_and_time_limit() -> None:
         "gpu_requests": (),
         "healthy_only": False,
         "topology": None,
+        "max_parallel": None,
+        "gang": False,
+        "min_available": None,
     }
     limit = fields.pop("time_limit_seconds")
     assert request(limit=limit, **fields).time_limit_seconds == 60.0
+
+
+def test_a_gang_and_an_array_ask_as_such() -> None:
+    spec = parse_spec(
+        {
+            "name": "a",
+            "gang": True,
+            "min_available": 2,
+            "groups": [{"name": "w", "replicas": 3, "command": ["x"]}],
+        }
+    )
+    fields = request_fields(spec, spec.groups[0])
+    assert (fields["gang"], fields["min_available"], fields["max_parallel"]) == (True, 2, None)
+    array = parse_spec({"name": "b", "groups": [{"name": "w", "command": ["x"], "array": {"max_parallel": 4}}]})
+    assert request_fields(array, array.groups[0])["max_parallel"] == 4
 
 
 def test_a_run_selection_and_a_group_selection_must_both_hold() -> None:

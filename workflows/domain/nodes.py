@@ -51,6 +51,7 @@ class NodeInventory(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
+    address: str = Field("127.0.0.1", description="Where other machines reach this one (a gang's MASTER_ADDR).")
     cpus: float = Field(ge=0)
     memory_bytes: int = Field(ge=0)
     gpus: list[GpuInfo] = Field(default_factory=list)

@@ -48,7 +48,8 @@ class TaskRequest(BaseModel):
     drives: tuple[str, ...] = ()
     capabilities: tuple[Capability, ...] = ()
     max_parallel: int | None = None  # array.max_parallel: placed workers of its group at once
-    gang: bool = False  # quota is asked for the whole gang
+    gang: bool = False  # its run's waiting workers are placed together or not at all; quota asked for all
+    min_available: int | None = None  # a gang: this many of its first workers (placed ones count) suffice
 
     @property
     def key(self) -> tuple[str, str]:
@@ -155,4 +156,7 @@ def request_fields(spec: JobSpec, group: GroupSpec) -> dict[str, Any]:
         "gpu_requests": tuple(group.gpu_requests or ()),
         "healthy_only": bool(group.healthy_only),
         "topology": spec.topology,
+        "max_parallel": group.array.max_parallel if group.array else None,
+        "gang": spec.gang,
+        "min_available": spec.min_available,
     }

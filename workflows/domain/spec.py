@@ -20,19 +20,13 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, description="Lower-case letter
 RestartPolicy = Literal["OnFailure", "Always", "Never"]
 
 # Fields of the spec that a later capability builds; until then a spec that sets one is refused by name.
-NOT_BUILT_GROUP_FIELDS = (
-    "per_gpu",
-    "depends_on",
-    "array",
-    "readiness",
-)
+NOT_BUILT_GROUP_FIELDS = ("per_gpu",)
 # Fields that need infrastructure this cluster does not have yet, and what each one needs.
 NEEDS_INFRASTRUCTURE = {
     "network": "the node network (subnet assignment and mesh)",
     "external_access": "external ports assigned to workers",
     "identity": "identity certificates issued to workers",
 }
-NOT_BUILT_JOB_FIELDS = ("min_available", "complete_with", "gang")
 
 NotBuilt = Annotated[SkipJsonSchema[Any], Field(exclude=True, repr=False)]
 
@@ -117,6 +111,41 @@ class SecretSpec(_Frozen):
         return self
 
 
+class HttpGet(_Frozen):
+    """A readiness check that GETs http://<the worker's address>:<port><path>; a 2xx or 3xx answer passes."""
+
+    port: int = Field(ge=1, le=65535)
+    path: str = Field("/", pattern=r"^/[^\s]*$")
+
+
+class Readiness(_Frozen):
+    """How a worker of the group shows it is healthy (serving): a command that exits 0, or an HTTP GET."""
+
+    command: list[str] | None = Field(None, min_length=1, description="Run in the worker's environment.")
+    http_get: HttpGet | None = None
+    period_seconds: float = Field(5, gt=0, le=3600, description="How often the machine checks.")
+    timeout_seconds: float = Field(2, gt=0, le=600, description="A check that takes longer fails.")
+
+    @model_validator(mode="after")
+    def _one_check(self) -> Readiness:
+        if (self.command is None) == (self.http_get is None):
+            raise ValueError("set exactly one of command and http_get")
+        return self
+
+
+class Dependency(_Frozen):
+    """Start the group's workers only once every worker of `group` runs (or, `healthy`, passes its readiness)."""
+
+    group: Name
+    condition: Literal["running", "healthy"] = "running"
+
+
+class ArraySpec(_Frozen):
+    """The group is an array of `replicas` independent workers, at most `max_parallel` placed at once."""
+
+    max_parallel: int = Field(ge=1, le=1000)
+
+
 class GroupSpec(_Frozen):
     """A worker group: `replicas` identical workers (tasks) of one kind."""
 
@@ -151,10 +180,13 @@ class GroupSpec(_Frozen):
         None, description="Machines its workers may use, by names, labels and pools (with the run's own)."
     )
 
+    depends_on: list[Dependency] = Field(
+        default_factory=list, max_length=64, description="Groups that must run (or be healthy) before this one."
+    )
+    array: ArraySpec | None = Field(None, description="An array of independent workers, max_parallel at once.")
+    readiness: Readiness | None = Field(None, description="When a running worker is healthy (serving).")
+
     per_gpu: NotBuilt = None
-    depends_on: NotBuilt = None
-    array: NotBuilt = None
-    readiness: NotBuilt = None
     network: NotBuilt = None
     external_access: NotBuilt = None
     identity: NotBuilt = None
@@ -194,11 +226,25 @@ class JobSpec(_Frozen):
     name: Name
     namespace: Name = "default"
     priority: int = Field(0, ge=0, le=1_000_000, description="Higher runs first.")
-    lifetime: Literal["Batch"] = Field("Batch", description="Batch runs end; Service is not built yet.")
+    lifetime: Literal["Batch", "Service"] = Field(
+        "Batch", description="Batch runs end; a Service's workers serve until stopped ('r of n workers serving')."
+    )
     groups: list[GroupSpec] = Field(min_length=1, max_length=64)
 
-    on_failure: Literal["RestartTask", "RestartJob"] = Field(
-        "RestartTask", description="Who restarts when a worker fails: only it, or every worker of the run."
+    gang: bool = Field(False, description="Place every worker together or none, and start them together.")
+    leader: str | None = Field(
+        None, description="A gang's leader worker (default: the first worker); its failure restarts the gang."
+    )
+    min_available: int | None = Field(
+        None, ge=1, description="A gang may start once this many of its first workers are placed together."
+    )
+    complete_with: Name | None = Field(
+        None, description="The run completes when this group completes; the other groups serve it."
+    )
+    on_failure: Literal["RestartTask", "RestartJob"] | None = Field(
+        None,
+        description="Who restarts when a worker fails: only it, or every worker of the run "
+        "(default RestartJob for a gang, else RestartTask).",
     )
     topology: Topology | None = Field(
         None, description="Where its workers sit: one machine, one rack, at most n machines, patience for a fabric."
@@ -206,12 +252,6 @@ class JobSpec(_Frozen):
     node_selection: NodeSelection | None = Field(
         None, description="Machines every worker may use, by names, labels and pools."
     )
-
-    min_available: NotBuilt = None
-    complete_with: NotBuilt = None
-    gang: NotBuilt = None
-
-    _refuse_not_built = field_validator(*NOT_BUILT_JOB_FIELDS)(_refuse)
 
     @model_validator(mode="after")
     def _unique_groups(self) -> JobSpec:
@@ -221,9 +261,84 @@ class JobSpec(_Frozen):
             raise ValueError(f"groups: duplicate group name {', '.join(duplicates)}")
         return self
 
+    @model_validator(mode="after")
+    def _groups_named_exist(self) -> JobSpec:
+        groups = {g.name: g for g in self.groups}
+        if self.complete_with is not None and self.complete_with not in groups:
+            raise ValueError(f"complete_with: no group named {self.complete_with}")
+        if self.complete_with is not None and self.lifetime == "Service":
+            raise ValueError("complete_with: a Service run does not complete; use lifetime Batch")
+        for group in self.groups:
+            for dependency in group.depends_on:
+                target = groups.get(dependency.group)
+                if target is None:
+                    raise ValueError(f"groups.{group.name}.depends_on: no group named {dependency.group}")
+                if target is group:
+                    raise ValueError(f"groups.{group.name}.depends_on: a group cannot wait for itself")
+                if dependency.condition == "healthy" and target.readiness is None:
+                    raise ValueError(
+                        f"groups.{group.name}.depends_on: group {target.name} has no readiness check, so it is "
+                        "never healthy (wait for running, or give it a readiness check)"
+                    )
+        cycle = _dependency_cycle(self.groups)
+        if cycle:
+            raise ValueError(f"depends_on: the groups wait for each other in a cycle: {' -> '.join(cycle)}")
+        return self
+
+    @model_validator(mode="after")
+    def _gang_fields(self) -> JobSpec:
+        workers = [f"{g.name}-{i}" for g in self.groups for i in range(g.replicas)]
+        if not self.gang:
+            for field in ("leader", "min_available"):
+                if getattr(self, field) is not None:
+                    raise ValueError(f"{field}: only a gang has one (set gang: true)")
+            return self
+        if self.leader is not None and self.leader not in workers:
+            raise ValueError(f"leader: no worker named {self.leader} (workers are named <group>-<index>)")
+        if self.min_available is not None and self.min_available > len(workers):
+            raise ValueError(f"min_available: {self.min_available} is more than the run's {len(workers)} workers")
+        for group in self.groups:
+            if group.depends_on:
+                raise ValueError(f"groups.{group.name}.depends_on: a gang starts every worker together")
+            if group.array is not None:
+                raise ValueError(f"groups.{group.name}.array: a gang starts every worker together")
+        return self
+
+    @property
+    def failure_policy(self) -> Literal["RestartTask", "RestartJob"]:
+        """on_failure, or its default: RestartJob for a gang, RestartTask otherwise."""
+        if self.on_failure is not None:
+            return self.on_failure
+        return "RestartJob" if self.gang else "RestartTask"
+
+    @property
+    def leader_id(self) -> str:
+        """The worker whose failure restarts a gang under RestartTask: named, or the first worker."""
+        return self.leader or f"{self.groups[0].name}-0"
+
     @property
     def job_id(self) -> str:
         return job_id(self.namespace, self.name)
+
+
+def _dependency_cycle(groups: list[GroupSpec]) -> list[str]:
+    """A cycle of depends_on, as group names from one back to itself; empty when there is none."""
+    waits = {g.name: [d.group for d in g.depends_on] for g in groups}
+
+    def visit(name: str, path: list[str]) -> list[str]:
+        if name in path:
+            return [*path[path.index(name) :], name]
+        for target in waits.get(name, []):
+            found = visit(target, [*path, name])
+            if found:
+                return found
+        return []
+
+    for group in groups:
+        found = visit(group.name, [])
+        if found:
+            return found
+    return []
 
 
 def job_id(namespace: str, name: str) -> str:
