@@ -263,7 +263,9 @@ def test_edge_specs_that_are_valid(data: dict[str, Any]) -> None:
             id="a negative priority is refused",
         ),
         pytest.param(
-            with_top(lifetime="Service"), "lifetime: Input should be 'Batch'", id="a service lifetime is refused"
+            with_top(lifetime="Daemon"),
+            "lifetime: Input should be 'Batch' or 'Service'",
+            id="a lifetime is Batch or Service",
         ),
         pytest.param(
             with_group(restart_policy="Sometimes"),
