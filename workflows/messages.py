@@ -8,7 +8,7 @@ from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
 from workflows.domain.placement import Allocation, TaskRequest
 from workflows.domain.quotas import Quota
 from workflows.domain.settings import Settings
-from workflows.domain.spec import GroupSpec, JobSpec
+from workflows.domain.spec import GroupSpec, JobSpec, Readiness
 from workflows.domain.status import JobRecord, NodeReasons
 
 CONTROL_TASK_QUEUE = "astraeus-control"
@@ -181,9 +181,12 @@ class StartTaskResult(_Msg):
 
 
 class SuperviseInput(_Msg):
+    """Activity `supervise_task`; with `readiness` the machine checks the worker's health while it runs."""
+
     ref: TaskRef
     settings: Settings
     reattach: bool = False
+    readiness: Readiness | None = None
 
 
 class TaskExit(_Msg):
