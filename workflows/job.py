@@ -34,7 +34,7 @@ with workflow.unsafe.imports_passed_through():
         Status,
         TaskState,
     )
-    from workflows.domain.tasks import allocation, new_job, nodes_in_use, task_request
+    from workflows.domain.tasks import allocation, group_of, new_job, nodes_in_use, task_request
     from workflows.domain.views import Event, JobDescription, describe, events
     from workflows.messages import (
         SA_NAMESPACE,
@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         StopTaskRequest,
         SuperviseInput,
         TaskExit,
+        TaskHealthReport,
         TaskProgressReport,
         TaskRef,
         TaskReport,
@@ -215,11 +216,13 @@ class JobWorkflow:
         )
 
     async def _start(self, command: ev.Start) -> None:
-        """Start the worker on its machine; once started, a supervisor watches it."""
+        """Start the worker on its machine; once started, a supervisor watches it. A gang member is first only
+        set up (barrier): it is started by a second call once every member is ready."""
+        ref = self._ref(command.task_id, command.attempt)
         try:
-            await workflow.execute_activity(
+            result = await workflow.execute_activity(
                 "start_task",
-                StartTaskInput(ref=self._ref(command.task_id, command.attempt), group=command.group),
+                StartTaskInput(ref=ref, group=command.group, barrier=command.barrier, env=command.env),
                 task_queue=node_task_queue(command.node),
                 result_type=StartTaskResult,
                 start_to_close_timeout=timedelta(minutes=10),
@@ -233,6 +236,9 @@ class JobWorkflow:
                 ev.TaskSetupFailed(task_id=command.task_id, attempt=command.attempt, code=code, reason=reason)
             )
             return
+        if not result.started:
+            self._inbox.append(ev.TaskReady(task_id=command.task_id, attempt=command.attempt))
+            return
         self._inbox.append(ev.TaskStarted(task_id=command.task_id, attempt=command.attempt))
         self._supervise(command.task_id, command.attempt, command.node)
 
@@ -245,12 +251,15 @@ class JobWorkflow:
         supervisor re-attaches and, finding it running, brings it back ("Heartbeat received")."""
         assert self._job is not None
         settings = self._job.settings
+        readiness = group_of(self._job, self._job.task(task_id)).readiness
         reattach = False
         while True:
             try:
                 result = await workflow.execute_activity(
                     "supervise_task",
-                    SuperviseInput(ref=self._ref(task_id, attempt), settings=settings, reattach=reattach),
+                    SuperviseInput(
+                        ref=self._ref(task_id, attempt), settings=settings, reattach=reattach, readiness=readiness
+                    ),
                     task_queue=node_task_queue(node),
                     result_type=TaskExit,
                     start_to_close_timeout=timedelta(days=3650),
@@ -315,6 +324,10 @@ class JobWorkflow:
     def task_running(self, report: TaskReport) -> None:
         self._inbox.append(ev.TaskRunning(**report.model_dump()))
 
+    @workflow.signal(name="task_health")
+    def task_health(self, report: TaskHealthReport) -> None:
+        self._inbox.append(ev.TaskHealth(**report.model_dump()))
+
     @workflow.signal(name="machine_lost")
     def machine_lost(self, report: MachineLostReport) -> None:
         self._inbox.append(ev.MachineLost(node=report.node, removed=report.removed))
@@ -372,7 +385,9 @@ class JobWorkflow:
     def scheduler_view(self) -> SchedulerView:
         """What this run asks of the scheduler, for a scheduler that rebuilds its view."""
         job = self._record()
-        pending = [task_request(job, t) for t in job.tasks if t.state is TaskState.PENDING and not t.final]
+        pending = [
+            task_request(job, t) for t in job.tasks if t.state is TaskState.PENDING and not t.final and not t.gated
+        ]
         placed = [allocation(job, t) for t in job.tasks if t.node is not None and t.state not in TASK_ENDED]
         return SchedulerView(job_id=job.id, namespace=job.spec.namespace, pending=pending, placed=placed)
 

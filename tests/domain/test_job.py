@@ -71,6 +71,19 @@ def ask(task: str, index: int, attempt: int = 0, **resources: Any) -> TaskReques
     )
 
 
+def worker_env(task: str, rank: int, world: int, run: str = "hello") -> dict[str, str]:
+    """What the run adds to a worker's environment (not a gang: no MASTER_ADDR)."""
+    index = task.rsplit("-", 1)[1]
+    return {
+        "ASTRAEUS_RUN": run,
+        "ASTRAEUS_NAMESPACE": "default",
+        "ASTRAEUS_TASK": task,
+        "ASTRAEUS_INDEX": index,
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+    }
+
+
 class Story:
     """One run, driven event batch by event batch; `job` is always the latest record."""
 
@@ -146,8 +159,8 @@ def test_the_hello_path() -> None:
         PlacementUpdate(task_id="w-0", attempt=0, node="n0"),
         PlacementUpdate(task_id="w-1", attempt=0, node="n1"),
     ) == [
-        Start(task_id="w-0", attempt=0, node="n0", group=group),
-        Start(task_id="w-1", attempt=0, node="n1", group=group),
+        Start(task_id="w-0", attempt=0, node="n0", group=group, env=worker_env("w-0", rank=0, world=2)),
+        Start(task_id="w-1", attempt=0, node="n1", group=group, env=worker_env("w-1", rank=1, world=2)),
     ]
     assert story.step(3, TaskStarted(task_id="w-0", attempt=0), TaskStarted(task_id="w-1", attempt=0)) == []
     assert story.step(4, TaskRunning(task_id="w-0", attempt=0), TaskRunning(task_id="w-1", attempt=0)) == []
@@ -494,7 +507,10 @@ def test_onfailure_restarts_after_the_backoff() -> None:
     assert story.job.task("w-0").status.code == "RestartedByPolicy"
 
     group = story.group()
-    assert story.start(21, "w-0", "n1", attempt=1) == [Start(task_id="w-0", attempt=1, node="n1", group=group)]
+    env = worker_env("w-0", rank=0, world=1)
+    assert story.start(21, "w-0", "n1", attempt=1) == [
+        Start(task_id="w-0", attempt=1, node="n1", group=group, env=env)
+    ]
     assert story.run_history() == [
         *RUN_UP_TO_RUNNING,
         ("Running", "1 of 1 workers running"),

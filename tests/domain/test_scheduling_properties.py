@@ -1,6 +1,6 @@
 """Invariants of a pass over random clusters: one decision per worker, no machine over capacity, the head never
 delayed by backfill, quota never exceeded, preemption only of lower-priority work and only when it makes room,
-and the same decisions whatever order the view was rebuilt in."""
+the same decisions whatever order the view was rebuilt in, and a gang never partly placed."""
 
 from __future__ import annotations
 
@@ -72,19 +72,37 @@ def clusters(
 
 
 Cluster = tuple[list[TaskRequest], list[NodeView], list[Allocation]]
-QUOTAS = {"ns0": Quota(namespace="ns0", gpus=6, cpu=8), "ns1": Quota(namespace="ns1", memory_bytes=400)}
 
 
-def placed(plan: Plan) -> list[Allocation]:
-    return [allocation_for(d.request, d.node, NOW) for d in plan.decisions if d.node is not None]
+@st.composite
+def with_gangs(draw: st.DrawFn) -> Cluster:
+    """A random cluster whose queue also holds gang runs (some with min_available and a member already placed)."""
+    requests, nodes, allocations = draw(clusters())
+    names = [n.name for n in nodes]
+    for j in range(draw(st.integers(1, 3))):
+        size = draw(st.integers(1, 4))
+        minimum = draw(st.sampled_from([None, None, *range(1, size + 1)]))
+        fields = {
+            "run": f"g{j}",
+            "namespace": f"ns{draw(st.integers(0, 1))}",
+            "priority": draw(st.integers(0, 2)),
+            "submitted": draw(st.integers(0, 5)),
+            "cpu": draw(quarters),
+            "memory": draw(st.integers(0, 300)),
+            "gpus": draw(st.integers(0, 6)),
+            "limit": draw(limits),
+        }
+        first = 0
+        if minimum is not None and size > 1 and draw(st.booleans()):
+            first = 1  # its first worker already runs
+            cpu, memory, gpus = fields["cpu"], fields["memory"], fields["gpus"]
+            allocations.append(holding(draw(st.sampled_from(names)), run=f"g{j}", namespace=fields["namespace"],  # type: ignore[arg-type]
+                                       task="w-0", cpu=cpu, memory=memory, gpus=gpus, group="w"))  # type: ignore[arg-type]  # fmt: skip
+        requests += [request(f"w-{i}", gang=True, min_available=minimum, **fields) for i in range(first, size)]  # type: ignore[arg-type]
+    return requests, nodes, allocations
 
 
-@settings(max_examples=150, deadline=None, derandomize=True)
-@given(clusters())
-def test_no_machine_is_ever_over_capacity_and_each_worker_gets_one_decision(cluster: Cluster) -> None:
-    requests, nodes, allocations = cluster
-    plan = schedule(requests, nodes, allocations, NOW, quotas=QUOTAS)
-    assert sorted(d.request.key for d in plan.decisions) == sorted(r.key for r in requests)
+def _within_capacity(plan: Plan, nodes: list[NodeView], allocations: list[Allocation]) -> None:
     by_name = {n.name: n for n in nodes}
     held: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0])
     for a in allocations:
@@ -100,9 +118,25 @@ def test_no_machine_is_ever_over_capacity_and_each_worker_gets_one_decision(clus
     for name, (cpu, memory, gpus) in added.items():
         inv = by_name[name].inventory
         assert inv is not None
-        assert cpu <= max(inv.cpus - held[name][0], 0)
+        assert cpu <= max(inv.cpus - held[name][0], 0) + 1e-9
         assert memory <= max(inv.memory_bytes - held[name][1], 0)
         assert gpus <= max(len(inv.gpus) - held[name][2], 0)
+
+
+QUOTAS = {"ns0": Quota(namespace="ns0", gpus=6, cpu=8), "ns1": Quota(namespace="ns1", memory_bytes=400)}
+
+
+def placed(plan: Plan) -> list[Allocation]:
+    return [allocation_for(d.request, d.node, NOW) for d in plan.decisions if d.node is not None]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(clusters())
+def test_no_machine_is_ever_over_capacity_and_each_worker_gets_one_decision(cluster: Cluster) -> None:
+    requests, nodes, allocations = cluster
+    plan = schedule(requests, nodes, allocations, NOW, quotas=QUOTAS)
+    assert sorted(d.request.key for d in plan.decisions) == sorted(r.key for r in requests)
+    _within_capacity(plan, nodes, allocations)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)
@@ -170,6 +204,44 @@ def test_preemption_stops_only_lower_priority_work_and_only_when_it_makes_room(c
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(clusters(priorities=3), st.randoms(use_true_random=False))
 def test_the_same_view_in_any_order_gives_the_same_decisions(cluster: Cluster, rnd: random.Random) -> None:
+    requests, nodes, allocations = cluster
+    first = schedule(requests, nodes, allocations, NOW, quotas=QUOTAS)
+    shuffled = [list(x) for x in (requests, nodes, allocations)]
+    for items in shuffled:
+        rnd.shuffle(items)
+    again = schedule(shuffled[0], shuffled[1], shuffled[2], NOW, quotas=QUOTAS)  # type: ignore[arg-type]
+    assert again == first
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(with_gangs())
+def test_a_gang_is_never_partly_placed_and_its_minimum_starts_together(cluster: Cluster) -> None:
+    requests, nodes, allocations = cluster
+    plan = schedule(requests, nodes, allocations, NOW, quotas=QUOTAS)
+    assert sorted(d.request.key for d in plan.decisions) == sorted(r.key for r in requests)
+    _within_capacity(plan, nodes, allocations)
+    runs: dict[str, list[tuple[TaskRequest, str | None]]] = defaultdict(list)
+    for d in plan.decisions:
+        if d.request.gang:
+            runs[d.request.job_id].append((d.request, d.node))
+    for job_id, members in runs.items():
+        minimum = members[0][0].min_available
+        placed_now = sum(node is not None for _, node in members)
+        if minimum is None:
+            assert placed_now in (0, len(members)), f"{job_id} partly placed"
+            continue
+        # The lowest-index members that reach the minimum start together: none of them, or all of them.
+        before = sum(a.job_id == job_id for a in allocations)
+        required = sorted(members, key=lambda m: m[0].index)[: max(minimum - before, 0)]
+        placed_required = sum(node is not None for _, node in required)
+        assert placed_required in (0, len(required)), f"{job_id}: its minimum is partly placed"
+        if placed_now:
+            assert placed_required == len(required), f"{job_id}: a member beyond the minimum started without it"
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(with_gangs(), st.randoms(use_true_random=False))
+def test_gangs_get_the_same_decisions_in_any_order(cluster: Cluster, rnd: random.Random) -> None:
     requests, nodes, allocations = cluster
     first = schedule(requests, nodes, allocations, NOW, quotas=QUOTAS)
     shuffled = [list(x) for x in (requests, nodes, allocations)]

@@ -25,6 +25,7 @@ class Timer(StrEnum):
     RESET = "reset"  # the worker stayed Running for the reset window
     STALE_TTL = "stale_ttl"  # a Stale worker was not heard from for its full TTL
     TIME_LIMIT = "time_limit"  # the worker ran for time_limit_seconds
+    BARRIER = "barrier"  # a gang waited at its barrier for the barrier timeout (task_id "", attempt: the round)
 
 
 # ---- Events -----------------------------------------------------------------------------------------------------
@@ -41,15 +42,35 @@ class PlacementUpdate(_Msg):
     task_id: str
     attempt: int
     node: str | None = None
+    address: str | None = None
     code: str = ""
     reason: str = ""
     nodes: list[NodeReasons] = Field(default_factory=list)
+    quota_reached: str = ""
 
 
 class TaskStarted(_Msg):
     kind: Literal["started"] = "started"
     task_id: str
     attempt: int
+
+
+class TaskReady(_Msg):
+    """A gang member is set up (prepared, image pulled) and waits at the barrier."""
+
+    kind: Literal["ready"] = "ready"
+    task_id: str
+    attempt: int
+
+
+class TaskHealth(_Msg):
+    """The group's readiness check passes (healthy) or stopped passing."""
+
+    kind: Literal["health"] = "health"
+    task_id: str
+    attempt: int
+    healthy: bool
+    detail: str = ""
 
 
 class TaskProgress(_Msg):
@@ -137,6 +158,8 @@ Event = Annotated[
     Created
     | PlacementUpdate
     | TaskStarted
+    | TaskReady
+    | TaskHealth
     | TaskProgress
     | TaskSetupFailed
     | TaskRunning
@@ -168,13 +191,16 @@ class Release(_Msg):
 
 
 class Start(_Msg):
-    """Start the worker on its machine, then supervise it."""
+    """Start the worker on its machine, then supervise it; with `barrier` (a gang member) only set it up: it
+    waits at the barrier, and a second Start starts it once every member is ready."""
 
     kind: Literal["start"] = "start"
     task_id: str
     attempt: int
     node: str
     group: GroupSpec
+    barrier: bool = False
+    env: dict[str, str] = Field(default_factory=dict)
 
 
 class Supervise(_Msg):

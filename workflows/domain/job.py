@@ -8,32 +8,31 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from workflows.domain import gang, groups
 from workflows.domain.events import (
-    ArmTimer,
     CancelRequested,
     Command,
     Created,
     Event,
     HeartbeatLate,
     MachineLost,
-    Place,
     PlacementUpdate,
     Preempt,
     Release,
-    Start,
-    Stop,
     StopRequested,
     TaskEnded,
+    TaskHealth,
     TaskProgress,
+    TaskReady,
     TaskRunning,
     TaskSetupFailed,
     TaskStarted,
     Timer,
     TimerFired,
 )
-from workflows.domain.lifecycle import TaskEvent, derive_run, next_state
+from workflows.domain.lifecycle import RunShape, TaskEvent, derive_run
 from workflows.domain.reasons import R, Reason, duration
-from workflows.domain.restarts import decide_restart, restarted_reason
+from workflows.domain.restarts import restarted_reason
 from workflows.domain.status import (
     RUN_TERMINAL,
     TASK_ENDED,
@@ -41,134 +40,14 @@ from workflows.domain.status import (
     JobRecord,
     LastFailure,
     RunState,
-    StopCause,
+    StatusEntry,
     TaskRecord,
     TaskState,
     compact,
     record,
 )
-from workflows.domain.tasks import group_of, heartbeat_ttl, plan_tasks, task_request
-
-# ---- One decision -----------------------------------------------------------------------------------------------
-
-
-class _Step:
-    """One decision in progress: the job being changed and the commands gathered."""
-
-    def __init__(self, job: JobRecord, now: datetime) -> None:
-        self.job = job
-        self.now = now
-        self.commands: list[Command] = []
-
-    def move(self, task: TaskRecord, event: TaskEvent, reason: Reason) -> None:
-        state = next_state(task.state, event)
-        record(task.status, task.history, state, reason, self.now)
-
-    def arm(self, timer: Timer, task: TaskRecord, at: datetime) -> None:
-        self.commands.append(ArmTimer(timer=timer, task_id=task.id, attempt=task.attempt, at=at))
-
-    def place(self, *tasks: TaskRecord) -> None:
-        self.commands.append(Place(requests=[task_request(self.job, t) for t in tasks]))
-
-    def end(self, task: TaskRecord, event: TaskEvent, reason: Reason) -> None:
-        """The worker's process is gone: record it, give back its room, and decide whether it starts again."""
-        self.move(task, event, reason)
-        self.commands.append(Release(task_id=task.id, attempt=task.attempt))
-        task.status.finished_at = self.now
-        task.stale_since = None
-        if self.job.state in RUN_TERMINAL or self.job.cancel_requested:
-            task.final = True
-        elif task.state is TaskState.CANCELLED:
-            self._after_stop(task)
-        else:
-            self._restart_policy(task)
-
-    def _after_stop(self, task: TaskRecord) -> None:
-        """A stopped worker is gone: a preempted one queues again, a gang restart waits, the rest are final."""
-        if task.stop_cause == "preempted" and task.preempted_by is not None:
-            self.requeue(task, R.PreemptedQueuedAgain(run=task.preempted_by))
-            self.place(task)
-        elif task.stop_cause == "gang_restart" and task.restart_at is not None:
-            if self.now >= task.restart_at:  # the failed worker's back-off is over already
-                self.requeue(task, task.requeue or R.WaitingForWorkersToStart())
-                self.place(task)
-            # else the failed worker's restart timer queues it again, with every other member
-        else:
-            task.final = True
-
-    def _restart_policy(self, task: TaskRecord) -> None:
-        policy = group_of(self.job, task).restart_policy
-        settings = self.job.settings
-        decision = decide_restart(policy, task.state, task.restarts, task.running_since, self.now, settings)
-        task.restarts = decision.restarts
-        if decision.restart_at is None:
-            task.final = True
-            if decision.final_reason:
-                record(task.status, task.history, task.state, decision.final_reason, self.now)
-            return
-        task.restart_at = decision.restart_at
-        self.arm(Timer.RESTART, task, decision.restart_at)
-        if self.job.spec.on_failure == "RestartJob" and task.state is not TaskState.COMPLETED:
-            self._gang_restart(task, decision.restart_at)
-
-    def _gang_restart(self, failed: TaskRecord, at: datetime) -> None:
-        """RestartJob: every worker is queued again with the failed one."""
-        reason = R.GangRestart(task=failed.id)
-        failed.requeue = reason
-        for task in self.job.tasks:
-            if task is failed or task.final:
-                continue
-            task.requeue = reason
-            if task.state in TASK_ON_NODE and task.state is not TaskState.STOPPING:
-                task.stop_cause, task.restart_at = "gang_restart", at
-                self.move(task, TaskEvent.STOP, reason)
-                self.commands.append(Stop(task_id=task.id, attempt=task.attempt, node=_node(task)))
-
-    def requeue(self, task: TaskRecord, reason: Reason) -> None:
-        """A stopped worker waits for a machine again, as a new attempt, its restart budget untouched."""
-        self.move(task, TaskEvent.REQUEUE, reason)
-        _next_attempt(task)
-
-    def stop(self, task: TaskRecord, reason: Reason) -> None:
-        """Stop a worker: a placed one goes Stopping, a waiting one straight to Cancelled."""
-        if task.final:
-            return
-        task.stopped = True
-        task.stop_cause = None
-        if task.state is TaskState.PENDING:
-            self.move(task, TaskEvent.STOP, reason)
-            task.final = True
-            task.status.finished_at = self.now
-            self.commands.append(Release(task_id=task.id, attempt=task.attempt))
-        elif task.state in TASK_ON_NODE and task.state is not TaskState.STOPPING:
-            self.move(task, TaskEvent.STOP, reason)
-            self.commands.append(Stop(task_id=task.id, attempt=task.attempt, node=_node(task)))
-        elif task.state in TASK_ON_NODE:
-            pass  # already stopping: it ends Cancelled, and being stopped it stays final
-        else:
-            # Ended, waiting out a back-off: it will not start again.
-            task.final, task.restart_at = True, None
-            record(task.status, task.history, task.state, reason, self.now)
-
-    def stop_for(self, task: TaskRecord, cause: StopCause, reason: Reason) -> None:
-        """A stop whose cause decides what follows (preemption, time limit): only a worker on a machine."""
-        if task.final or task.state not in TASK_ON_NODE or task.state is TaskState.STOPPING:
-            return
-        self.move(task, TaskEvent.STOP, reason)
-        task.stop_cause = cause
-        task.stopped = cause == "time_limit"
-        self.commands.append(Stop(task_id=task.id, attempt=task.attempt, node=_node(task)))
-
-
-def _node(task: TaskRecord) -> str:
-    assert task.node is not None
-    return task.node
-
-
-def _next_attempt(task: TaskRecord) -> None:
-    task.attempt += 1
-    task.restart_at = task.node = task.running_since = task.stale_since = None
-    task.stop_cause, task.requeue, task.final, task.stopped = None, None, False, False
+from workflows.domain.step import Step, next_attempt
+from workflows.domain.tasks import group_of, heartbeat_ttl, plan_tasks
 
 
 def _current(job: JobRecord, task_id: str, attempt: int) -> TaskRecord | None:
@@ -180,7 +59,7 @@ def _current(job: JobRecord, task_id: str, attempt: int) -> TaskRecord | None:
     return task if task.attempt == attempt else None
 
 
-def _running(step: _Step, task: TaskRecord) -> None:
+def _running(step: Step, task: TaskRecord) -> None:
     """The machine reports the worker running; the run shows it before anything that follows in the batch."""
     step.move(task, TaskEvent.CONTAINER_RUNNING, R.ContainerRunning())
     task.running_since = step.now
@@ -192,7 +71,7 @@ def _running(step: _Step, task: TaskRecord) -> None:
     _derive(step)
 
 
-def _placed(step: _Step, event: PlacementUpdate) -> None:
+def _placed(step: Step, event: PlacementUpdate) -> None:
     job, now = step.job, step.now
     task = _current(job, event.task_id, event.attempt)
     node = event.node
@@ -205,13 +84,19 @@ def _placed(step: _Step, event: PlacementUpdate) -> None:
     if node is None:
         record(task.status, task.history, task.state, Reason(event.code, event.reason), now)
         task.waiting_on = event.nodes
+        if event.quota_reached and not job.quota_noted:
+            # "Quota reached: <why>": a history entry (and an event) the first time; the status is unchanged.
+            job.quota_noted = True
+            job.history.append(
+                StatusEntry(state=job.status.state, reason=event.quota_reached, code=R.QuotaReached.code, at=now)
+            )
         return
-    task.node, task.waiting_on, task.preempted_by = node, [], None
+    task.node, task.address, task.waiting_on, task.preempted_by = node, event.address, [], None
     step.move(task, TaskEvent.PLACED, R.Placed(node=node))
-    step.commands.append(Start(task_id=task.id, attempt=task.attempt, node=node, group=group_of(job, task)))
+    step.start(task, barrier=job.spec.gang)
 
 
-def _ended(step: _Step, event: TaskEnded) -> None:
+def _ended(step: Step, event: TaskEnded) -> None:
     task = _current(step.job, event.task_id, event.attempt)
     if task is None or task.state not in TASK_ON_NODE:
         return
@@ -239,12 +124,17 @@ def _ended(step: _Step, event: TaskEnded) -> None:
     step.end(task, TaskEvent.EXITED_NONZERO, reason)
 
 
-def _timer(step: _Step, event: TimerFired) -> None:
+def _timer(step: Step, event: TimerFired) -> None:
     job, now = step.job, step.now
+    if event.timer is Timer.BARRIER:
+        gang.barrier_timed_out(step, event.attempt)
+        return
     task = _current(job, event.task_id, event.attempt)
     if task is None or task.final:
         return
     match event.timer:
+        case Timer.RESTART if step.gang and task.requeue is not None:
+            pass  # the gang queues again together once every member is gone (gang.requeue_gang)
         case Timer.RESTART if task.restart_at is not None and task.state in TASK_ENDED:
             requeued = [task]
             if task.state is TaskState.CANCELLED:  # a gang restart: queued again, no restart counted
@@ -253,7 +143,7 @@ def _timer(step: _Step, event: TimerFired) -> None:
                 reason = task.requeue or restarted_reason(task.restarts + 1, job.settings)
                 restarts = task.restarts + 1
                 step.move(task, TaskEvent.RESTART, reason)
-                _next_attempt(task)
+                next_attempt(task)
                 task.restarts = restarts
                 requeued += _gang_waiting(step, reason)
             step.place(*requeued)
@@ -267,7 +157,7 @@ def _timer(step: _Step, event: TimerFired) -> None:
             step.stop_for(task, "time_limit", R.ExceededTimeLimit(duration=task.exceeded))
 
 
-def _gang_waiting(step: _Step, reason: Reason) -> list[TaskRecord]:
+def _gang_waiting(step: Step, reason: Reason) -> list[TaskRecord]:
     """RestartJob: the members stopped for the gang restart are queued again with the failed one."""
     waiting = [
         t for t in step.job.tasks if t.stop_cause == "gang_restart" and t.state is TaskState.CANCELLED and not t.final
@@ -277,7 +167,7 @@ def _gang_waiting(step: _Step, reason: Reason) -> list[TaskRecord]:
     return waiting
 
 
-def _machine_lost(step: _Step, event: MachineLost) -> None:
+def _machine_lost(step: Step, event: MachineLost) -> None:
     for task in step.job.tasks:
         if task.node != event.node or task.state not in TASK_ON_NODE:
             continue
@@ -291,20 +181,30 @@ def _machine_lost(step: _Step, event: MachineLost) -> None:
         step.end(task, lost, gone)
 
 
-def _apply(step: _Step, event: Event) -> None:
+def _apply(step: Step, event: Event) -> None:
     job, now = step.job, step.now
     match event:
         case Created():
             record(job.status, job.history, RunState.PENDING, R.WaitingForWorkersToBeCreated(), now)
             job.tasks = plan_tasks(job.spec, now)
             record(job.status, job.history, RunState.PENDING, R.WaitingForWorkersToStart(), now)
-            step.place(*job.tasks)
+            step.place(*groups.hold(job, job.tasks))  # the held ones show what they wait for (decide's end)
         case PlacementUpdate():
             _placed(step, event)
         case TaskStarted(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
             if task is not None and task.state in (TaskState.PREPARING, TaskState.PULLING):
                 step.move(task, TaskEvent.CONTAINER_STARTED, R.ContainerStarted())
+            elif task is not None and task.state is TaskState.READY_TO_START and task.released:
+                step.move(task, TaskEvent.BARRIER_RELEASED, R.ContainerStarted())
+        case TaskReady(task_id=task_id, attempt=attempt):
+            task = _current(job, task_id, attempt)
+            if task is not None and task.state in (TaskState.PREPARING, TaskState.PULLING):
+                gang.arrived(step, task)
+        case TaskHealth(task_id=task_id, attempt=attempt):
+            task = _current(job, task_id, attempt)
+            if task is not None and task.state in (TaskState.STARTING, TaskState.RUNNING, TaskState.STALE):
+                task.healthy = event.healthy
         case TaskProgress(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
             if task is None or task.state not in (TaskState.PREPARING, TaskState.PULLING):
@@ -351,6 +251,8 @@ def _apply(step: _Step, event: Event) -> None:
                 step.stop(task, R.RunCancelled())
         case StopRequested(task_id=task_id):
             step.stop(job.task(task_id), Reason(R.StoppedByScheduler.code, event.reason))
+        case Preempt(by=by) if step.gang:
+            gang.preempted(step, by)
         case Preempt(task_ids=task_ids, by=by):
             for task in job.tasks:
                 if task.id in task_ids:
@@ -358,10 +260,10 @@ def _apply(step: _Step, event: Event) -> None:
                     step.stop_for(task, "preempted", R.PreemptedByHigherPriority(run=by))
 
 
-def _derive(step: _Step) -> None:
+def _derive(step: Step) -> None:
     """Re-derive the run from its workers; a run that just ended stops what is still active."""
     job, now = step.job, step.now
-    derived = derive_run(job.tasks, job.state, job.cancel_requested)
+    derived = derive_run(job.tasks, job.state, job.cancel_requested, RunShape.of(job.spec))
     if derived is None:
         return
     was_terminal = job.state in RUN_TERMINAL
@@ -377,8 +279,13 @@ def _derive(step: _Step) -> None:
 
 
 def _run_stop_reason(job: JobRecord, state: RunState) -> Reason:
-    if state is RunState.FAILED and any(t.exceeded and t.final for t in job.tasks):
-        return R.WorkerExceededTimeLimit()
+    """What the workers still active are stopped with when the run ends."""
+    if state is RunState.FAILED:
+        ended = [t for t in job.tasks if t.final]
+        if any(t.exceeded for t in ended):
+            return R.GangMemberExceededTimeLimit() if job.spec.gang else R.WorkerExceededTimeLimit()
+        if job.spec.gang and any(t.status.code == R.RetryBudgetExhausted.code for t in ended):
+            return R.GangMemberExhaustedBudget()
     return {RunState.FAILED: R.RunFailed, RunState.COMPLETED: R.RunCompleted, RunState.CANCELLED: R.RunCancelled}[
         state
     ]()
@@ -386,9 +293,12 @@ def _run_stop_reason(job: JobRecord, state: RunState) -> Reason:
 
 def decide(job: JobRecord, events: list[Event], now: datetime) -> tuple[JobRecord, list[Command]]:
     """Apply a batch of events in order, then re-derive the run. Returns a new record and the commands."""
-    step = _Step(job.model_copy(deep=True), now)
+    step = Step(job.model_copy(deep=True), now)
     for event in events:
         _apply(step, event)
+    groups.release_ready_groups(step)
+    gang.open_barrier(step)
+    gang.requeue_gang(step)
     _derive(step)
     keep = step.job.settings.history_keep
     step.job.summarised = compact(step.job.history, step.job.summarised, keep)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 from workflows.domain.reasons import R, Reason
+from workflows.domain.spec import JobSpec
 from workflows.domain.status import RUN_TERMINAL, TASK_ON_NODE, RunState, TaskRecord, TaskState
 
 
@@ -123,6 +125,9 @@ def _waiting_reason(tasks: Sequence[TaskRecord]) -> Reason:
         if task.preempted_by is not None and task.state is TaskState.PENDING:
             cause = R.PreemptedByHigherPriority(run=task.preempted_by).text
             return R.PreemptedWaiting(cause=cause)
+    for task in tasks:
+        if task.requeue is not None and not task.final and task.state is not TaskState.PENDING:
+            return task.requeue  # queued again with others once they are gone (a gang restart)
     for wanted in (TaskState.PENDING, None):
         for task in tasks:
             if task.final or task.state in (TaskState.RUNNING, TaskState.STALE, TaskState.STOPPING):
@@ -132,14 +137,57 @@ def _waiting_reason(tasks: Sequence[TaskRecord]) -> Reason:
     return R.WaitingForWorkersToStart()
 
 
+@dataclass(frozen=True)
+class RunShape:
+    """What of the spec changes how a run is derived from its workers."""
+
+    gang: bool = False
+    min_available: int | None = None
+    complete_with: str | None = None
+    service: bool = False
+    checked: frozenset[str] = frozenset()  # groups with a readiness check: a worker serves once healthy
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> RunShape:
+        return cls(
+            gang=spec.gang,
+            min_available=spec.min_available,
+            complete_with=spec.complete_with,
+            service=spec.lifetime == "Service",
+            checked=frozenset(g.name for g in spec.groups if g.readiness is not None),
+        )
+
+
+PLAIN = RunShape()
+_RUNNING = (TaskState.RUNNING, TaskState.STALE)
+_READY_OR_PAST = (TaskState.READY_TO_START, TaskState.STARTING, *_RUNNING)
+
+
+def _failed(tasks: Sequence[TaskRecord], shape: RunShape) -> Reason | None:
+    """The run's reason when workers failed for good: the worker, or how many and the first; a gang member's
+    failure fails the gang, and a serving group's failure the group a complete_with run waits for."""
+    failures = [t for t in tasks if t.final and (t.exceeded or (not t.stopped and t.state in _FAILED))]
+    if not failures:
+        return None
+    first = _failure_sentence(failures[0])
+    if len(failures) > 1:
+        first = R.WorkersFailed(failed=len(failures), total=len(tasks), first=first.text)
+    if shape.gang:
+        return R.GangMemberFailed(failure=first.text)
+    if shape.complete_with is not None and failures[0].group != shape.complete_with:
+        return R.GroupCannotFinish(failure=first.text, group=shape.complete_with)
+    return first
+
+
 def derive_run(
-    tasks: Sequence[TaskRecord], current: RunState, cancel_requested: bool = False
+    tasks: Sequence[TaskRecord], current: RunState, cancel_requested: bool = False, shape: RunShape = PLAIN
 ) -> tuple[RunState, Reason] | None:
     """The run's state and reason from its workers', or None to keep what it shows now.
 
-    Failed as soon as one worker failed for good; Completed or Cancelled once every worker ended for good;
-    Running while any worker runs; otherwise Pending with its first waiting worker's reason. A run cancelled
-    on request ends Cancelled once its workers are gone.
+    Failed as soon as one worker failed for good; Completed or Cancelled once every worker ended for good (or,
+    with complete_with, once that group completed); Running while any worker runs (a gang: every member);
+    a gang whose members are all placed is Starting; otherwise Pending with its first waiting worker's reason.
+    A run cancelled on request ends Cancelled once its workers are gone.
     """
     if not tasks:
         return None
@@ -147,21 +195,49 @@ def derive_run(
         return (RunState.CANCELLED, R.SomeCancelled()) if all(t.final for t in tasks) else None
     if current in (RunState.COMPLETED, RunState.CANCELLED):
         return None
-    failures = [t for t in tasks if t.final and (t.exceeded or (not t.stopped and t.state in _FAILED))]
-    if failures:
-        first = _failure_sentence(failures[0])
-        if len(failures) == 1:
-            return RunState.FAILED, first
-        return RunState.FAILED, R.WorkersFailed(failed=len(failures), total=len(tasks), first=first.text)
+    failed = _failed(tasks, shape)
+    if failed is not None:
+        return RunState.FAILED, failed
     if current in RUN_TERMINAL:
         return None
+    if shape.complete_with is not None:
+        group = [t for t in tasks if t.group == shape.complete_with]
+        if all(t.final and t.state is TaskState.COMPLETED and not t.stopped for t in group):
+            return RunState.COMPLETED, R.GroupCompleted(group=shape.complete_with)
     if all(t.final for t in tasks):
         if any(t.state is TaskState.CANCELLED or t.stopped for t in tasks):
             return RunState.CANCELLED, R.SomeCancelled()
         return RunState.COMPLETED, R.AllWorkersCompleted()
-    running = sum(t.state in (TaskState.RUNNING, TaskState.STALE) for t in tasks)
+    if shape.gang:
+        return _derive_gang(tasks, current, shape)
+    running = [t for t in tasks if t.state in _RUNNING]
     if running:
-        return RunState.RUNNING, R.WorkersRunning(running=running, total=len(tasks))
+        return RunState.RUNNING, _running_reason(running, len(tasks), shape)
     if any(t.state is TaskState.STOPPING for t in tasks):
         return None  # stopping: the run keeps what it showed until its workers are gone
+    return RunState.PENDING, _waiting_reason(tasks)
+
+
+def _running_reason(running: list[TaskRecord], total: int, shape: RunShape) -> Reason:
+    if shape.service:
+        serving = sum(t.group not in shape.checked or t.healthy is True for t in running)
+        return R.WorkersServing(running=serving, total=total)
+    return R.WorkersRunning(running=len(running), total=total)
+
+
+def _derive_gang(tasks: Sequence[TaskRecord], current: RunState, shape: RunShape) -> tuple[RunState, Reason] | None:
+    """A gang runs when every member runs (with min_available: that many); it is Starting while all its members
+    are placed and on their way, and Pending otherwise. It goes back to Pending, never from Running to Starting."""
+    live = [t for t in tasks if not t.final]
+    needed = shape.min_available or len(live)
+    running = [t for t in live if t.state in _RUNNING]
+    if len(running) >= needed:
+        return RunState.RUNNING, _running_reason(running, len(tasks), shape)
+    if any(t.state is TaskState.STOPPING for t in tasks):
+        return None  # members are leaving: the run keeps what it showed until they are gone
+    placed = [t for t in live if t.state in TASK_ON_NODE]
+    if current is not RunState.RUNNING and placed and len(placed) >= needed:
+        ready = sum(t.state in _READY_OR_PAST for t in placed)
+        total = len(placed) if shape.min_available else len(live)
+        return RunState.STARTING, R.StartingTogether(ready=ready, total=total)
     return RunState.PENDING, _waiting_reason(tasks)

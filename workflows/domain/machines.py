@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 
 from workflows.domain.constraints import RACK_LABEL, GpuRequest
 from workflows.domain.nodes import GpuInfo, NetworkPort, NodeState, NodeView
@@ -146,12 +147,22 @@ class Cluster:
         self.group_placed: Counter[tuple[str, str]] = Counter()
         self.version = 0
         self.changed: list[str] = []  # the machine changed by each version, in order: changed[v - 1]
+        # Placements since the pass began, each with the allocation its key held before (a worker asked again while
+        # its old attempt still holds room), so that a tentative placement can be undone exactly.
+        self._placed: list[tuple[Allocation, Allocation | None]] = []
         self._buckets: list[list[tuple[float, int, str]]] = []
         for alloc in allocations:
             self._hold(alloc, 1)
         for name in self.names:
             if self.machines[name].not_ready is None:
                 self._index(name)
+
+    @cached_property
+    def by_size(self) -> list[str]:
+        """Ready machines, smallest first (GPUs, cpus, memory, name): first fit in this order is best fit on an
+        empty cluster."""
+        ready = (m for m in self.machines.values() if m.not_ready is None)
+        return [m.name for m in sorted(ready, key=lambda m: (len(m.gpus), m.cpus, m.memory_bytes, m.name))]
 
     def changed_since(self, version: int) -> set[str]:
         return set(self.changed[version:])
@@ -219,11 +230,34 @@ class Cluster:
         self.version += 1
         self.changed.append(node)
 
-    def place(self, request: TaskRequest, node: str) -> Allocation:
-        """`request` takes its room on `node` now."""
+    def place(self, request: TaskRequest, node: str, *, until_released: bool = False) -> Allocation:
+        """`request` takes its room on `node` now; `until_released`: as if it had no time limit (a head's member
+        held in place while the next one looks for room must not seem to free it when its limit passes)."""
         alloc = allocation_for(request, node, self.now)
+        if until_released:
+            alloc = alloc.model_copy(update={"time_limit_seconds": None})
+        self._placed.append((alloc, self.allocations.get(alloc.key)))
         self._change(alloc, 1)
         return alloc
+
+    def mark(self) -> int:
+        """A savepoint: `rollback(mark)` undoes every placement made after it."""
+        return len(self._placed)
+
+    def rollback(self, mark: int) -> None:
+        """Undo the placements made since `mark`, latest first, as if they had never been made."""
+        while len(self._placed) > mark:
+            alloc, before = self._placed.pop()
+            self.release(alloc)
+            if before is not None:  # the same worker's older attempt: it still holds its room, as before
+                self.allocations[before.key] = before
+                held = self.held.get(before.node)
+                if held is not None:
+                    held[before.key] = before
+
+    def placed_count(self, job_id: str) -> int:
+        """How many workers of the run hold room."""
+        return sum(self.run_nodes.get(job_id, Counter()).values())
 
     def release(self, alloc: Allocation) -> None:
         """`alloc`'s room is free again (an undone placement, or a preempted worker as its head sees it)."""

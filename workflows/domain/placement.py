@@ -8,7 +8,7 @@ lists them all. The queue, reservation, backfill, preemption and quotas are in `
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -268,6 +268,54 @@ def explain(node: Machine, free: Free, ask: Ask) -> list[Reason]:
     if node.not_ready is not None:
         return [node.not_ready]
     return [reason for check in CHECKS if (reason := check(node, free, ask))]
+
+
+def fit_together_empty(
+    cluster: Cluster, requests: Sequence[TaskRequest], names: list[str], drives: Mapping[str, Drive]
+) -> bool:
+    """Whether the workers of one run would all fit at once if every other run's work ended (its own placed
+    workers stay, and the checks see where each one went). First fit, largest worker first, smallest machine
+    first: it may miss a packing, never invents one."""
+    job_id = requests[0].job_id
+    visible = set(names)
+    run_nodes = Counter(cluster.run_nodes.get(job_id, Counter()))
+    room: dict[str, Free] = {}
+    for request in sorted(requests, key=lambda r: (-r.gpus, -r.cpu, -r.memory_bytes, r.index)):
+        ask = Ask(request, drives=drives)
+        if request.with_run:
+            racks = Counter({r: c for n, c in run_nodes.items() if (r := _rack(cluster, n)) is not None})
+            ask = Ask(request, Counter(run_nodes), racks, drives)
+        for name in cluster.by_size:
+            if name not in visible:
+                continue
+            machine = cluster.machines[name]
+            free = room.get(name) or _empty_but(cluster, name, job_id)
+            if fits(machine, free, ask):
+                room[name] = _less(free, request)
+                run_nodes[name] += 1
+                break
+        else:
+            return False
+    return True
+
+
+def _rack(cluster: Cluster, name: str) -> str | None:
+    machine = cluster.machines.get(name)
+    return machine.rack if machine is not None else None
+
+
+def _empty_but(cluster: Cluster, name: str, job_id: str) -> Free:
+    """The machine's room with only the run's own workers on it."""
+    machine = cluster.machines[name]
+    free = Free(machine.cpus, machine.memory_bytes, len(machine.gpus))
+    for alloc in cluster.held[name].values():
+        if alloc.job_id == job_id:
+            free = _less(free, alloc)
+    return free
+
+
+def _less(free: Free, taken: TaskRequest | Allocation) -> Free:
+    return Free(free.cpu - taken.cpu, free.memory_bytes - taken.memory_bytes, free.gpus - taken.gpus)
 
 
 def fits_empty(node: Machine, ask: Ask) -> bool:

@@ -6,16 +6,19 @@ from datetime import datetime, timedelta
 
 from workflows.domain.events import ArmTimer, Command, Place, Start, Stop, Supervise, Timer
 from workflows.domain.status import TASK_ON_NODE, JobRecord, TaskState
-from workflows.domain.tasks import group_of, heartbeat_ttl, task_request
+from workflows.domain.tasks import group_of, heartbeat_ttl, task_env, task_request
 
 
 def resume(job: JobRecord, now: datetime) -> list[Command]:
     """Commands that pick a run up where its previous workflow run left it (continue-as-new): re-ask for room,
     re-arm timers, re-attach to workers on machines (never start them again) and repeat stops in progress."""
     commands: list[Command] = []
-    waiting = [task_request(job, t) for t in job.tasks if t.state is TaskState.PENDING and not t.final]
+    waiting = [task_request(job, t) for t in job.tasks if t.state is TaskState.PENDING and not t.final and not t.gated]
     if waiting:
         commands.append(Place(requests=waiting))
+    if job.barrier_since is not None:
+        at = max(job.barrier_since + timedelta(seconds=job.settings.barrier_timeout_seconds), now)
+        commands.append(ArmTimer(timer=Timer.BARRIER, task_id="", attempt=job.barrier_round, at=at))
     for task in job.tasks:
         if task.final:
             continue
@@ -26,9 +29,16 @@ def resume(job: JobRecord, now: datetime) -> list[Command]:
             continue
         assert task.node is not None
         node = task.node
-        if task.state in (TaskState.PREPARING, TaskState.PULLING):
-            commands.append(Start(node=node, group=group_of(job, task), **ids))
+        if task.state in (TaskState.PREPARING, TaskState.PULLING) or (
+            task.state is TaskState.READY_TO_START and task.released
+        ):
+            barrier = job.spec.gang and not task.released
+            commands.append(
+                Start(node=node, group=group_of(job, task), barrier=barrier, env=task_env(job, task), **ids)
+            )
             continue
+        if task.state is TaskState.READY_TO_START:
+            continue  # set up, waiting at the barrier: nothing runs to watch yet
         commands.append(Supervise(node=node, **ids))
         if task.state is TaskState.STOPPING:
             commands.append(Stop(node=node, **ids))

@@ -10,14 +10,14 @@ machine where it starts soonest; the others queue behind it. Pure: the result is
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from workflows.domain.constraints import Drive
 from workflows.domain.explaining import Explainer, NamesKey
 from workflows.domain.machines import Cluster
 from workflows.domain.nodes import NodeView
-from workflows.domain.placement import Ask, ask_for, fill, fits
+from workflows.domain.placement import Ask, ask_for, fill, fit_together_empty, fits
 from workflows.domain.preemption import choose_victims, freed
 from workflows.domain.quotas import Quota, Usage, check_quota, usage_by_namespace
 from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Reason
@@ -107,20 +107,24 @@ class _Pass:
         self.reservations = Reservations()
         self.head: TaskRequest | None = None
         self.head_starts: list[datetime | None] = []
-        self.gang_asked: dict[str, Usage] = {}
         self.plan = Plan()
 
     # ---- the pass ---------------------------------------------------------------------------------------------
 
     def run(self, requests: Sequence[TaskRequest]) -> Plan:
         waiting = {r.key: r for r in requests}
-        for request in requests:
-            if request.gang:  # a gang asks its quota for every member that waits, at once
-                self.gang_asked.setdefault(request.job_id, Usage()).add(request)
         promised = self._keep_promises(waiting)
+        gangs: dict[str, list[TaskRequest]] = {}
         for request in sorted(waiting.values(), key=queue_order):
-            if request.key not in promised:
+            if request.gang and request.key not in promised:
+                gangs.setdefault(request.job_id, []).append(request)
+        for request in sorted(waiting.values(), key=queue_order):
+            if request.key in promised:
+                continue
+            if not request.gang:
                 self.plan.decisions.append(self._decide(request))
+            elif (members := gangs.pop(request.job_id, None)) is not None:  # at its first member's place
+                self.plan.decisions.extend(self._decide_gang(members))
         return self.plan
 
     def _keep_promises(self, waiting: dict[Key, TaskRequest]) -> set[Key]:
@@ -148,16 +152,14 @@ class _Pass:
     def _take(self, request: TaskRequest, node: str) -> None:
         self.cluster.place(request, node)
         self._usage(request.namespace).add(request)
-        if request.gang:  # no longer asked: held
-            self.gang_asked[request.job_id].add(request, -1)
 
     def _usage(self, namespace: str) -> Usage:
         return self.usage.setdefault(namespace, Usage())
 
     def _decide(self, request: TaskRequest) -> Decision:
+        """One worker on its own (a gang's members beyond its minimum are decided so too)."""
         quota = self.quotas.get(request.namespace)
-        asked = self.gang_asked[request.job_id] if request.gang else _asked(request)
-        wait = check_quota(quota, self._usage(request.namespace), asked, request.gang)
+        wait = check_quota(quota, self._usage(request.namespace), _asked(request))
         if wait is not None:
             return Decision(request, None, wait.reason, reached=wait.reached)
         limit = request.max_parallel
@@ -172,6 +174,106 @@ class _Pass:
             self._take(request, found)
             return Decision(request, found)
         return self._blocked(ask, names, names_key)
+
+    # ---- gangs -------------------------------------------------------------------------------------------------
+
+    def _decide_gang(self, members: list[TaskRequest]) -> list[Decision]:
+        """A gang run's waiting workers, together. Those it needs (all of them; with min_available the lowest-index
+        ones that bring its placed workers up to the minimum) are placed all or none; once the minimum is met, the
+        others are decided one by one, as single workers."""
+        first = members[0]
+        minimum = first.min_available
+        placed = self.cluster.placed_count(first.job_id)
+        need = len(members) if minimum is None else max(minimum - placed, 0)
+        required, rest = members[:need], members[need:]
+        decisions: list[Decision] = []
+        if required:
+            together = self._place_together(required, placed)
+            if isinstance(together, Decision):  # none is placed: every waiting member says why
+                return [replace(together, request=member) for member in members]
+            decisions = [Decision(member, node) for member, node in zip(required, together, strict=True)]
+        return decisions + [self._decide(member) for member in rest]
+
+    def _place_together(self, required: list[TaskRequest], placed: int) -> list[str] | Decision:
+        """A machine for each of `required` (each member's checks see where the earlier ones went), or, undoing
+        every tentative place, why they wait (as `required[0]`'s decision). Quota is asked for all at once."""
+        first = required[0]
+        quota = self.quotas.get(first.namespace)
+        asked = Usage()
+        for member in required:
+            asked.add(member)
+        wait = check_quota(quota, self._usage(first.namespace), asked, gang=True)
+        if wait is not None:
+            return Decision(first, None, wait.reason, reached=wait.reached)
+        names, names_key = self._visible(quota)
+        mark = self.cluster.mark()
+        nodes: list[str] = []
+        for member in required:
+            limit = member.max_parallel
+            if limit is not None and self.cluster.group_placed[(member.job_id, member.group)] >= limit:
+                self.cluster.rollback(mark)
+                return Decision(first, None, R.ArrayMaxParallel(k=limit))
+            ask = ask_for(member, self.cluster, self.drives)
+            found = self._find(ask, names_key)
+            if not isinstance(found, str):
+                # Explained while the earlier members still hold their tentative places: those are why it waits.
+                why = found if isinstance(found, Decision) else self._apart(ask, names, names_key, placed + len(nodes))
+                self.cluster.rollback(mark)
+                return self._gang_waits(required, why, names, names_key)
+            self.cluster.place(member, found)
+            nodes.append(found)
+        for member in required:
+            self._usage(first.namespace).add(member)
+        return nodes
+
+    def _apart(self, ask: Ask, names: list[str], names_key: NamesKey, fit: int) -> Decision:
+        """Why the gang cannot be placed whole, with the machines' reasons for its first member that did not fit;
+        `fit`: its workers placed or fitting before that one."""
+        request = ask.request
+        if not names:
+            return Decision(request, None, R.NoMachinesRegistered(reason=_apart_reason(request, fit, 0, 0).text))
+        reasons = self.explainer.reasons(ask, names, names_key)
+        data = self.explainer.only_data_location(ask, reasons)
+        if data is not None:
+            return Decision(request, None, R.ChooseDataLocation(node=data), reasons)
+        ready = self.explainer.ready(names, names_key)
+        return Decision(request, None, _apart_reason(request, fit, ready, len(names)), reasons)
+
+    def _gang_waits(self, required: list[TaskRequest], why: Decision, names: list[str], names_key: NamesKey) -> (
+        Decision
+    ):  # fmt: skip
+        """A gang that would fit whole once work ends leads the queue (holding room for every member) or queues
+        behind its head, as a single worker does; one that never would keeps its reason."""
+        first = required[0]
+        assert why.reason is not None
+        if why.reason.code not in (R.GangCannotBePlaced.code, R.CannotPlaceMinimum.code):
+            return why
+        feasible = all(self.explainer.feasible(ask_for(m, self.cluster, self.drives), names, names_key)
+                       for m in required)  # fmt: skip
+        if not feasible or not fit_together_empty(self.cluster, required, names, self.drives):
+            return why
+        if self.head is None or self.head.job_id == first.job_id:
+            self._hold_together(required, names)
+            return why
+        return Decision(first, None, self._behind(first), why.nodes)
+
+    def _hold_together(self, required: list[TaskRequest], names: list[str]) -> None:
+        """The head gang holds a machine for each member, found one after the other with the earlier members held
+        in place; all start together, when the last of them can."""
+        self.head = self.head or required[0]
+        mark = self.cluster.mark()
+        found: list[Reservation] = []
+        for member in required:
+            reservation = reserve(self.cluster, ask_for(member, self.cluster, self.drives), names,
+                                  self.reservations.nodes)  # fmt: skip
+            if reservation is not None:
+                found.append(reservation)
+                self.cluster.place(member, reservation.node, until_released=True)
+        self.cluster.rollback(mark)
+        starts = [r.at for r in found if r.at is not None]
+        at = max(starts) if found and len(starts) == len(found) else None
+        for reservation in found:
+            self._hold(replace(reservation, at=at))
 
     # ---- finding a machine ------------------------------------------------------------------------------------
 
@@ -272,6 +374,16 @@ class _Pass:
         if starts and None not in starts:
             return fill(R.QueuedBehindStartsBy, run=who, time=show_time(max(s for s in starts if s is not None)))
         return fill(R.QueuedBehind, run=who)
+
+
+def _apart_reason(request: TaskRequest, fit: int, ready: int, total: int) -> Reason:
+    """ "Gang cannot be placed whole: r of n machines ready"; with min_available, "Cannot place the minimum to start
+    together: k of m fit at once; r of n machines ready", k counting the run's placed workers and the lowest-index
+    waiting ones that fit with them (so min_available k would start now)."""
+    if request.min_available is None:
+        return R.GangCannotBePlaced(ready=ready, total=total)
+    why = f"{fit} of {request.min_available} fit at once; {ready} of {total} machines ready"
+    return R.CannotPlaceMinimum(why=why)
 
 
 def _asked(request: TaskRequest) -> Usage:

@@ -55,7 +55,7 @@ TASK_ON_NODE = frozenset(
 
 
 # Why Astraeus stopped a worker, when that decides what follows: queued again, fails the run, or waits for a gang.
-StopCause = Literal["preempted", "time_limit", "gang_restart"]
+StopCause = Literal["preempted", "time_limit", "gang_restart", "barrier"]
 
 
 class StatusEntry(BaseModel):
@@ -125,6 +125,10 @@ class TaskRecord(BaseModel):
     requeue: Reason | None = None  # the reason it is queued again with when its restart_at comes
     running_since: datetime | None = None
     stale_since: datetime | None = None
+    address: str | None = None  # its machine's address, once placed
+    released: bool = False  # a gang member at the barrier that was told to start
+    healthy: bool | None = None  # its readiness check: None until the machine first reports it
+    gated: bool = False  # depends_on holds it back: not asked of the scheduler yet
     summarised: int = 0  # history entries folded into one summary entry
     status: Status
     history: list[StatusEntry] = Field(default_factory=list)
@@ -148,6 +152,9 @@ class JobRecord(BaseModel):
     tasks: list[TaskRecord] = Field(default_factory=list)
     cancel_requested: bool = False
     summarised: int = 0
+    barrier_round: int = 0  # a gang's barrier: which wait it is (a timer of an earlier round is stale)
+    barrier_since: datetime | None = None  # when the first member of this round reached the barrier
+    quota_noted: bool = False  # "Quota reached: <why>" was written
 
     @property
     def id(self) -> str:

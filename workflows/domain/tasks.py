@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from datetime import datetime
 
 from workflows.domain.placement import Allocation, TaskRequest
@@ -75,6 +76,44 @@ def allocation(job: JobRecord, task: TaskRecord) -> Allocation:
         started_at=task.running_since,
         time_limit_seconds=group.time_limit_seconds,
     )
+
+
+# A gang's leader listens on a port derived from the run's id, the same on every attempt (MASTER_PORT).
+MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 10000
+
+
+def master_port(job_id: str) -> int:
+    return MASTER_PORT_BASE + zlib.crc32(job_id.encode()) % MASTER_PORT_SPAN
+
+
+def rank(job: JobRecord, task: TaskRecord) -> int:
+    """The worker's rank: its place in the run, except that a gang's leader is rank 0 (it is MASTER_ADDR)."""
+    position = job.tasks.index(task)
+    if not job.spec.gang:
+        return position
+    leader = job.tasks.index(job.task(job.spec.leader_id))
+    if position == leader:
+        return 0
+    return position + 1 if position < leader else position
+
+
+def task_env(job: JobRecord, task: TaskRecord) -> dict[str, str]:
+    """What the run adds to a worker's environment: who it is, and for a gang how to find the others (the
+    variables torch.distributed and other launchers read: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    env = {
+        "ASTRAEUS_RUN": job.spec.name,
+        "ASTRAEUS_NAMESPACE": job.spec.namespace,
+        "ASTRAEUS_TASK": task.id,
+        "ASTRAEUS_INDEX": str(task.index),
+        "RANK": str(rank(job, task)),
+        "WORLD_SIZE": str(len(job.tasks)),
+    }
+    if job.spec.gang:
+        leader = job.task(job.spec.leader_id)
+        if leader.address is not None:
+            env["MASTER_ADDR"] = leader.address
+        env["MASTER_PORT"] = str(master_port(job.id))
+    return env
 
 
 def nodes_in_use(job: JobRecord) -> list[str]:

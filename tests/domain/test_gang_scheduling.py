@@ -1,0 +1,206 @@
+"""Gang runs in a pass: placed whole or not at all, min_available, quota asked for the gang, and a gang that waits
+leading the queue so that smaller runs behind it cannot starve it. Whole sentences, as the spec writes them."""
+
+from __future__ import annotations
+
+from tests.domain.builders import at, holding, machine, request
+from workflows.domain.nodes import NodeState, NodeView
+from workflows.domain.quotas import Quota
+from workflows.domain.reasons import Reason
+from workflows.domain.requests import Allocation, TaskRequest
+from workflows.domain.scheduling import Plan, schedule
+from workflows.domain.status import NodeReasons
+
+
+def run(
+    requests: list[TaskRequest], nodes: list[NodeView], allocations: list[Allocation] | None = None, **kwargs: object
+) -> Plan:
+    return schedule(requests, nodes, allocations or [], at(0), **kwargs)  # type: ignore[arg-type]
+
+
+def outcome(plan: Plan) -> dict[str, str | None]:
+    """Each worker (`run/task`): its machine, or the reason it waits."""
+    return {
+        f"{d.request.run}/{d.request.task_id}": d.node or (d.reason.text if d.reason else None) for d in plan.decisions
+    }
+
+
+def gang(k: int, *, run: str = "g", gpus: int = 8, **fields: object) -> list[TaskRequest]:
+    return [request(f"w-{i}", run=run, gpus=gpus, gang=True, **fields) for i in range(k)]
+
+
+EIGHTS = [machine("n0", gpus=8), machine("n1", gpus=8)]
+
+
+# ---- whole or nothing -------------------------------------------------------------------------------------------
+
+
+def test_a_gang_that_fits_is_placed_whole_tightest_first() -> None:
+    assert outcome(run(gang(3, gpus=4), EIGHTS)) == {"g/w-0": "n0", "g/w-1": "n0", "g/w-2": "n1"}
+
+
+def test_when_one_member_does_not_fit_none_is_placed_and_every_member_says_why() -> None:
+    nodes = [*EIGHTS, machine("n2", gpus=8, state=NodeState.DOWN)]
+    plan = run(gang(3), nodes)
+    assert outcome(plan) == {f"g/w-{i}": "Gang cannot be placed whole: 2 of 3 machines ready" for i in range(3)}
+    # The machines' reasons for the first member that did not fit, seen with the earlier members in place.
+    expected = [
+        NodeReasons(name="n0", reasons=["insufficient gpus: need 8, 0 free and usable"]),
+        NodeReasons(name="n1", reasons=["insufficient gpus: need 8, 0 free and usable"]),
+        NodeReasons(name="n2", reasons=["machine is not ready (Down)"]),
+    ]
+    assert [d.nodes for d in plan.decisions] == [expected] * 3
+    assert {d.reason.code for d in plan.decisions if d.reason} == {"GangCannotBePlaced"}
+
+
+def test_a_gang_that_never_fits_whole_does_not_hold_room_from_others() -> None:
+    plan = run([*gang(3), request(run="small", submitted=1, gpus=8)], EIGHTS)
+    assert outcome(plan) == {
+        "g/w-0": "Gang cannot be placed whole: 2 of 2 machines ready",
+        "g/w-1": "Gang cannot be placed whole: 2 of 2 machines ready",
+        "g/w-2": "Gang cannot be placed whole: 2 of 2 machines ready",
+        "small/w-0": "n0",
+    }
+    assert plan.holds == {}
+
+
+def test_topology_checks_see_the_earlier_members_tentative_places() -> None:
+    one_each = {"one_per_machine": True}
+    nodes = [machine("n0", gpus=16), machine("n1", gpus=8)]
+    assert outcome(run(gang(2, topology=one_each), nodes)) == {"g/w-0": "n1", "g/w-1": "n0"}
+    plan = run(gang(2, topology=one_each), nodes[:1])
+    assert outcome(plan) == {f"g/w-{i}": "Gang cannot be placed whole: 1 of 1 machines ready" for i in range(2)}
+    assert plan.decisions[0].nodes == [
+        NodeReasons(name="n0", reasons=["another worker of this run is already on the machine"])
+    ]
+
+
+# ---- the head of the queue --------------------------------------------------------------------------------------
+
+# n0 is busy until 13:00 (a time limit); n1 is free. A gang of two whole machines waits for n0 to empty.
+HEAD_HELD = [holding("n0", gpus=4, limit=3600)]
+
+
+def test_a_gang_that_would_fit_once_work_ends_holds_a_machine_for_every_member() -> None:
+    plan = run(gang(2), EIGHTS, HEAD_HELD)
+    assert outcome(plan) == {
+        "g/w-0": "Gang cannot be placed whole: 2 of 2 machines ready",
+        "g/w-1": "Gang cannot be placed whole: 2 of 2 machines ready",
+    }
+    # All members start together, when the last of them can.
+    assert plan.holds == {("job/default/g", "w-0"): ("n1", at(60)), ("job/default/g", "w-1"): ("n0", at(60))}
+
+
+def test_the_gang_head_is_not_starved_by_smaller_later_runs() -> None:
+    later = [request(run="small", submitted=1, gpus=1), request(run="tiny", submitted=2, gpus=2, priority=0)]
+    plan = run([*gang(2), *later], EIGHTS, HEAD_HELD)
+    assert outcome(plan) == {
+        "g/w-0": "Gang cannot be placed whole: 2 of 2 machines ready",
+        "g/w-1": "Gang cannot be placed whole: 2 of 2 machines ready",
+        "small/w-0": "Queued behind g, which starts by 2025-01-01 13:00 UTC",
+        "tiny/w-0": "Queued behind g, which starts by 2025-01-01 13:00 UTC",
+    }
+
+
+def test_work_that_ends_before_the_gang_starts_may_backfill() -> None:
+    plan = run([*gang(2), request(run="short", submitted=1, gpus=4, limit=1800)], EIGHTS, HEAD_HELD)
+    assert outcome(plan)["short/w-0"] == "n0"
+
+
+def test_a_gang_behind_another_head_queues_behind_it() -> None:
+    plan = run([*gang(2), *gang(2, run="h", submitted=1)], EIGHTS, HEAD_HELD)
+    assert outcome(plan)["h/w-0"] == "Queued behind g, which starts by 2025-01-01 13:00 UTC"
+    assert outcome(plan)["h/w-1"] == "Queued behind g, which starts by 2025-01-01 13:00 UTC"
+
+
+def test_a_lower_priority_gang_cannot_take_the_heads_machine() -> None:
+    # It would fit in n0's free half now, but would still run when the head starts there.
+    head = request(run="big", priority=5, gpus=8)
+    plan = run(
+        [head, *gang(1, gpus=4, priority=1, submitted=1)], EIGHTS[:1], [holding("n0", gpus=4, limit=3600, priority=9)]
+    )
+    assert outcome(plan) == {
+        "big/w-0": "Next to run (priority 5): starts by 2025-01-01 13:00 UTC as running work ends",
+        "g/w-0": "Queued behind higher-priority work (big)",
+    }
+
+
+# ---- min_available ----------------------------------------------------------------------------------------------
+
+
+def test_min_available_places_the_minimum_and_the_rest_wait_on_their_own() -> None:
+    nodes = [*EIGHTS, machine("n2", gpus=8)]
+    plan = run(gang(4, min_available=2), nodes, [holding("n2", gpus=4)])
+    assert outcome(plan) == {
+        "g/w-0": "n0",
+        "g/w-1": "n1",
+        "g/w-2": "Next to run (priority 0): waits for running work to end",
+        "g/w-3": "Next to run (priority 0): waits for running work to end",
+    }
+
+
+def test_min_available_not_met_places_none() -> None:
+    plan = run(gang(3, min_available=2), EIGHTS, [holding("n1", gpus=4)])
+    assert outcome(plan) == {
+        f"g/w-{i}": "Cannot place the minimum to start together: 1 of 2 fit at once; 2 of 2 machines ready"
+        for i in range(3)
+    }
+    assert plan.decisions[0].reason == Reason(
+        "CannotPlaceMinimum", "Cannot place the minimum to start together: 1 of 2 fit at once; 2 of 2 machines ready"
+    )
+    assert plan.decisions[2].nodes == [
+        NodeReasons(name="n0", reasons=["insufficient gpus: need 8, 0 free and usable"]),
+        NodeReasons(name="n1", reasons=["insufficient gpus: need 8, 4 free and usable"]),
+    ]
+
+
+def test_placed_members_count_toward_the_minimum() -> None:
+    placed = [holding("n0", run="g", task="w-0", gpus=8, group="w")]
+    waiting = gang(3, min_available=2)[1:]
+    assert outcome(run(waiting, EIGHTS, placed)) == {
+        "g/w-1": "n1",
+        "g/w-2": "Next to run (priority 0): waits for running work to end",
+    }
+    plan = run(gang(3, min_available=3)[1:], EIGHTS, placed)
+    assert set(outcome(plan).values()) == {
+        "Cannot place the minimum to start together: 2 of 3 fit at once; 2 of 2 machines ready"
+    }
+
+
+def test_a_minimum_already_met_leaves_every_waiting_member_on_its_own() -> None:
+    placed = [holding(f"n{i}", run="g", task=f"w-{i}", gpus=8, group="w") for i in range(2)]
+    nodes = [*EIGHTS, machine("n2", gpus=4)]
+    assert outcome(run(gang(4, gpus=16, min_available=2)[2:], nodes, placed)) == {
+        "g/w-2": "No machine fits: 3 of 3 machines ready",
+        "g/w-3": "No machine fits: 3 of 3 machines ready",
+    }
+
+
+# ---- quota ------------------------------------------------------------------------------------------------------
+
+QUOTA = {"default": Quota(namespace="default", gpus=8)}
+
+
+def test_a_gang_waits_for_its_quota_as_one_and_its_run_records_it() -> None:
+    plan = run(gang(3, gpus=2), [machine("n0", gpus=16)], [holding("n1", run="mine", gpus=4)], quotas=QUOTA)
+    assert {d.reason for d in plan.decisions} == {
+        Reason("GangWaitsForQuota", "Gang waits for namespace quota: gpus 4 in use + 6 asked > 8")
+    }
+    assert {d.reached for d in plan.decisions} == {Reason("QuotaReached", "Quota reached: gpus 4 in use + 6 asked > 8")}
+    assert len(plan.decisions) == 3
+
+
+def test_a_gang_asks_quota_for_its_minimum_and_the_rest_ask_one_by_one() -> None:
+    plan = run(gang(3, gpus=4, min_available=2), [machine("n0", gpus=16)], quotas=QUOTA)
+    assert outcome(plan) == {
+        "g/w-0": "n0",
+        "g/w-1": "n0",
+        "g/w-2": "Waits for namespace quota: gpus 8 in use + 4 asked > 8",
+    }
+
+
+def test_a_gang_over_the_quota_at_all_says_so() -> None:
+    plan = run(gang(3, gpus=4), [machine("n0", gpus=16)], quotas={"default": Quota(namespace="default", gpus=4)})
+    assert set(outcome(plan).values()) == {
+        "Waits for more than the namespace's quota allows at all (gpus 12 asked > 4): raise the quota or ask for less"
+    }
