@@ -508,9 +508,7 @@ def test_onfailure_restarts_after_the_backoff() -> None:
 
     group = story.group()
     env = worker_env("w-0", rank=0, world=1)
-    assert story.start(21, "w-0", "n1", attempt=1) == [
-        Start(task_id="w-0", attempt=1, node="n1", group=group, env=env)
-    ]
+    assert story.start(21, "w-0", "n1", attempt=1) == [Start(task_id="w-0", attempt=1, node="n1", group=group, env=env)]
     assert story.run_history() == [
         *RUN_UP_TO_RUNNING,
         ("Running", "1 of 1 workers running"),
