@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -22,7 +23,7 @@ from activities.runtime.base import Runtime, TaskKey
 from activities.starter import SetupEnded, Starter
 from workflows.domain.nodes import GpuInfo, NodeInventory, node_id
 from workflows.domain.reasons import R, Reason
-from workflows.domain.spec import job_id
+from workflows.domain.spec import Readiness, job_id
 from workflows.messages import (
     GpuHealthReport,
     LeaseInput,
@@ -33,6 +34,7 @@ from workflows.messages import (
     StopTaskInput,
     SuperviseInput,
     TaskExit,
+    TaskHealthReport,
     TaskProgressReport,
     TaskRef,
     TaskReport,
@@ -77,20 +79,30 @@ class AgentActivities:
     @activity.defn(name="start_task")
     async def start_task(self, input: StartTaskInput) -> StartTaskResult:
         """Admit the attempt within the machine's real free GPUs, prepare it (reporting each wait to the run,
-        and waiting as long as a step waits), pull its image, and start it. A retry finds what it started."""
+        and waiting as long as a step waits), pull its image, and start it. A retry finds what it started.
+        With `barrier` it stops short of the start, its GPUs held for it until the run starts or stops it."""
         key = task_key(input.ref)
-        env = {**input.group.env, "ASTRAEUS_NODE": self._inventory.name, "ASTRAEUS_GROUP": input.group.name}
+        env = {
+            **input.group.env,
+            **input.env,
+            "ASTRAEUS_NODE": self._inventory.name,
+            "ASTRAEUS_GROUP": input.group.name,
+        }
         details = activity.info().heartbeat_details
         reported = str(details[0]) if details else None
         try:
-            gpus = await self._starter.start(key, input.group, env, _beat, reported)
+            if input.barrier:
+                gpus, started = await self._starter.ready(key, input.group, env, _beat, reported)
+            else:
+                gpus, started = await self._starter.start(key, input.group, env, _beat, reported), True
         except SetupEnded as ended:
             raise ApplicationError(ended.reason.text, type=ended.reason.code, non_retryable=True) from None
-        return StartTaskResult(gpu_indices=gpus)
+        return StartTaskResult(gpu_indices=gpus, started=started)
 
     @activity.defn(name="supervise_task")
     async def supervise_task(self, input: SuperviseInput) -> TaskExit:
-        """Report the worker running, then watch it until it ends, heartbeating all along."""
+        """Report the worker running, then watch it until it ends, heartbeating all along; with a readiness
+        check, report its health to the run whenever it changes."""
         key = task_key(input.ref)
         observed = await asyncio.to_thread(self._runtime.observe, key)
         if observed.not_found:
@@ -100,10 +112,19 @@ class AgentActivities:
         await self._client.get_workflow_handle(job_id(input.ref.namespace, input.ref.job)).signal(
             "task_running", report
         )
-        while observed.running:
-            activity.heartbeat()
-            await asyncio.sleep(POLL_SECONDS)
-            observed = await asyncio.to_thread(self._runtime.observe, key)
+        checking = None
+        if input.readiness is not None:
+            checking = asyncio.ensure_future(self._check_health(input.ref, input.readiness))
+        try:
+            while observed.running:
+                activity.heartbeat()
+                await asyncio.sleep(POLL_SECONDS)
+                observed = await asyncio.to_thread(self._runtime.observe, key)
+        finally:
+            if checking is not None:
+                checking.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await checking
         if observed.not_found:
             return TaskExit(not_found=True)
         tail = await asyncio.to_thread(
@@ -124,6 +145,27 @@ class AgentActivities:
         key = task_key(input.ref)
         text = await asyncio.to_thread(self._runtime.log_tail, key, input.lines, input.max_bytes)
         return LogText(text=text)
+
+    async def _check_health(self, ref: TaskRef, readiness: Readiness) -> None:
+        """Every period, run the readiness check on a thread (a slow check never delays a heartbeat) and signal
+        `task_health` when its outcome changes; the first outcome is always told. Runs until cancelled."""
+        key = task_key(ref)
+        handle = self._client.get_workflow_handle(job_id(ref.namespace, ref.job))
+        told: bool | None = None
+        while True:
+            began = time.monotonic()
+            try:
+                healthy, detail = await asyncio.to_thread(self._runtime.probe, key, readiness)
+            except Exception as err:  # the runtime could not run the check (the engine does not answer)
+                healthy, detail = False, f"the check could not run: {err}"
+            if healthy != told:
+                report = TaskHealthReport(task_id=ref.task_id, attempt=ref.attempt, healthy=healthy, detail=detail)
+                try:
+                    await handle.signal("task_health", report)
+                    told = healthy
+                except Exception as err:  # told at the next check
+                    log.warning("%s: could not report its health: %s", key.slug, err)
+            await asyncio.sleep(max(0.0, readiness.period_seconds - (time.monotonic() - began)))
 
     async def _report_progress(self, key: TaskKey, reason: Reason) -> None:
         """Tell the run what its worker waits for while it is set up, or that its image is being pulled."""

@@ -1,20 +1,22 @@
-"""Starting a worker on this machine: admit it within the real free GPUs, prepare it, then start it.
+"""Starting a worker on this machine: admit it within the real free GPUs, prepare it, pull its image, then start it.
 
 What `start_task` and `stop_task` share. A step that waits (a secret not synced yet, a drive not there yet) is
-reported to the run and tried again until it is ready; a pull is reported before it begins. A stop that arrives
-while the attempt is still being set up ends the setup, and waits for a start already handed to the runtime, so a
-stopped attempt never keeps running.
+reported to the run and tried again until it is ready; a pull is reported before it begins. A gang member is first
+set up without starting (`ready`, at the barrier): its GPUs stay reserved for it until the run starts it or stops
+it. A stop that arrives while the attempt is still being set up ends the setup, and waits for a start already
+handed to the runtime, so a stopped attempt never keeps running.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from activities.prepare import Preparer, Waiting
-from activities.runtime.base import Launch, Runtime, RuntimeFailure, TaskKey
+from activities.runtime.base import Launch, OnProgress, Runtime, RuntimeFailure, TaskKey
 from workflows.domain.nodes import GpuInfo
 from workflows.domain.reasons import R, Reason
 from workflows.domain.spec import GroupSpec
@@ -56,35 +58,74 @@ class Starter:
         self._reserved: dict[str, list[int]] = {}  # GPUs of attempts being set up, by slug
         self._starting: dict[str, asyncio.Future[None]] = {}  # starts handed to the runtime, by slug
         self._stops: set[str] = set()  # attempts asked to stop
+        self._pulled: set[str] = set()  # attempts whose image is ready (set up at the barrier), by slug
+        self._doing: dict[str, str] = {}  # what the runtime does for an attempt now (a pull), by slug
 
     async def start(
         self, key: TaskKey, group: GroupSpec, env: dict[str, str], beat: Beat, reported: str | None = None
     ) -> list[int]:
         """Start the attempt; returns its GPUs. `reported` is the reason a former try already reported.
         Raises SetupEnded when it cannot be set up, RuntimeUnavailable when the runtime does not answer."""
-        if key.slug in self._stops:
-            raise SetupEnded(R.StoppedOnRequest())
-        gpus, started = await self._admit(key, group.gpus)
-        if started:
-            return gpus
-        try:
-            launch = await self._prepare(key, group, env, gpus, beat, reported)
-        except BaseException:
-            if key.slug not in self._starting:  # else a former try's start still holds them
-                self._reserved.pop(key.slug, None)
-            raise
-        await self._run_start(key, launch, beat)
+        gpus, launch = await self._set_up(key, group, env, beat, reported)
+        if launch is not None:
+            await self._run_start(key, launch, beat)
         return gpus
 
+    async def ready(
+        self, key: TaskKey, group: GroupSpec, env: dict[str, str], beat: Beat, reported: str | None = None
+    ) -> tuple[list[int], bool]:
+        """Set the attempt up to the gang barrier without starting it: admit, prepare, pull. Its GPUs stay
+        reserved until a later `start` starts it or a `stop` ends it. Returns its GPUs and whether it already
+        started (a barrier call repeated after the start)."""
+        gpus, launch = await self._set_up(key, group, env, beat, reported)
+        return gpus, launch is None
+
     async def stop(self, key: TaskKey, grace_seconds: float) -> None:
-        """Stop the attempt: end its setup, let a start already in the runtime finish, then stop what runs."""
+        """Stop the attempt: end its setup, let a start already in the runtime finish, then stop what runs. One
+        set up at the barrier and never started gives its GPUs back."""
         self._stops.add(key.slug)
         starting = self._starting.get(key.slug)
         if starting is not None:
             await asyncio.wait([starting])
+        else:
+            self._reserved.pop(key.slug, None)  # a setup still in flight ends at its next step
+            self._pulled.discard(key.slug)
         await asyncio.to_thread(self._runtime.stop, key, grace_seconds)
 
     # ---- steps ------------------------------------------------------------------------------------------------
+
+    async def _set_up(
+        self, key: TaskKey, group: GroupSpec, env: dict[str, str], beat: Beat, reported: str | None
+    ) -> tuple[list[int], Launch | None]:
+        """Admit, prepare and pull; the launch to hand to the runtime, or None when it already started. On any
+        failure its GPUs are given back, unless a former try's start still holds them."""
+        self._not_stopped(key)
+        gpus, started = await self._admit(key, group.gpus)
+        if started:
+            return gpus, None
+        try:
+            launch = await self._prepare(key, group, env, gpus, beat, reported)
+            if key.slug not in self._pulled and key.slug not in self._starting:
+                self._not_stopped(key)
+                pulling = asyncio.ensure_future(
+                    self._call(key, lambda progress: self._runtime.ensure_image(launch, progress), reported)
+                )
+                await self._beat_until_done(key, pulling, beat)
+                self._pulled.add(key.slug)
+            self._not_stopped(key)  # nothing is awaited from here to the start
+        except BaseException:
+            if key.slug not in self._starting:
+                self._reserved.pop(key.slug, None)
+                self._pulled.discard(key.slug)
+            raise
+        # The image is ready: Always was honoured by that pull, and the start need not pull it again.
+        if launch.pull_policy == "Always":
+            launch = dataclasses.replace(launch, pull_policy="IfNotPresent")
+        return gpus, launch
+
+    def _not_stopped(self, key: TaskKey) -> None:
+        if key.slug in self._stops:
+            raise SetupEnded(R.StoppedOnRequest())
 
     async def _admit(self, key: TaskKey, count: int) -> tuple[list[int], bool]:
         """Its GPUs, and whether it already started. New attempts get free, unfaulted GPUs, healthy ones first."""
@@ -110,8 +151,7 @@ class Starter:
     ) -> Launch:
         """Prepare until every step is ready, reporting each new wait to the run once."""
         while True:
-            if key.slug in self._stops:
-                raise SetupEnded(R.StoppedOnRequest())
+            self._not_stopped(key)
             try:
                 outcome = await asyncio.to_thread(self._preparer.prepare, key, group)
             except RuntimeFailure as failure:
@@ -138,32 +178,49 @@ class Starter:
     async def _run_start(self, key: TaskKey, launch: Launch, beat: Beat) -> None:
         """Hand the start to the runtime. It is not interrupted: if this activity is cancelled, the start still
         finishes (and a stop waits for it); its GPUs stay reserved until the runtime holds them."""
-        loop = asyncio.get_running_loop()
-        doing = ["starting"]
-
-        def on_progress(reason: Reason) -> None:  # called on the runtime's thread
-            doing[0] = reason.text
-            try:
-                asyncio.run_coroutine_threadsafe(self._report(key, reason), loop).result(REPORT_TIMEOUT_SECONDS)
-            except Exception as err:  # the run learns it later from the start's outcome; never fail a pull for it
-                log.warning("%s: could not report %r: %s", key.slug, reason.text, err)
-
         starting = self._starting.get(key.slug)
         if starting is None:
-            starting = asyncio.ensure_future(asyncio.to_thread(self._runtime.start, key, launch, on_progress))
+            starting = asyncio.ensure_future(
+                self._call(key, lambda progress: self._runtime.start(key, launch, progress))
+            )
             self._starting[key.slug] = starting
 
             def done(_: asyncio.Future[None]) -> None:
                 self._starting.pop(key.slug, None)
                 self._reserved.pop(key.slug, None)
+                self._pulled.discard(key.slug)
 
             starting.add_done_callback(done)
-        while not starting.done():
-            beat(doing[0])
-            await asyncio.wait([asyncio.shield(starting)], timeout=1.0)
-        try:
-            starting.result()
-        except RuntimeFailure as failure:
-            raise SetupEnded(failure.reason) from None
+        await self._beat_until_done(key, starting, beat)
         if key.slug in self._stops:  # stopped while it started: the stop that waited for it ends it
             raise SetupEnded(R.StoppedOnRequest())
+
+    async def _call(self, key: TaskKey, work: Callable[[OnProgress], None], reported: str | None = None) -> None:
+        """`work` on a thread; what it says it does (R.Pulling) is reported to the run unless already reported."""
+        loop = asyncio.get_running_loop()
+        self._doing[key.slug] = reported or "starting"
+
+        def on_progress(reason: Reason) -> None:  # called on the runtime's thread
+            self._doing[key.slug] = reason.text
+            if reason.text == reported:  # a former try reported it
+                return
+            try:
+                asyncio.run_coroutine_threadsafe(self._report(key, reason), loop).result(REPORT_TIMEOUT_SECONDS)
+            except Exception as err:  # the run learns it later from the outcome; never fail a pull for it
+                log.warning("%s: could not report %r: %s", key.slug, reason.text, err)
+
+        try:
+            await asyncio.to_thread(work, on_progress)
+        finally:
+            self._doing.pop(key.slug, None)
+
+    async def _beat_until_done(self, key: TaskKey, work: asyncio.Future[None], beat: Beat) -> None:
+        """Heartbeat with what `work` does until it ends, never cancelling it (a cancelled activity leaves it to
+        finish); its RuntimeFailure ends the setup with the runtime's reason."""
+        while not work.done():
+            beat(self._doing.get(key.slug, "starting"))
+            await asyncio.wait([asyncio.shield(work)], timeout=1.0)
+        try:
+            work.result()
+        except RuntimeFailure as failure:
+            raise SetupEnded(failure.reason) from None

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from workflows.domain.reasons import Reason
+from workflows.domain.spec import Readiness
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,16 @@ class Runtime(Protocol):
         """Start the attempt unless it already exists (running or ended); never start one twice.
         Reports R.Pulling through `on_progress` before pulling an image. Raises RuntimeFailure."""
 
+    def ensure_image(self, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
+        """Make the launch's image present under its pull policy, starting nothing (a gang member at the barrier).
+        Reports R.Pulling through `on_progress` before pulling. Raises RuntimeFailure."""
+
     def observe(self, key: TaskKey) -> Observed:
         """Running, exited with a code, or not found on this machine."""
+
+    def probe(self, key: TaskKey, readiness: Readiness) -> tuple[bool, str]:
+        """Run the readiness check once against the running attempt, within its timeout: whether it passed, and
+        a short detail ("exited with code 1", "HTTP 503", "connection refused", "timed out after 2s")."""
 
     def stop(self, key: TaskKey, grace_seconds: float) -> None:
         """Send the stop signal, wait up to the grace period, then kill. Returns once it has ended."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -33,13 +34,16 @@ from activities.runtime.base import (
     TaskKey,
     ignore_progress,
 )
+from activities.runtime.probes import exited, http_get, timed_out
 from workflows.domain.reasons import R, Template
+from workflows.domain.spec import Readiness
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 LABEL_PREFIX = "astraeus."
 # What the engine says of a container that was created and never started.
 _NEVER_STARTED = "0001-01-01T00:00:00Z"
 _RUNNING_STATES = ["running", "paused", "restarting"]
+_EXEC_POLL_SECONDS = 0.05
 
 
 def container_name(key: TaskKey) -> str:
@@ -83,6 +87,26 @@ class DockerRuntime:
             if _never_started(container):
                 with _mapped(R.ContainerStartFailed):
                     container.start()
+
+    def ensure_image(self, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
+        """Pull the launch's image under its policy, creating nothing (a gang member waiting at the barrier)."""
+        if not launch.image:
+            raise RuntimeFailure(R.InvalidTask(error="no image: the docker runtime runs a container image"))
+        self._ensure_image(launch.image, launch, on_progress)
+
+    def probe(self, key: TaskKey, readiness: Readiness) -> tuple[bool, str]:
+        """The command `exec`'d in the container, or an HTTP GET to the container's address (127.0.0.1 when it
+        shares the machine's network), from this machine."""
+        container = self._find(key)
+        if container is None or container.attrs["State"]["Status"] != "running":
+            return False, "the container is not running"
+        if readiness.http_get is not None:
+            address = container_address(container)
+            if address is None:
+                return False, "the container has no network address"
+            return http_get(address, readiness.http_get, readiness.timeout_seconds)
+        assert readiness.command is not None
+        return self._exec(container, readiness.command, readiness.timeout_seconds)
 
     def observe(self, key: TaskKey) -> Observed:
         """Running while the engine says so; exited with its code and whether the kernel killed it for memory;
@@ -203,6 +227,29 @@ class DockerRuntime:
         except (DockerException, requests.RequestException) as err:
             raise _unavailable(err) from err
 
+    def _exec(self, container: Container, command: list[str], timeout_seconds: float) -> tuple[bool, str]:
+        """Run `command` in the container and wait for its exit code up to the timeout. The engine cannot end an
+        exec: one that outlives its timeout is left to finish on its own (as the kubelet does)."""
+        api = self._client.api
+        deadline = time.monotonic() + timeout_seconds
+        try:
+            exec_id = api.exec_create(container.id, command, stdout=False, stderr=False)["Id"]
+            api.exec_start(exec_id, detach=True)
+            while True:
+                state = api.exec_inspect(exec_id)
+                if not state["Running"] and state["ExitCode"] is not None:
+                    code = int(state["ExitCode"])
+                    return code == 0, exited(code)
+                if time.monotonic() >= deadline:
+                    return False, timed_out(timeout_seconds)
+                time.sleep(_EXEC_POLL_SECONDS)
+        except NotFound:
+            return False, "the container is not running"
+        except APIError as err:  # not running any more (409), or a program missing from the image (400)
+            return False, explain(err)
+        except (DockerException, requests.RequestException) as err:
+            raise _unavailable(err) from err
+
     # ---- the engine -------------------------------------------------------------------------------------------
 
     def _find(self, key: TaskKey) -> Container | None:
@@ -273,6 +320,18 @@ def explain(err: APIError) -> str:
 
 def _never_started(container: Container) -> bool:
     return bool(container.attrs["State"].get("StartedAt", _NEVER_STARTED).startswith("0001-01-01"))
+
+
+def container_address(container: Container) -> str | None:
+    """Where the machine reaches the container: loopback on the host's network, else its address on a network."""
+    if container.attrs["HostConfig"].get("NetworkMode") == "host":
+        return "127.0.0.1"
+    settings = container.attrs.get("NetworkSettings") or {}
+    if settings.get("IPAddress"):
+        return str(settings["IPAddress"])
+    networks = settings.get("Networks") or {}
+    addresses = [str(networks[name].get("IPAddress") or "") for name in sorted(networks)]
+    return next((address for address in addresses if address), None)
 
 
 def _labels(key: TaskKey, node: str, gpus: list[int]) -> dict[str, str]:

@@ -21,8 +21,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from activities.runtime.base import Launch, Observed, OnProgress, RuntimeFailure, TaskKey, ignore_progress
+from activities.runtime.probes import exited, http_get, timed_out
 from activities.runtime.shim import write_atomically
 from workflows.domain.reasons import R
+from workflows.domain.spec import Readiness
 
 # The directory that holds the `activities` package: the shim runs as `python -m activities.runtime.shim`.
 _IMPORT_ROOT = Path(__file__).resolve().parents[2]
@@ -62,6 +64,9 @@ class ProcessRuntime:
             write_atomically(directory / "shim.pid", f"{shim.pid}\n")
         self._wait_until_started(directory, shim)
 
+    def ensure_image(self, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
+        """A process has no image: nothing to pull."""
+
     def observe(self, key: TaskKey) -> Observed:
         """Exited with a code, running while its shim lives, else not found (no directory, or a dead shim)."""
         directory = self._dir(key)
@@ -75,6 +80,18 @@ class ProcessRuntime:
         if code is None:
             return Observed(running=False, not_found=True)
         return Observed(running=False, exit_code=code)
+
+    def probe(self, key: TaskKey, readiness: Readiness) -> tuple[bool, str]:
+        """An HTTP GET to 127.0.0.1 (the worker shares the machine's network), or the command run as the worker
+        runs: the same user, its working directory and the environment it was started with."""
+        if readiness.http_get is not None:
+            return http_get("127.0.0.1", readiness.http_get, readiness.timeout_seconds)
+        assert readiness.command is not None
+        directory = self._dir(key)
+        env = _worker_environment(directory)
+        if env is None:
+            return False, "the worker is not running"
+        return _run_check(readiness.command, directory, env, readiness.timeout_seconds)
 
     def stop(self, key: TaskKey, grace_seconds: float) -> None:
         """SIGTERM the worker's process group, SIGKILL it after the grace period; returns once it ended."""
@@ -192,6 +209,50 @@ def _environment(key: TaskKey, launch: Launch) -> dict[str, str]:
     )
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def _worker_environment(directory: Path) -> dict[str, str] | None:
+    """The environment the worker was started with (its launch's, secrets included, never kept on disk), read
+    from the running worker itself; None when it does not run."""
+    pid = _read_int(directory / "pid")
+    if pid is None or _exists(directory, "exit"):
+        return None
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (os.fsdecode(entry).partition("=") for entry in raw.split(b"\0") if b"=" in entry)
+    return {name: value for name, _, value in pairs}
+
+
+def _run_check(command: list[str], cwd: Path, env: dict[str, str], timeout_seconds: float) -> tuple[bool, str]:
+    """Run a readiness command in its own process group; one that outlives its timeout is killed, group and all."""
+    try:
+        check = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        return False, f"{command[0]}: command not found"
+    except PermissionError:
+        return False, f"{command[0]}: permission denied"
+    except (OSError, ValueError) as err:
+        return False, f"{command[0]}: {err}"
+    try:
+        code = check.wait(timeout_seconds)
+    except subprocess.TimeoutExpired:
+        # Not reaped yet, so its id still names its group: killpg reaches no one else.
+        with suppress(ProcessLookupError):
+            os.killpg(check.pid, signal.SIGKILL)
+        check.wait()
+        return False, timed_out(timeout_seconds)
+    code = 128 - code if code < 0 else code
+    return code == 0, exited(code)
 
 
 def _recorded(launch: Launch) -> dict[str, object]:

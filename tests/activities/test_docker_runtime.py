@@ -1,5 +1,6 @@
 """The docker runtime against a real Docker engine (dockerd started by the tests): pulls under each policy, limits,
-exit codes, OOM, stops, logs, labels, mounts, and a runtime that restarts and finds its containers again."""
+exit codes, OOM, stops, logs, labels, mounts, a runtime that restarts and finds its containers again, the image made
+ready at the gang barrier, and readiness checks (a command exec'd in the container, an HTTP GET to its address)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from activities.prepare import Preparer
 from activities.runtime.base import Launch, Mount, Observed, RuntimeFailure, RuntimeUnavailable, TaskKey
-from activities.runtime.docker import DockerRuntime, container_name
+from activities.runtime.docker import DockerRuntime, container_address, container_name
+from activities.starter import SetupEnded, Starter
 from tests.docker_engine import IMAGE, DockerEngine
 from workers.devserver import free_port
 from workflows.domain.reasons import Reason
+from workflows.domain.spec import GroupSpec, Readiness
 
 _attempts = itertools.count(1)
 
@@ -264,3 +269,133 @@ def test_deleting_an_ended_attempt_removes_its_container_and_log(runtime: Docker
 def test_an_engine_that_does_not_answer_is_unavailable(tmp_path: Path) -> None:
     with pytest.raises(RuntimeUnavailable, match=r"^the Docker engine at unix://.*/none.sock does not answer: "):
         DockerRuntime("n0", f"unix://{tmp_path}/none.sock")
+
+
+# ---- the gang barrier: the image made ready, nothing created ----------------------------------------------------
+
+
+def test_ensure_image_pulls_under_the_policy_and_creates_nothing(
+    runtime: DockerRuntime, docker_engine: DockerEngine
+) -> None:
+    image = f"127.0.0.1:{free_port()}/busybox:barrier"
+    docker_engine.docker("tag", IMAGE, image)
+    progress: list[Reason] = []
+
+    runtime.ensure_image(sh("true", image=image, pull_policy="IfNotPresent"), progress.append)
+    runtime.ensure_image(sh("true", image=image, pull_policy="None"), progress.append)
+    assert progress == []
+    with pytest.raises(RuntimeFailure) as failure:
+        runtime.ensure_image(sh("true", image=image, pull_policy="Always"), progress.append)
+    assert [r.text for r in progress] == [f"Pulling {image}"]
+    assert failure.value.reason.code == "ErrImagePull"
+    with pytest.raises(RuntimeFailure, match=r"^Image local/missing:2 is not present and the pull policy is None$"):
+        runtime.ensure_image(sh("true", image="local/missing:2", pull_policy="None"))
+    assert not [c for c in docker_engine.docker("ps", "--all", "--quiet").split() if image in c]
+
+
+async def test_a_barrier_setup_pulls_then_the_start_runs_it_without_pulling_again(
+    runtime: DockerRuntime, docker_engine: DockerEngine, tmp_path: Path
+) -> None:
+    reported: list[str] = []
+
+    async def report(_: TaskKey, reason: Reason) -> None:
+        reported.append(reason.text)
+
+    starter = Starter(runtime, Preparer(tmp_path), lambda: [], report, retry_seconds=0.05)
+    k = key()
+    spec = GroupSpec(name="w", command=["sleep", "30"], image=IMAGE, pull_policy="Always")
+    with pytest.raises(SetupEnded) as ended:  # Always pulls, even at the barrier; no registry answers here
+        await starter.ready(k, spec, {}, lambda _: None)
+    assert ended.value.reason.code == "ErrImagePull"
+    assert reported == [f"Pulling {IMAGE}"]
+
+    k = key()
+    spec = spec.model_copy(update={"pull_policy": "IfNotPresent"})
+    assert await starter.ready(k, spec, {}, lambda _: None) == ([], False)
+    assert runtime.observe(k) == Observed(running=False, not_found=True)  # no container yet
+    assert await starter.start(k, spec, {"RANK": "0"}, lambda _: None) == []
+    assert runtime.observe(k).running
+    await starter.stop(k, grace_seconds=0)
+
+
+# ---- readiness checks ---------------------------------------------------------------------------------------------
+
+
+def check(command: list[str] | None = None, timeout: float = 2, **http_get: object) -> Readiness:
+    return Readiness.model_validate(
+        {"command": command, "http_get": http_get or None, "period_seconds": 1, "timeout_seconds": timeout}
+    )
+
+
+def probe_until(runtime: DockerRuntime, task_key: TaskKey, readiness: Readiness, seconds: float = 10.0) -> str:
+    deadline = time.monotonic() + seconds
+    while not (result := runtime.probe(task_key, readiness))[0]:
+        assert time.monotonic() < deadline, f"the check still fails after {seconds} s: {result[1]}"
+        time.sleep(0.05)
+    return result[1]
+
+
+def test_a_command_check_is_exec_d_in_the_container(runtime: DockerRuntime) -> None:
+    k = key()
+    runtime.start(k, sh("sleep 30", env={"TOKEN": "s3cret"}))
+
+    assert runtime.probe(k, check(["sh", "-c", 'test "$TOKEN" = s3cret'])) == (True, "exited with code 0")
+    assert runtime.probe(k, check(["test", "-f", "/tmp/ready"])) == (False, "exited with code 1")
+    began = time.monotonic()
+    assert runtime.probe(k, check(["sleep", "5"], timeout=0.3)) == (False, "timed out after 0.3s")
+    assert time.monotonic() - began < 2
+    passed, detail = runtime.probe(k, check(["/no/such/check"]))
+    assert not passed
+    assert "/no/such/check" in detail and "no such file or directory" in detail
+
+    runtime.stop(k, grace_seconds=0)
+    assert runtime.probe(k, check(["true"])) == (False, "the container is not running")
+    assert runtime.probe(key(), check(["true"])) == (False, "the container is not running")
+
+
+def test_an_http_check_of_a_container_without_an_address_fails(runtime: DockerRuntime) -> None:
+    k = key()
+    runtime.start(k, sh("sleep 30"))
+
+    # This engine runs without a bridge (--bridge=none), and a network's links stay down in this sandbox.
+    assert runtime.probe(k, check(port=8080)) == (False, "the container has no network address")
+    runtime.stop(k, grace_seconds=0)
+
+
+def settings(mode: str, address: str = "", **networks: str) -> SimpleNamespace:
+    """A container as the engine describes it: its network mode and its address on each network."""
+    described = {name: {"IPAddress": ip} for name, ip in networks.items()}
+    return SimpleNamespace(
+        attrs={"HostConfig": {"NetworkMode": mode}, "NetworkSettings": {"IPAddress": address, "Networks": described}}
+    )
+
+
+@pytest.mark.parametrize(
+    ("container", "address"),
+    [
+        pytest.param(settings("host"), "127.0.0.1", id="the host network is loopback"),
+        pytest.param(settings("default", "172.17.0.2", bridge="172.17.0.2"), "172.17.0.2", id="the default bridge"),
+        pytest.param(settings("llm", bridge="", llm="10.1.0.7"), "10.1.0.7", id="a network with an address"),
+        pytest.param(settings("none", none=""), None, id="no network"),
+    ],
+)
+def test_an_http_check_reaches_the_container_where_the_engine_put_it(
+    container: SimpleNamespace, address: str | None
+) -> None:
+    assert container_address(container) == address  # type: ignore[arg-type]
+
+
+def test_an_http_check_of_a_container_on_the_host_network_gets_loopback(
+    runtime: DockerRuntime, docker_engine: DockerEngine
+) -> None:
+    k = key()  # made by hand: the runtime itself never uses the host network yet
+    port = free_port()
+    labels = [f"--label=astraeus.{name}={value}" for name, value in (("node", "unit-node"), ("attempt", k.attempt))]
+    server = f"mkdir -p /www && echo ok > /www/index.html && httpd -f -p 127.0.0.1:{port} -h /www"
+    docker_engine.docker(
+        "run", "--detach", "--network", "host", "--name", container_name(k), *labels, IMAGE, "sh", "-c", server
+    )
+    try:
+        assert probe_until(runtime, k, check(port=port)) == "HTTP 200"
+    finally:
+        docker_engine.docker("rm", "--force", container_name(k))

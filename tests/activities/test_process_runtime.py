@@ -1,9 +1,11 @@
-"""The process runtime against real processes: start, observe, stop, logs, GPUs and an agent restart."""
+"""The process runtime against real processes: start, observe, stop, logs, GPUs, an agent restart and readiness
+checks (a command, an HTTP GET)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -15,6 +17,8 @@ import pytest
 
 from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
 from activities.runtime.process import ProcessRuntime
+from workers.devserver import free_port
+from workflows.domain.spec import Readiness
 
 
 def key(task: str = "train-0", attempt: int = 1) -> TaskKey:
@@ -273,3 +277,81 @@ def test_delete_removes_an_ended_attempt_but_not_a_running_one(runtime: ProcessR
 
     assert runtime.attempts() == [key("busy")]
     assert runtime.observe(key("done")).not_found
+
+
+# ---- readiness checks ---------------------------------------------------------------------------------------------
+
+
+def check(command: list[str] | None = None, timeout: float = 2, **http_get: object) -> Readiness:
+    return Readiness.model_validate(
+        {"command": command, "http_get": http_get or None, "period_seconds": 1, "timeout_seconds": timeout}
+    )
+
+
+def probe_until(runtime: ProcessRuntime, task_key: TaskKey, readiness: Readiness, seconds: float = 10.0) -> str:
+    """Probe until the check passes (a server needs a moment to listen); its detail."""
+    deadline = time.monotonic() + seconds
+    while not (result := runtime.probe(task_key, readiness))[0]:
+        assert time.monotonic() < deadline, f"the check still fails after {seconds} s: {result[1]}"
+        time.sleep(0.05)
+    return result[1]
+
+
+def test_a_command_check_runs_in_the_workers_environment_and_directory(runtime: ProcessRuntime) -> None:
+    runtime.start(key(), Launch(command=["sleep", "30"], env={"TOKEN": "s3cret"}, gpu_indices=[1]))
+    wait_for_text(runtime.root / key().slug / "pid")
+    worker_like = 'test "$TOKEN" = s3cret && test "$CUDA_VISIBLE_DEVICES" = 1 && test -f launch.json'
+
+    assert runtime.probe(key(), check(["sh", "-c", worker_like])) == (True, "exited with code 0")
+    assert runtime.probe(key(), check(["sh", "-c", "exit 3"])) == (False, "exited with code 3")
+    assert runtime.probe(key(), check(["no-such-check"])) == (False, "no-such-check: command not found")
+
+
+def test_a_command_check_past_its_timeout_is_killed_and_fails(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    runtime.start(key(), Launch(command=["sleep", "30"]))
+    wait_for_text(runtime.root / key().slug / "pid")
+    marker = tmp_path / "check-ran-on"
+
+    began = time.monotonic()
+    result = runtime.probe(key(), check(["sh", "-c", f"sleep 0.6; touch {marker}"], timeout=0.3))
+
+    assert result == (False, "timed out after 0.3s")
+    assert time.monotonic() - began < 0.6
+    time.sleep(0.6)
+    assert not marker.exists()  # its whole group was killed
+
+
+def test_a_command_check_of_a_worker_that_does_not_run_fails(runtime: ProcessRuntime) -> None:
+    runtime.start(key(), Launch(command=["true"]))
+    wait_until_ended(runtime, key())
+
+    assert runtime.probe(key(), check(["true"])) == (False, "the worker is not running")
+    assert runtime.probe(key("unknown-0"), check(["true"])) == (False, "the worker is not running")
+
+
+def test_an_http_check_gets_the_workers_port_on_loopback(runtime: ProcessRuntime, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    (site / "sub").mkdir(parents=True)
+    (site / "index.html").write_text("ok\n")
+    port = free_port()
+    server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(site)]
+    runtime.start(key(), Launch(command=server))
+
+    assert probe_until(runtime, key(), check(port=port, path="/")) == "HTTP 200"
+    assert runtime.probe(key(), check(port=port, path="/sub")) == (True, "HTTP 301")  # a redirect passes
+    assert runtime.probe(key(), check(port=port, path="/missing")) == (False, "HTTP 404")
+
+
+def test_an_http_check_fails_on_a_closed_port_and_on_a_silent_one(runtime: ProcessRuntime) -> None:
+    runtime.start(key(), Launch(command=["sleep", "30"]))
+
+    assert runtime.probe(key(), check(port=free_port())) == (False, "connection refused")
+    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        began = time.monotonic()
+        assert runtime.probe(key(), check(port=silent.getsockname()[1], timeout=0.3)) == (
+            False,
+            "timed out after 0.3s",
+        )
+        assert time.monotonic() - began < 2

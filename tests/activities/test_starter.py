@@ -1,5 +1,6 @@
-"""Starting a worker: GPU admission with health, a setup that waits and reports, and stops during setup.
-Real processes (the process runtime); the run that would hear the reports is a list."""
+"""Starting a worker: GPU admission with health, a setup that waits and reports, stops during setup, and the gang
+barrier (set up without starting, GPUs held until the start or a stop). Real processes (the process runtime); the
+run that would hear the reports is a list."""
 
 from __future__ import annotations
 
@@ -137,4 +138,71 @@ async def test_a_task_the_runtime_refuses_ends_its_setup_with_the_runtimes_reaso
     assert ended.value.reason.text == (
         "Invalid task: the process runtime cannot mount drives or files (/cache); run it on a docker machine"
     )
+    assert await machine.start(key("next"), group(gpus=3)) == [0, 1, 3]
+
+
+# ---- the gang barrier: set up without starting, GPUs held until the start or a stop -----------------------------
+
+
+async def test_a_barrier_setup_prepares_without_starting_and_the_start_keeps_its_gpus(machine: Machine) -> None:
+    secrets = [{"name": "hf", "key": "token", "env": "HF_TOKEN"}]
+    spec = group(gpus=2, command=["sh", "-c", 'echo "$HF_TOKEN"; sleep 30'], secrets=secrets)
+    (machine.root / "secrets" / "hf").mkdir(parents=True)
+    (machine.root / "secrets" / "hf" / "token").write_text("hf_abc")
+
+    assert await machine.starter.ready(key(), spec, {}, machine.beats.append) == ([0, 3], False)
+    assert machine.runtime.observe(key()) == Observed(running=False, not_found=True)
+    # Nothing runs, yet its GPUs are held: another attempt gets the at-risk one, not the held ones.
+    assert await machine.start(key("other"), group(gpus=1)) == [1]
+    with pytest.raises(SetupEnded, match=r"^Container start failed: needs 1 GPUs, 0 free on this machine$"):
+        await machine.start(key("third"), group(gpus=1))
+
+    assert await machine.start(key(), spec) == [0, 3]
+    assert machine.runtime.observe(key()).running
+    assert machine.runtime.gpus_in_use()[key().slug] == [0, 3]
+    assert machine.reported == []  # ready at once: no wait, and a process has no image to pull
+
+
+async def test_a_repeated_barrier_call_answers_the_same_and_reports_nothing_twice(machine: Machine) -> None:
+    spec = group(gpus=1, secrets=[{"name": "hf", "key": "token", "env": "HF_TOKEN"}])
+    waiting = asyncio.ensure_future(machine.starter.ready(key(), spec, {}, machine.beats.append))
+    await asyncio.sleep(0.2)
+    (machine.root / "secrets" / "hf").mkdir(parents=True)
+    (machine.root / "secrets" / "hf" / "token").write_text("hf_abc")
+    first = await asyncio.wait_for(waiting, 5)
+
+    again = await machine.starter.ready(key(), spec, {}, machine.beats.append, reported=machine.beats[-1])
+
+    assert first == again == ([0], False)
+    assert machine.reported == [("w-0", "waiting for external secret hf (key token) to be synced to this node")]
+    assert machine.runtime.attempts() == []
+
+
+async def test_a_barrier_call_after_the_start_says_it_started(machine: Machine) -> None:
+    await machine.starter.ready(key(), group(gpus=1), {}, machine.beats.append)
+    await machine.start(key(), group(gpus=1))
+
+    assert await machine.starter.ready(key(), group(gpus=1), {}, machine.beats.append) == ([0], True)
+
+
+async def test_a_stop_at_the_barrier_gives_its_gpus_back_and_it_never_starts(machine: Machine) -> None:
+    assert await machine.starter.ready(key(), group(gpus=3), {}, machine.beats.append) == ([0, 1, 3], False)
+
+    await machine.starter.stop(key(), grace_seconds=1)
+
+    assert await machine.start(key("next"), group(gpus=3)) == [0, 1, 3]
+    with pytest.raises(SetupEnded, match=r"^Stopped on request$"):
+        await machine.start(key(), group(gpus=3))
+    assert machine.runtime.observe(key()) == Observed(running=False, not_found=True)
+
+
+async def test_a_stop_during_the_barrier_setup_ends_it_and_gives_its_gpus_back(machine: Machine) -> None:
+    spec = group(gpus=3, secrets=[{"name": "hf", "key": "token", "env": "HF_TOKEN"}])
+    waiting = asyncio.ensure_future(machine.starter.ready(key(), spec, {}, machine.beats.append))
+    await asyncio.sleep(0.2)
+
+    await machine.starter.stop(key(), grace_seconds=1)
+
+    with pytest.raises(SetupEnded, match=r"^Stopped on request$"):
+        await asyncio.wait_for(waiting, 5)
     assert await machine.start(key("next"), group(gpus=3)) == [0, 1, 3]

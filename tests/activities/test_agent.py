@@ -1,0 +1,216 @@
+"""The agent's activities at the gang barrier and with readiness checks, over real processes (the process runtime):
+`start_task` with `barrier` sets up without starting and holds the GPUs; the run's variables reach the worker;
+`supervise_task` tells the run its worker's health when it changes. The runs that hear the signals are a list."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.agent import AgentActivities, task_key
+from activities.prepare import Preparer
+from activities.runtime.base import Observed
+from activities.runtime.process import ProcessRuntime
+from workflows.domain.nodes import GpuInfo, NodeInventory
+from workflows.domain.settings import Settings
+from workflows.domain.spec import GroupSpec, Readiness
+from workflows.messages import (
+    StartTaskInput,
+    StartTaskResult,
+    StopTaskInput,
+    SuperviseInput,
+    TaskExit,
+    TaskHealthReport,
+    TaskRef,
+    TaskReport,
+)
+
+
+class Runs:
+    """What the agent's client reaches: each run's workflow, which only records the signals it is sent."""
+
+    def __init__(self) -> None:
+        self.signals: list[tuple[str, str, Any]] = []  # (workflow id, signal, message)
+
+    def get_workflow_handle(self, workflow_id: str) -> _Handle:
+        return _Handle(self, workflow_id)
+
+    def health(self) -> list[tuple[bool, str]]:
+        return [(m.healthy, m.detail) for _, name, m in self.signals if name == "task_health"]
+
+
+class _Handle:
+    def __init__(self, runs: Runs, workflow_id: str) -> None:
+        self._runs, self._id = runs, workflow_id
+
+    async def signal(self, name: str, message: Any) -> None:
+        self._runs.signals.append((self._id, name, message))
+
+
+class Machine:
+    def __init__(self, root: Path) -> None:
+        self.runs = Runs()
+        self.runtime = ProcessRuntime(root / "tasks")
+        gpus = [GpuInfo(index=i, uuid=f"GPU-{i}", model="H100", memory_bytes=80 << 30) for i in range(2)]
+        inventory = NodeInventory(name="n0", cpus=8, memory_bytes=64 << 30, gpus=gpus)
+        self.agent = AgentActivities(cast(Client, self.runs), inventory, self.runtime, Preparer(root))
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> Iterator[Machine]:
+    yield Machine(tmp_path)
+    for directory in (tmp_path / "tasks").glob("*"):
+        for name, kill in (("pid", os.killpg), ("shim.pid", os.kill)):
+            with suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+                kill(int((directory / name).read_text()), signal.SIGKILL)
+
+
+def ref(task: str = "w-0", attempt: int = 1) -> TaskRef:
+    return TaskRef(namespace="team-a", job="serve", task_id=task, attempt=attempt)
+
+
+def group(**fields: Any) -> GroupSpec:
+    return GroupSpec.model_validate({"name": "w", "command": ["sleep", "30"], **fields})
+
+
+def ready_file_check(**fields: Any) -> Readiness:
+    """Passes while the file `ready` exists in the worker's directory (its working directory)."""
+    return Readiness.model_validate({"command": ["test", "-f", "ready"], "period_seconds": 0.05, **fields})
+
+
+async def start(machine: Machine, spec: GroupSpec, task: str = "w-0", **fields: Any) -> StartTaskResult:
+    return await ActivityEnvironment().run(
+        machine.agent.start_task, StartTaskInput(ref=ref(task), group=spec, **fields)
+    )
+
+
+async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.02)
+
+
+def supervise(machine: Machine, readiness: Readiness, reattach: bool = False) -> asyncio.Future[TaskExit]:
+    supervised = SuperviseInput(ref=ref(), settings=Settings(), reattach=reattach, readiness=readiness)
+    return asyncio.ensure_future(ActivityEnvironment().run(machine.agent.supervise_task, supervised))
+
+
+# ---- start_task at the barrier --------------------------------------------------------------------------------------
+
+
+async def test_a_barrier_start_sets_up_without_starting_then_the_start_runs_it_with_the_runs_variables(
+    machine: Machine,
+) -> None:
+    show = 'echo "$MODEL $MASTER_ADDR $RANK $ASTRAEUS_NODE $ASTRAEUS_GROUP"'
+    spec = group(gpus=1, command=["sh", "-c", show], env={"MODEL": "7b", "MASTER_ADDR": "group"})
+    run_env = {"MASTER_ADDR": "10.0.0.5", "RANK": "3", "ASTRAEUS_NODE": "not-this-one"}
+
+    assert await start(machine, spec, barrier=True, env=run_env) == StartTaskResult(gpu_indices=[0], started=False)
+    assert machine.runtime.observe(task_key(ref())) == Observed(running=False, not_found=True)
+
+    assert await start(machine, spec, env=run_env) == StartTaskResult(gpu_indices=[0], started=True)
+    await until(lambda: machine.runtime.observe(task_key(ref())).exit_code == 0)
+    assert machine.runtime.log_tail(task_key(ref()), 5, 1024) == "7b 10.0.0.5 3 n0 w\n"
+
+
+async def test_the_gpus_held_at_the_barrier_are_given_back_by_a_stop(machine: Machine) -> None:
+    assert await start(machine, group(gpus=2), barrier=True) == StartTaskResult(gpu_indices=[0, 1], started=False)
+    with pytest.raises(ApplicationError) as refused:
+        await start(machine, group(gpus=1), task="w-1")
+    assert refused.value.message == "Container start failed: needs 1 GPUs, 0 free on this machine"
+
+    await ActivityEnvironment().run(machine.agent.stop_task, StopTaskInput(ref=ref(), grace_seconds=1))
+
+    assert await start(machine, group(gpus=2), task="w-1") == StartTaskResult(gpu_indices=[0, 1])
+    with pytest.raises(ApplicationError) as refused:
+        await start(machine, group(gpus=2))
+    assert (refused.value.type, refused.value.message) == ("StoppedOnRequest", "Stopped on request")
+
+
+# ---- supervise_task with a readiness check ------------------------------------------------------------------------
+
+
+async def test_health_is_told_first_and_then_only_when_it_changes(machine: Machine) -> None:
+    await start(machine, group())
+    ready = machine.runtime.root / task_key(ref()).slug / "ready"
+    supervising = supervise(machine, ready_file_check())
+
+    await until(lambda: len(machine.runs.health()) == 1)
+    await asyncio.sleep(0.3)  # several checks fail alike: told once
+    ready.touch()
+    await until(lambda: len(machine.runs.health()) == 2)
+    await asyncio.sleep(0.3)
+    ready.unlink()
+    await until(lambda: len(machine.runs.health()) == 3)
+    await ActivityEnvironment().run(machine.agent.stop_task, StopTaskInput(ref=ref(), grace_seconds=1))
+
+    assert (await asyncio.wait_for(supervising, 5)).exit_code == 143
+    assert machine.runs.health() == [
+        (False, "exited with code 1"),
+        (True, "exited with code 0"),
+        (False, "exited with code 1"),
+    ]
+    names = [(workflow_id, name) for workflow_id, name, _ in machine.runs.signals]
+    assert names == [("job/team-a/serve", "task_running")] + [("job/team-a/serve", "task_health")] * 3
+    assert machine.runs.signals[1][2] == TaskHealthReport(
+        task_id="w-0", attempt=1, healthy=False, detail="exited with code 1"
+    )
+
+
+async def test_a_supervisor_that_reattaches_tells_the_health_again(machine: Machine) -> None:
+    await start(machine, group())
+    (machine.runtime.root / task_key(ref()).slug / "ready").touch()
+    first = supervise(machine, ready_file_check())
+    await until(lambda: len(machine.runs.health()) == 1)
+    first.cancel()
+
+    again = supervise(machine, ready_file_check(), reattach=True)
+    await until(lambda: len(machine.runs.health()) == 2)
+
+    assert machine.runs.health() == [(True, "exited with code 0")] * 2
+    assert machine.runs.signals[-2][1:] == ("task_running", TaskReport(task_id="w-0", attempt=1, heartbeat=True))
+    again.cancel()
+    with suppress(BaseException):
+        await asyncio.gather(first, again)
+
+
+async def test_a_slow_check_never_delays_the_heartbeats(machine: Machine) -> None:
+    await start(machine, group())
+    beats: list[float] = []
+    supervised = SuperviseInput(
+        ref=ref(),
+        settings=Settings(),
+        readiness=Readiness(command=["sleep", "10"], period_seconds=0.05, timeout_seconds=1.5),
+    )
+    environment = ActivityEnvironment()
+    environment.on_heartbeat = lambda *_: beats.append(time.monotonic())
+    supervising = asyncio.ensure_future(environment.run(machine.agent.supervise_task, supervised))
+
+    await until(lambda: len(machine.runs.health()) == 1, seconds=5)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(beats)]
+
+    assert machine.runs.health() == [(False, "timed out after 1.5s")]
+    assert len(beats) >= 4 and max(gaps) < 1.0  # it beats every 0.25 s while the check hangs
+    await ActivityEnvironment().run(machine.agent.stop_task, StopTaskInput(ref=ref(), grace_seconds=1))
+    await asyncio.wait_for(supervising, 5)
+
+
+async def test_a_worker_without_a_readiness_check_is_never_told_healthy(machine: Machine) -> None:
+    await start(machine, group(command=["sh", "-c", "sleep 0.3"]))
+    supervised = SuperviseInput(ref=ref(), settings=Settings())
+
+    assert (await ActivityEnvironment().run(machine.agent.supervise_task, supervised)).exit_code == 0
+    assert [name for _, name, _ in machine.runs.signals] == ["task_running"]
