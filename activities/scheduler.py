@@ -123,7 +123,7 @@ class SchedulerService:
             held = self._allocations.get(request.key)
             if held is not None and held.attempt == request.attempt:
                 # Asked again for a worker already placed (a retried call): answer the same.
-                again.append(self._signal(request.job_id, "placement", _update(request, held.node)))
+                again.append(self._signal(request.job_id, "placement", self._placed(request, held.node)))
                 continue
             self._requests[request.key] = request
             self._sent.pop(request.key, None)
@@ -209,7 +209,7 @@ class SchedulerService:
             self._allocations[request.key] = allocation_for(request, decision.node, now)
             self._requests.pop(request.key, None)
             self._sent.pop(request.key, None)
-            return self._signal(request.job_id, "placement", _update(request, decision.node))
+            return self._signal(request.job_id, "placement", self._placed(request, decision.node))
         assert decision.reason is not None
         update = PlacementAnswer(
             task_id=request.task_id,
@@ -217,6 +217,7 @@ class SchedulerService:
             code=decision.reason.code,
             reason=decision.reason.text,
             nodes=decision.nodes,
+            quota_reached=decision.reached.text if decision.reached is not None else "",
         )
         last = self._sent.get(request.key)
         if last is not None:
@@ -229,6 +230,12 @@ class SchedulerService:
                 return None
         self._sent[request.key] = (update, now)
         return self._signal(request.job_id, "placement", update)
+
+    def _placed(self, request: TaskRequest, node: str) -> PlacementAnswer:
+        """A machine for the worker, with the address its run's other workers reach it at (a gang's leader)."""
+        view = self._nodes.get(node)
+        address = view.inventory.address if view is not None and view.inventory is not None else None
+        return PlacementAnswer(task_id=request.task_id, attempt=request.attempt, node=node, address=address)
 
     def _preempt(self, preemption: Preemption) -> Awaitable[None]:
         for task_id in preemption.task_ids:
@@ -276,10 +283,6 @@ async def _bounded(effects: list[Awaitable[None]]) -> None:
             await effect
 
     await asyncio.gather(*(one(e) for e in effects))
-
-
-def _update(request: TaskRequest, node: str) -> PlacementAnswer:
-    return PlacementAnswer(task_id=request.task_id, attempt=request.attempt, node=node)
 
 
 def _restored(alloc: Allocation, priority: int | None, now: datetime) -> Allocation:

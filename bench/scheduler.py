@@ -5,6 +5,7 @@ queues N runs of mixed sizes (1 to 8 GPUs, a quarter with time limits, some with
 with quotas), then times:
 
 - a full pass (`schedule`) over the whole queue, cold, and again over the same view;
+- the same pass with gang runs in the queue (`--gangs` runs of 2 to 64 workers, placed whole or not at all);
 - one placement decision: a single worker that fits, against the prebuilt cluster (index, checks, best fit);
 - one waiting decision: a worker that fits nowhere, with every machine's reasons (explanations warm and cold);
 - the cost of building the pass's view (compiling machines, indexing, what each holds).
@@ -107,6 +108,35 @@ def queued(count: int, rnd: random.Random) -> list[TaskRequest]:
     return requests
 
 
+def gang_runs(count: int, rnd: random.Random) -> list[TaskRequest]:
+    """Gang runs of 2 to 8 workers (some of 64) of 4 or 8 GPUs each, a few with min_available, in several
+    namespaces, each claiming before the single workers of its priority."""
+    requests = []
+    for i in range(count):
+        workers, size = rnd.choice([2, 2, 4, 4, 8, 64]), rnd.choice([4, 8, 8])
+        minimum = workers // 2 if i % 5 == 0 else None
+        namespace = f"ns{i % 10}"
+        priority = rnd.choice([0, 0, 1, 2, 3])
+        for w in range(workers):
+            requests.append(
+                TaskRequest(
+                    job_id=f"job/{namespace}/gang-{i}",
+                    namespace=namespace,
+                    task_id=f"w-{w}",
+                    index=w,
+                    attempt=0,
+                    priority=priority,
+                    submitted_at=NOW - timedelta(days=1, seconds=count - i),  # claims before the single workers
+                    cpu=8 * size,
+                    memory_bytes=size * 64 * 2**30,
+                    gpus=size,
+                    gang=True,
+                    min_available=minimum,
+                )
+            )
+    return requests
+
+
 def timed(fn: Callable[[], object], repeat: int) -> list[float]:
     samples = []
     for _ in range(repeat):
@@ -128,6 +158,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--fill", type=float, default=0.8, help="chance of each further worker on a machine")
+    parser.add_argument("--gangs", type=int, default=200, help="gang runs added to the queue for the gang pass")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
@@ -160,6 +191,19 @@ def main() -> None:
     reserving = timed(lambda: schedule(requests, nodes, senior, NOW, quotas=quotas), args.repeat)
     show("per pass", reserving)
     show("per decision (pass / queued runs)", reserving, per=len(requests))
+
+    with_gangs = requests + gang_runs(args.gangs, rnd)
+    plan = schedule(with_gangs, nodes, allocations, NOW, quotas=quotas)
+    codes = Counter(d.reason.code if d.reason else "Placed" for d in plan.decisions if d.request.gang)
+    print(f"\nwith {args.gangs} gang runs ({len(with_gangs) - len(requests)} workers) in the queue, their workers: "
+          + ", ".join(f"{code} {n}" for code, n in codes.most_common()))  # fmt: skip
+    ganged = timed(lambda: schedule(with_gangs, nodes, allocations, NOW, quotas=quotas), args.repeat)
+    show("per pass", ganged)
+    show("per decision (pass / queued workers)", ganged, per=len(with_gangs))
+    plan = schedule(with_gangs, nodes, senior, NOW, quotas=quotas)
+    codes = Counter(d.reason.code if d.reason else "Placed" for d in plan.decisions if d.request.gang)
+    print("  when running work outranks the queue: " + ", ".join(f"{code} {n}" for code, n in codes.most_common()))
+    show("per pass", timed(lambda: schedule(with_gangs, nodes, senior, NOW, quotas=quotas), args.repeat))
 
     print("\nthe pass's view:")
     show("build (compile machines, index free GPUs, what each holds)", timed(lambda: Cluster(nodes, allocations, NOW),

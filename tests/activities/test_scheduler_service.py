@@ -333,3 +333,43 @@ async def test_changes_that_arrive_during_a_pass_are_decided_together() -> None:
         f"job/default/r{i}" for i in range(20)
     )
     assert svc.passes <= 3
+
+
+async def test_a_placed_worker_is_told_its_machines_address_and_every_gang_member_is_answered() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8, address="10.0.0.5"), "n1": machine("n1", gpus=8)})
+    svc = await service(cluster)
+    members = [request(f"w-{i}", run="g", gpus=8, gang=True) for i in range(2)]
+    await svc.place(PlaceInput(requests=members))
+    assert sorted((job, u.task_id, u.node, u.address) for job, u in cluster.sent("placement")) == [
+        ("job/default/g", "w-0", "n0", "10.0.0.5"),
+        ("job/default/g", "w-1", "n1", "127.0.0.1"),
+    ]
+    await svc.place(PlaceInput(requests=[members[0]]))  # asked again: the same answer, address included
+    assert cluster.sent("placement")[-1][1] == PlacementAnswer(task_id="w-0", attempt=0, node="n0", address="10.0.0.5")
+
+
+async def test_a_gang_that_cannot_be_placed_whole_answers_every_member() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
+    svc = await service(cluster)
+    await svc.place(PlaceInput(requests=[request(f"w-{i}", run="g", gpus=8, gang=True) for i in range(2)]))
+    assert placements(cluster) == [
+        ("job/default/g", "w-0", None, "Gang cannot be placed whole: 1 of 1 machines ready"),
+        ("job/default/g", "w-1", None, "Gang cannot be placed whole: 1 of 1 machines ready"),
+    ]
+
+
+async def test_a_worker_waiting_on_quota_is_told_what_its_run_records() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)}, quotas=[Quota(namespace="default", gpus=4)])
+    svc = await service(cluster)
+    await svc.place(PlaceInput(requests=[request(run="first", gpus=2)]))
+    assert cluster.sent("placement")[-1][1].quota_reached == ""
+    await svc.place(PlaceInput(requests=[request(f"w-{i}", run="g", gpus=2, gang=True) for i in range(2)]))
+    answers = [u for _, u in cluster.sent("placement")[1:]]
+    assert [(u.task_id, u.reason, u.quota_reached) for u in answers] == [
+        (
+            f"w-{i}",
+            "Gang waits for namespace quota: gpus 2 in use + 4 asked > 4",
+            "Quota reached: gpus 2 in use + 4 asked > 4",
+        )
+        for i in range(2)
+    ]

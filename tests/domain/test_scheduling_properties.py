@@ -82,23 +82,34 @@ def with_gangs(draw: st.DrawFn) -> Cluster:
     for j in range(draw(st.integers(1, 3))):
         size = draw(st.integers(1, 4))
         minimum = draw(st.sampled_from([None, None, *range(1, size + 1)]))
-        fields = {
-            "run": f"g{j}",
-            "namespace": f"ns{draw(st.integers(0, 1))}",
-            "priority": draw(st.integers(0, 2)),
-            "submitted": draw(st.integers(0, 5)),
-            "cpu": draw(quarters),
-            "memory": draw(st.integers(0, 300)),
-            "gpus": draw(st.integers(0, 6)),
-            "limit": draw(limits),
-        }
+        namespace, cpu = f"ns{draw(st.integers(0, 1))}", draw(quarters)
+        memory, gpus = draw(st.integers(0, 300)), draw(st.integers(0, 6))
         first = 0
         if minimum is not None and size > 1 and draw(st.booleans()):
             first = 1  # its first worker already runs
-            cpu, memory, gpus = fields["cpu"], fields["memory"], fields["gpus"]
-            allocations.append(holding(draw(st.sampled_from(names)), run=f"g{j}", namespace=fields["namespace"],  # type: ignore[arg-type]
-                                       task="w-0", cpu=cpu, memory=memory, gpus=gpus, group="w"))  # type: ignore[arg-type]  # fmt: skip
-        requests += [request(f"w-{i}", gang=True, min_available=minimum, **fields) for i in range(first, size)]  # type: ignore[arg-type]
+            node = draw(st.sampled_from(names))
+            allocations.append(
+                holding(
+                    node, run=f"g{j}", namespace=namespace, task="w-0", cpu=cpu, memory=memory, gpus=gpus, group="w"
+                )
+            )
+        priority, submitted, limit = draw(st.integers(0, 2)), draw(st.integers(0, 5)), draw(limits)
+        requests += [
+            request(
+                f"w-{i}",
+                run=f"g{j}",
+                namespace=namespace,
+                priority=priority,
+                submitted=submitted,
+                cpu=cpu,
+                memory=memory,
+                gpus=gpus,
+                limit=limit,
+                gang=True,
+                min_available=minimum,
+            )
+            for i in range(first, size)
+        ]
     return requests, nodes, allocations
 
 
@@ -237,6 +248,31 @@ def test_a_gang_is_never_partly_placed_and_its_minimum_starts_together(cluster: 
         assert placed_required in (0, len(required)), f"{job_id}: its minimum is partly placed"
         if placed_now:
             assert placed_required == len(required), f"{job_id}: a member beyond the minimum started without it"
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(with_gangs())
+def test_backfill_never_delays_a_gang_head(cluster: Cluster) -> None:
+    requests, nodes, allocations = cluster
+    plan = schedule(requests, nodes, allocations, NOW)
+    by_key = {r.key: r for r in requests}
+    members = [by_key[key] for key in plan.holds if by_key[key].gang and by_key[key].min_available is None]
+    if not members:
+        return
+    order = [d.request.key for d in plan.decisions]
+    later = plan.decisions[order.index(members[-1].key) + 1 :]
+    starts = {start for _, start in plan.holds.values()}
+    assert len(starts) == 1, "a gang's members start together"
+    [start] = starts
+    held = {node for node, _ in plan.holds.values()}
+    if start is None:
+        assert not [d for d in later if d.node in held], "nothing starts where a gang waits without a time"
+        return
+    # Everything the pass placed, then the gang alone on the machines it holds: it still starts by its time.
+    again = schedule(members, [n for n in nodes if n.name in held], [*allocations, *placed(plan)], NOW)
+    if any(d.node is None for d in again.decisions):
+        new_starts = {s for _, s in again.holds.values()}
+        assert len(new_starts) == 1 and None not in new_starts and max(new_starts) <= start  # type: ignore[operator]
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)

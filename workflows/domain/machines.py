@@ -150,6 +150,9 @@ class Cluster:
         # Placements since the pass began, each with the allocation its key held before (a worker asked again while
         # its old attempt still holds room), so that a tentative placement can be undone exactly.
         self._placed: list[tuple[Allocation, Allocation | None]] = []
+        self.node_version: Counter[str] = Counter()  # changes to each machine's room: keys for `memo`
+        self.memo: dict[tuple[object, ...], object] = {}  # answers about a machine, keyed with its node_version
+        self._closed: set[str] = set()  # out of the index for the rest of the pass
         self._buckets: list[list[tuple[float, int, str]]] = []
         for alloc in allocations:
             self._hold(alloc, 1)
@@ -219,15 +222,23 @@ class Cluster:
             free.memory_bytes -= sign * alloc.memory_bytes
             free.gpus -= sign * alloc.gpus
 
+    def close(self, name: str) -> None:
+        """Nothing starts on the machine for the rest of the pass (a head holds it, its start unknown): placement
+        no longer looks at it."""
+        if name not in self._closed and name in self.machines and self.machines[name].not_ready is None:
+            self._unindex(name)
+            self._closed.add(name)
+
     def _change(self, alloc: Allocation, sign: int) -> None:
         node = alloc.node
-        indexed = node in self.machines and self.machines[node].not_ready is None
+        indexed = node in self.machines and self.machines[node].not_ready is None and node not in self._closed
         if indexed:
             self._unindex(node)
         self._hold(alloc, sign)
         if indexed:
             self._index(node)
         self.version += 1
+        self.node_version[node] += 1
         self.changed.append(node)
 
     def place(self, request: TaskRequest, node: str, *, until_released: bool = False) -> Allocation:

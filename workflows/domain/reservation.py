@@ -43,8 +43,23 @@ def _free_at(cluster: Cluster, node: str, at: datetime) -> Free:
     return result
 
 
+def _ask_key(ask: Ask) -> tuple[object, ...]:
+    """What of an ask the checks read (drives are the same for a whole pass)."""
+    request = ask.request
+    return (request.shape, tuple(sorted(ask.run_nodes.items()))) if request.with_run else (request.shape,)
+
+
 def earliest_start(cluster: Cluster, node: str, ask: Ask) -> datetime | None:
-    """When the worker fits on `node` as time-limited work ends; None when that takes work without a limit."""
+    """When the worker fits on `node` as time-limited work ends; None when that takes work without a limit.
+    Remembered until the machine's room changes (a gang head asks it of every machine for every member)."""
+    key = ("start", node, cluster.node_version[node], *_ask_key(ask))
+    if key not in cluster.memo:
+        cluster.memo[key] = _earliest_start(cluster, node, ask)
+    start: datetime | None = cluster.memo[key]  # type: ignore[assignment]
+    return start
+
+
+def _earliest_start(cluster: Cluster, node: str, ask: Ask) -> datetime | None:
     machine = cluster.machines[node]
     if fits(machine, cluster.free[node], ask):
         return cluster.now
@@ -63,7 +78,7 @@ def reserve(cluster: Cluster, ask: Ask, names: list[str], taken: set[str]) -> Re
     best: tuple[tuple[bool, bool, datetime, int, str], Reservation] | None = None
     for name in names:
         machine = cluster.machines[name]
-        if machine.not_ready is not None or not fits_empty(machine, ask):
+        if machine.not_ready is not None or not _fits_empty(cluster, name, ask):
             continue
         at = earliest_start(cluster, name, ask)
         missing = max(ask.request.gpus - cluster.free[name].gpus, 0)
@@ -71,6 +86,13 @@ def reserve(cluster: Cluster, ask: Ask, names: list[str], taken: set[str]) -> Re
         if best is None or rank < best[0]:
             best = (rank, Reservation(ask, name, at))
     return best[1] if best else None
+
+
+def _fits_empty(cluster: Cluster, node: str, ask: Ask) -> bool:
+    key = ("empty", node, *_ask_key(ask))
+    if key not in cluster.memo:
+        cluster.memo[key] = fits_empty(cluster.machines[node], ask)
+    return bool(cluster.memo[key])
 
 
 @dataclass
@@ -87,11 +109,21 @@ class Reservations:
         return set(self.by_node)
 
     def allows(self, cluster: Cluster, node: str, ask: Ask) -> bool:
-        """Whether the worker may start on `node` now without delaying any head that holds room there."""
+        """Whether the worker may start on `node` now without delaying any head that holds room there. Remembered
+        until the machine's room or its holds change: a gang head holds many machines that the queue behind it
+        looks at again and again."""
         held = self.by_node.get(node)
         if not held:
             return True
         request = ask.request
+        key = ("allows", node, cluster.node_version[node], len(held), request.cpu, request.memory_bytes,
+               request.gpus, request.time_limit_seconds)  # fmt: skip
+        if key not in cluster.memo:
+            cluster.memo[key] = self._allows(cluster, node, held, request)
+        return bool(cluster.memo[key])
+
+    @staticmethod
+    def _allows(cluster: Cluster, node: str, held: list[Reservation], request: TaskRequest) -> bool:
         for reservation in held:
             if reservation.at is None:
                 return False  # no start time known: nothing can be shown not to delay it

@@ -5,6 +5,19 @@ Queue order is higher priority first, then earlier claim. In order, each worker:
 head holds (or that it may backfill); else, if no machine could ever take it, says why machine by machine; else the
 first such worker of the queue is the head: it preempts lower-priority work when that makes room, or reserves the
 machine where it starts soonest; the others queue behind it. Pure: the result is a Plan the service carries out.
+
+Gang runs: the waiting workers of one gang run are decided together at the place of the first of them. Quota is
+asked for all of them at once ("Gang waits for namespace quota: ..."); each takes the tightest machine as a single
+worker would, its checks seeing where the earlier ones went; if one does not fit, every tentative place is undone
+and each waits with "Gang cannot be placed whole: r of n machines ready" and the machines' reasons for the first
+member that did not fit. With min_available m, the run's placed workers count, and only the lowest-index waiting
+ones that bring it to m are placed together ("Cannot place the minimum to start together: k of m fit at once; r of
+n machines ready", k counting the placed workers and the waiting ones that fit with them, so that min_available k
+would start now); once m is reached the others are decided one by one, as single workers. A gang that would fit
+whole on the cluster emptied of other runs' work leads the queue as a single worker does: it keeps its reason,
+holds a machine for every member (found one after the other, the earlier ones held in place) from when the last
+of them can start, and work behind it backfills only around that; behind another head it is "Queued behind ...".
+A gang head preempts nothing (yet): it waits for running work to end.
 """
 
 from __future__ import annotations
@@ -107,6 +120,7 @@ class _Pass:
         self.reservations = Reservations()
         self.head: TaskRequest | None = None
         self.head_starts: list[datetime | None] = []
+        self._fit_cache: dict[tuple[object, ...], bool] = {}  # gang shapes -> whether they fit whole when idle
         self.plan = Plan()
 
     # ---- the pass ---------------------------------------------------------------------------------------------
@@ -239,23 +253,36 @@ class _Pass:
         ready = self.explainer.ready(names, names_key)
         return Decision(request, None, _apart_reason(request, fit, ready, len(names)), reasons)
 
-    def _gang_waits(self, required: list[TaskRequest], why: Decision, names: list[str], names_key: NamesKey) -> (
-        Decision
-    ):  # fmt: skip
+    def _gang_waits(
+        self, required: list[TaskRequest], why: Decision, names: list[str], names_key: NamesKey
+    ) -> Decision:
         """A gang that would fit whole once work ends leads the queue (holding room for every member) or queues
         behind its head, as a single worker does; one that never would keeps its reason."""
         first = required[0]
         assert why.reason is not None
         if why.reason.code not in (R.GangCannotBePlaced.code, R.CannotPlaceMinimum.code):
             return why
-        feasible = all(self.explainer.feasible(ask_for(m, self.cluster, self.drives), names, names_key)
-                       for m in required)  # fmt: skip
-        if not feasible or not fit_together_empty(self.cluster, required, names, self.drives):
+        if not self._fit_together(required, names, names_key):
             return why
         if self.head is None or self.head.job_id == first.job_id:
             self._hold_together(required, names)
             return why
         return Decision(first, None, self._behind(first), why.nodes)
+
+    def _fit_together(self, required: list[TaskRequest], names: list[str], names_key: NamesKey) -> bool:
+        """Whether the members would fit whole on the cluster emptied of other runs' work; remembered for the pass
+        by the members' shapes when where the run already is cannot matter."""
+        cluster, drives = self.cluster, self.drives
+        if not all(self.explainer.feasible(ask_for(m, cluster, drives), names, names_key) for m in required):
+            return False
+        alone = not any(m.with_run for m in required) and not cluster.placed_count(required[0].job_id)
+        key = (tuple(m.shape for m in required), names_key)
+        if alone and key in self._fit_cache:
+            return self._fit_cache[key]
+        fit = fit_together_empty(cluster, required, names, drives)
+        if alone:
+            self._fit_cache[key] = fit
+        return fit
 
     def _hold_together(self, required: list[TaskRequest], names: list[str]) -> None:
         """The head gang holds a machine for each member, found one after the other with the earlier members held
@@ -264,8 +291,8 @@ class _Pass:
         mark = self.cluster.mark()
         found: list[Reservation] = []
         for member in required:
-            reservation = reserve(self.cluster, ask_for(member, self.cluster, self.drives), names,
-                                  self.reservations.nodes)  # fmt: skip
+            ask = ask_for(member, self.cluster, self.drives)
+            reservation = reserve(self.cluster, ask, names, self.reservations.nodes)
             if reservation is not None:
                 found.append(reservation)
                 self.cluster.place(member, reservation.node, until_released=True)
@@ -289,7 +316,8 @@ class _Pass:
         machine = cluster.machines[name]
         if names_key is not None and not machine.pools & set(names_key):
             return False
-        return fits(machine, cluster.free[name], ask) and self.reservations.allows(cluster, name, ask)
+        # Holds first: remembered per machine, they turn a gang head's many machines away at the cost of a lookup.
+        return self.reservations.allows(cluster, name, ask) and fits(machine, cluster.free[name], ask)
 
     def _find(self, ask: Ask, names_key: NamesKey) -> str | Decision | None:
         """The tightest machine that takes the worker now; with a patience window, one on an InfiniBand fabric
@@ -357,6 +385,8 @@ class _Pass:
 
     def _hold(self, reservation: Reservation) -> Reason:
         self.reservations.add(reservation)
+        if reservation.at is None:  # nothing may start there now: no need to look at it again
+            self.cluster.close(reservation.node)
         self.head_starts.append(reservation.at)
         self.plan.holds[reservation.request.key] = (reservation.node, reservation.at)
         priority = reservation.request.priority
