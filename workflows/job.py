@@ -92,6 +92,7 @@ class JobWorkflow:
         self._inbox: list[ev.Event] = []
         self._busy: set[asyncio.Task[None]] = set()  # calls that must finish (place, release, start, stop)
         self._supervisors: dict[Key, asyncio.Task[None]] = {}  # cancelled once their worker leaves its machine
+        self._starting: set[Key] = set()  # start calls in flight
         self._timers: set[asyncio.Task[None]] = set()  # cancelled when the run closes or continues as new
         self._nodes: list[str] = []
         self._state = RunState.PENDING.value  # the AstraeusState the run was started with
@@ -219,6 +220,8 @@ class JobWorkflow:
         """Start the worker on its machine; once started, a supervisor watches it. A gang member is first only
         set up (barrier): it is started by a second call once every member is ready."""
         ref = self._ref(command.task_id, command.attempt)
+        key = (command.task_id, command.attempt)
+        self._starting.add(key)
         try:
             result = await workflow.execute_activity(
                 "start_task",
@@ -236,6 +239,8 @@ class JobWorkflow:
                 ev.TaskSetupFailed(task_id=command.task_id, attempt=command.attempt, code=code, reason=reason)
             )
             return
+        finally:
+            self._starting.discard(key)
         if not result.started:
             self._inbox.append(ev.TaskReady(task_id=command.task_id, attempt=command.attempt))
             return
@@ -305,6 +310,10 @@ class JobWorkflow:
             retry_policy=PATIENT,
             summary=f"stop {command.task_id} on {command.node}",
         )
+        key = (command.task_id, command.attempt)
+        if key not in self._supervisors and key not in self._starting:
+            # Nothing ran, so nothing else reports its end (a gang member stopped at the barrier).
+            self._inbox.append(ev.StopConfirmed(task_id=command.task_id, attempt=command.attempt))
 
     async def _timer(self, command: ev.ArmTimer) -> None:
         await workflow.sleep(max((command.at - workflow.now()).total_seconds(), 0), summary=command.timer.value)

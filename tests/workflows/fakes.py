@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from temporalio import activity
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from workflows.domain.nodes import node_task_queue
@@ -48,6 +49,9 @@ class Script:
     # Supervisors that go silent (no heartbeat) before one answers again: "w-0.0" -> how many go silent
     # (a large number: the agent never answers again).
     silent: dict[str, int] = field(default_factory=dict)
+    # Gang members whose set-up ("w-1", or one attempt "w-1.0") never finishes: each barrier call fails, and is
+    # tried again, so virtual time still runs.
+    late: set[str] = field(default_factory=set)
 
     def holds(self, task_id: str, attempt: int) -> bool:
         return task_id in self.hold or f"{task_id}.{attempt}" in self.hold
@@ -61,6 +65,7 @@ class FakeCluster:
         self.released: list[tuple[str, int]] = []
         self.stopped: dict[str, asyncio.Event] = {}
         self.supervisors: list[tuple[str, int, bool]] = []  # (task, attempt, reattach) of every call
+        self.starts: list[StartTaskInput] = []  # every start_task call that answered, in order
 
     @activity.defn(name="load_settings")
     async def load_settings(self) -> Settings:
@@ -77,7 +82,7 @@ class FakeCluster:
                     reason="No machine fits: 1 of 1 machines ready",
                 )
             else:
-                update = PlacementAnswer(task_id=r.task_id, attempt=r.attempt, node=NODE)
+                update = PlacementAnswer(task_id=r.task_id, attempt=r.attempt, node=NODE, address="127.0.0.1")
             await self.client.get_workflow_handle(r.job_id).signal("placement", update)
 
     @activity.defn(name="release")
@@ -86,7 +91,14 @@ class FakeCluster:
 
     @activity.defn(name="start_task")
     async def start_task(self, input: StartTaskInput) -> StartTaskResult:
-        return StartTaskResult()
+        ref = input.ref
+        stopped = self.stopped.get(f"{ref.task_id}.{ref.attempt}")
+        if stopped is not None and stopped.is_set():
+            raise ApplicationError("Stopped on request", type="StoppedOnRequest", non_retryable=True)
+        if input.barrier and (ref.task_id in self.script.late or f"{ref.task_id}.{ref.attempt}" in self.script.late):
+            raise ApplicationError("still pulling")  # retried (PATIENT) until the run gives up on it
+        self.starts.append(input)
+        return StartTaskResult(started=not input.barrier)
 
     @activity.defn(name="supervise_task")
     async def supervise_task(self, input: SuperviseInput) -> TaskExit:

@@ -63,6 +63,14 @@ class TaskReady(_Msg):
     attempt: int
 
 
+class StopConfirmed(_Msg):
+    """The machine finished a stop of a worker that had no container (a gang member at the barrier)."""
+
+    kind: Literal["stop_confirmed"] = "stop_confirmed"
+    task_id: str
+    attempt: int
+
+
 class TaskHealth(_Msg):
     """The group's readiness check passes (healthy) or stopped passing."""
 
@@ -160,6 +168,7 @@ Event = Annotated[
     | TaskStarted
     | TaskReady
     | TaskHealth
+    | StopConfirmed
     | TaskProgress
     | TaskSetupFailed
     | TaskRunning

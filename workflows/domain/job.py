@@ -19,6 +19,7 @@ from workflows.domain.events import (
     PlacementUpdate,
     Preempt,
     Release,
+    StopConfirmed,
     StopRequested,
     TaskEnded,
     TaskHealth,
@@ -201,6 +202,10 @@ def _apply(step: Step, event: Event) -> None:
             task = _current(job, task_id, attempt)
             if task is not None and task.state in (TaskState.PREPARING, TaskState.PULLING):
                 gang.arrived(step, task)
+        case StopConfirmed(task_id=task_id, attempt=attempt):
+            task = _current(job, task_id, attempt)
+            if task is not None and task.state is TaskState.STOPPING:
+                step.end(task, TaskEvent.STOP_CONFIRMED, R.StoppedOnRequest())
         case TaskHealth(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
             if task is not None and task.state in (TaskState.STARTING, TaskState.RUNNING, TaskState.STALE):
