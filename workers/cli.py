@@ -136,6 +136,7 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         pools=args.pool,
         accept_labels=dict(_label(item, "--accept-label") for item in args.accept_label),
         site=args.site,
+        address=args.address,
         runtime=args.runtime,
         docker_host=args.docker_host,
         host_paths=args.host_path,
@@ -350,6 +351,8 @@ def parser() -> argparse.ArgumentParser:
                        help="KEY=VALUE: take only workers that select this label (repeatable)")  # fmt: skip
     agent.add_argument("--rack", help=f"this machine's rack (the label {RACK_LABEL})")
     agent.add_argument("--site", help="this machine's site (where its drives' data is)")
+    agent.add_argument("--address", default="127.0.0.1",
+                       help="where other machines reach this one (a gang's MASTER_ADDR)")  # fmt: skip
     machine_flags(agent)
 
     submit = command("submit", cmd_submit, "submit a run spec (YAML)", read=True)

@@ -66,6 +66,7 @@ class AgentOptions:
     pools: list[str] = field(default_factory=list)
     accept_labels: dict[str, str] = field(default_factory=dict)  # takes only workers that select one of these
     site: str | None = None
+    address: str = "127.0.0.1"  # where other machines reach this one (a gang's MASTER_ADDR)
     runtime: str = "process"
     docker_host: str | None = None  # default: $DOCKER_HOST, else the engine's socket
     host_paths: list[str] = field(default_factory=list)  # the only host paths drives may mount; empty: any
@@ -90,6 +91,7 @@ def inventory(options: AgentOptions) -> NodeInventory:
         pools=options.pools,
         accept_labels=options.accept_labels,
         site=options.site,
+        address=options.address,
     )
 
 

@@ -45,12 +45,7 @@ class ProcessRuntime:
     def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Start the attempt unless it already exists; returns once its worker started (or already ended).
         A process has no image to pull, and nothing can be mounted into it: mounts are refused."""
-        if not launch.command:
-            raise RuntimeFailure(R.InvalidTask(error="the command is empty"))
-        if launch.mounts:
-            targets = ", ".join(mount.target for mount in launch.mounts)
-            error = f"the process runtime cannot mount drives or files ({targets}); run it on a docker machine"
-            raise RuntimeFailure(R.InvalidTask(error=error))
+        _refuse_what_cannot_run(launch)
         directory = self._dir(key)
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -65,7 +60,9 @@ class ProcessRuntime:
         self._wait_until_started(directory, shim)
 
     def ensure_image(self, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
-        """A process has no image: nothing to pull."""
+        """A process has no image: nothing to pull. What it could never start is refused here already, so a gang
+        member fails at set-up rather than after the barrier opened."""
+        _refuse_what_cannot_run(launch)
 
     def observe(self, key: TaskKey) -> Observed:
         """Exited with a code, running while its shim lives, else not found (no directory, or a dead shim)."""
@@ -223,6 +220,15 @@ def _worker_environment(directory: Path) -> dict[str, str] | None:
         return None
     pairs = (os.fsdecode(entry).partition("=") for entry in raw.split(b"\0") if b"=" in entry)
     return {name: value for name, _, value in pairs}
+
+
+def _refuse_what_cannot_run(launch: Launch) -> None:
+    if not launch.command:
+        raise RuntimeFailure(R.InvalidTask(error="the command is empty"))
+    if launch.mounts:
+        targets = ", ".join(mount.target for mount in launch.mounts)
+        error = f"the process runtime cannot mount drives or files ({targets}); run it on a docker machine"
+        raise RuntimeFailure(R.InvalidTask(error=error))
 
 
 def _run_check(command: list[str], cwd: Path, env: dict[str, str], timeout_seconds: float) -> tuple[bool, str]:

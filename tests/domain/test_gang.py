@@ -262,3 +262,22 @@ def test_with_min_available_the_minimum_starts_together() -> None:
     story.step(5, *[TaskStarted(task_id=t, attempt=0) for t in ["w-0", "w-1"]])
     story.step(6, *[TaskRunning(task_id=t, attempt=0) for t in ["w-0", "w-1"]])
     assert story.status() == ("Running", "2 of 4 workers running")
+
+
+def test_a_start_that_fails_after_the_barrier_opened_restarts_the_gang() -> None:
+    from workflows.domain.events import TaskSetupFailed
+
+    story = Story(gang(replicas=2))
+    story.step(1, Created())
+    placed(story, 2, ["w-0", "w-1"])
+    ready(story, 3, ["w-0", "w-1"])
+    failed = TaskSetupFailed(
+        task_id="w-1", attempt=0, code="ContainerStartFailed", reason="Container start failed: no such file"
+    )
+    commands = story.step(4, TaskStarted(task_id="w-0", attempt=0), failed)
+    assert story.history("w-1")[-2:] == [
+        ("ReadyToStart", "Waiting at the gang barrier"),
+        ("Failed", "Container start failed: no such file"),
+    ]
+    assert [s.task_id for s in of(commands, Stop)] == ["w-0"]
+    assert story.status("w-0") == ("Stopping", "Gang restart: w-1 failed")

@@ -226,7 +226,8 @@ def _apply(step: Step, event: Event) -> None:
             if task.state is TaskState.STOPPING:
                 step.end(task, TaskEvent.STOP_CONFIRMED, R.StoppedOnRequest())
                 return
-            if task.state not in (TaskState.PREPARING, TaskState.PULLING):
+            setting_up = task.state in (TaskState.PREPARING, TaskState.PULLING)
+            if not setting_up and not (task.state is TaskState.READY_TO_START and task.released):
                 return  # it started after all: a stray failure of an earlier start call
             reason = Reason(event.code, event.reason)
             task.last_failure = LastFailure(exit_code=None, reason=reason.text, log_tail="")

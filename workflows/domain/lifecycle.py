@@ -67,6 +67,9 @@ TRANSITIONS: dict[tuple[TaskState, TaskEvent], TaskState] = {
     (S.PREPARING, E.SETUP_FAILED): S.FAILED,
     # The pull failed.
     (S.PULLING, E.SETUP_FAILED): S.FAILED,
+    # A gang member's container start failed once the barrier opened (its start errors come after ReadyToStart;
+    # the spec's "Preparing --> Failed: start errors" for a worker started without a barrier).
+    (S.READY_TO_START, E.SETUP_FAILED): S.FAILED,
     # Stopped before placement: straight to Cancelled.
     (S.PENDING, E.STOP): S.CANCELLED,
     # The machine confirmed the stop.
