@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain import events as ev
     from workflows.domain.job import decide, is_settled
     from workflows.domain.nodes import node_task_queue
+    from workflows.domain.planning import WorkerPlan
     from workflows.domain.reasons import R
     from workflows.domain.resume import resume
     from workflows.domain.settings import Settings
@@ -46,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         MachineLostReport,
         PlaceInput,
         PlacementAnswer,
+        PlanInput,
         PreemptRequest,
         ReleaseInput,
         SchedulerView,
@@ -172,6 +174,8 @@ class JobWorkflow:
         match command:
             case ev.Place():
                 self._spawn(self._place(command))
+            case ev.PlanWorkers():
+                self._spawn(self._plan(command))
             case ev.Release():
                 self._spawn(self._release(command))
             case ev.Start():
@@ -204,6 +208,18 @@ class JobWorkflow:
             retry_policy=PATIENT,
             summary=f"place {', '.join(r.task_id for r in command.requests)}",
         )
+
+    async def _plan(self, command: ev.PlanWorkers) -> None:
+        plan = await workflow.execute_activity(
+            "plan_workers",
+            PlanInput(request=command.request, total_gpus=command.total_gpus, machines=command.machines),
+            task_queue=SCHEDULER_TASK_QUEUE,
+            result_type=WorkerPlan,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=PATIENT,
+            summary=f"plan group {command.group}",
+        )
+        self._inbox.append(ev.WorkersPlanned(group=command.group, **plan.model_dump()))
 
     async def _release(self, command: ev.Release) -> None:
         assert self._job is not None

@@ -159,3 +159,47 @@ def test_quota_reached_is_written_once_to_the_run_history() -> None:
     assert story.run_history()[-2:] == [("Pending", why), ("Pending", waits)]
     assert [e.code for e in story.job.history].count("QuotaReached") == 1
     assert story.status() == ("Pending", waits)
+
+
+# ---- planning a group of total_gpus ---------------------------------------------------------------------------------
+
+
+def test_a_group_of_total_gpus_is_planned_then_created() -> None:
+    from workflows.domain.events import ArmTimer, PlanWorkers, Timer, TimerFired, WorkersPlanned
+    from workflows.domain.tasks import group_of
+
+    story = Story(spec({"name": "train", "total_gpus": 16}, {"name": "eval"}))
+    (plan,) = story.step(1, Created())
+    assert isinstance(plan, PlanWorkers)
+    assert (plan.group, plan.total_gpus, plan.machines, plan.request.gpus) == ("train", 16, None, 0)
+    assert story.job.tasks == []
+    why = "Cannot plan workers: no way to run 16 GPUs on these machines: 4 free on the largest one now"
+    commands = story.step(2, WorkersPlanned(group="train", code="PlanNoWay", reason=why))
+    assert story.status() == ("Pending", why)
+    assert story.job.status.code == "CannotPlanWorkers"
+    assert commands == [ArmTimer(timer=Timer.REPLAN, task_id="train", attempt=0, at=commands[0].at)]
+    assert (commands[0].at - story.job.status.created_at).total_seconds() == 62
+    (again,) = story.step(62, TimerFired(timer=Timer.REPLAN, task_id="train", attempt=0))
+    assert again == plan
+
+    (place,) = of(story.step(63, WorkersPlanned(group="train", workers=2, gpus_per_worker=8)), Place)
+    assert [(r.task_id, r.gpus) for r in place.requests] == [("train-0", 8), ("train-1", 8), ("eval-0", 0)]
+    assert group_of(story.job, story.job.task("train-1")).replicas == 2
+    assert [r for _, r in story.run_history()] == [
+        "Run created",
+        "Waiting for workers to be created",
+        why,
+        "Waiting for workers to start",
+    ]
+
+
+def test_a_run_cancelled_while_it_is_planned_ends_cancelled() -> None:
+    from workflows.domain.events import CancelRequested, Timer, TimerFired
+    from workflows.domain.job import is_settled
+
+    story = Story(spec({"name": "train", "total_gpus": 16, "machines": 3}))
+    story.step(1, Created())
+    story.step(2, CancelRequested())
+    assert story.status() == ("Cancelled", "All workers ended; some were cancelled")
+    assert is_settled(story.job)
+    assert story.step(62, TimerFired(timer=Timer.REPLAN, task_id="train", attempt=0)) == []

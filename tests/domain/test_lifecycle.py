@@ -40,6 +40,8 @@ SPEC_EDGES: list[tuple[TaskState, TaskEvent, TaskState, str]] = [
     (S.DOWN, E.RESTART, S.PENDING, "down, restarted by policy"),
     (S.COMPLETED, E.RESTART, S.PENDING, "completed, restart_policy Always"),
     (S.CANCELLED, E.REQUEUE, S.PENDING, "preempted, queued again"),
+    # The spec's "Preparing --> Failed: start errors" where a gang member's start happens: after the barrier.
+    (S.READY_TO_START, E.SETUP_FAILED, S.FAILED, "a gang member's start failed once the barrier opened"),
 ]
 for _state in PLACED:
     SPEC_EDGES += [

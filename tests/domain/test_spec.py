@@ -90,6 +90,8 @@ def test_every_built_field_is_kept() -> None:
                 "cpu": 8.5,
                 "memory_bytes": 1 << 30,
                 "gpus": 8,
+                "total_gpus": None,
+                "machines": None,
                 "restart_policy": "Never",
                 "pull_policy": "Always",
                 "registry_secret": "regcred",
@@ -142,6 +144,7 @@ def test_every_built_field_is_kept() -> None:
     }
     eval_defaults |= {"pull_policy": "IfNotPresent", "registry_secret": None, "drives": [], "secrets": []}
     eval_defaults |= {"gpu_requests": None, "healthy_only": False, "node_selection": None, "readiness": None}
+    eval_defaults |= {"total_gpus": None, "machines": None}
     expected = data | {"groups": [data["groups"][0], data["groups"][1] | eval_defaults]}
     assert parse_spec(data).model_dump() == expected
 
@@ -161,6 +164,8 @@ def test_the_dump_leaves_out_the_fields_that_are_not_built() -> None:
         "cpu",
         "memory_bytes",
         "gpus",
+        "total_gpus",
+        "machines",
         "restart_policy",
         "pull_policy",
         "registry_secret",
@@ -428,3 +433,89 @@ def test_a_field_needing_infrastructure_we_lack_is_refused_saying_what_it_needs(
         f"groups.0.{field}: {field} needs {needs}, which this cluster does not have yet; "
         "Astraeus refuses it rather than ignore it"
     )
+
+
+# ---- gangs, groups that wait, services, planning ------------------------------------------------------------------
+
+
+def _groups(*groups: dict[str, Any], **top: Any) -> dict[str, Any]:
+    return {"name": "r", "groups": [{"command": ["x"]} | g for g in groups]} | top
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        pytest.param(
+            _groups({"name": "a", "depends_on": [{"group": "b"}]}),
+            "groups.a.depends_on: no group named b",
+            id="depends_on names a group of the run",
+        ),
+        pytest.param(
+            _groups({"name": "a", "depends_on": [{"group": "a"}]}),
+            "groups.a.depends_on: a group cannot wait for itself",
+            id="a group cannot wait for itself",
+        ),
+        pytest.param(
+            _groups({"name": "a", "depends_on": [{"group": "b"}]}, {"name": "b", "depends_on": [{"group": "a"}]}),
+            "depends_on: the groups wait for each other in a cycle: a -> b -> a",
+            id="depends_on has no cycle",
+        ),
+        pytest.param(
+            _groups({"name": "a", "depends_on": [{"group": "b", "condition": "healthy"}]}, {"name": "b"}),
+            "groups.a.depends_on: group b has no readiness check, so it is never healthy "
+            "(wait for running, or give it a readiness check)",
+            id="healthy needs a readiness check",
+        ),
+        pytest.param(
+            _groups({"name": "a", "readiness": {"command": ["x"], "http_get": {"port": 80}}}),
+            "groups.0.readiness: set exactly one of command and http_get",
+            id="a readiness check is a command or an HTTP GET",
+        ),
+        pytest.param(
+            _groups({"name": "a"}, complete_with="b"),
+            "complete_with: no group named b",
+            id="complete_with names a group",
+        ),
+        pytest.param(
+            _groups({"name": "a"}, complete_with="a", lifetime="Service"),
+            "complete_with: a Service run does not complete; use lifetime Batch",
+            id="a service does not complete",
+        ),
+        pytest.param(_groups({"name": "a"}, leader="a-0"), "leader: only a gang has one (set gang: true)", id="leader"),
+        pytest.param(
+            _groups({"name": "a", "replicas": 2}, gang=True, leader="a-2"),
+            "leader: no worker named a-2 (workers are named <group>-<index>)",
+            id="the leader is a worker of the run",
+        ),
+        pytest.param(
+            _groups({"name": "a", "replicas": 2}, gang=True, min_available=3),
+            "min_available: 3 is more than the run's 2 workers",
+            id="min_available is at most the workers",
+        ),
+        pytest.param(
+            _groups({"name": "a"}, {"name": "b", "depends_on": [{"group": "a"}]}, gang=True),
+            "groups.b.depends_on: a gang starts every worker together",
+            id="a gang has no depends_on",
+        ),
+        pytest.param(
+            _groups({"name": "a", "total_gpus": 16, "gpus": 8}),
+            "groups.0: total_gpus: the scheduler sets the workers and their GPUs; leave out gpus",
+            id="total_gpus leaves the split to the scheduler",
+        ),
+        pytest.param(
+            _groups({"name": "a", "machines": 2}),
+            "groups.0: machines: only with total_gpus",
+            id="machines only with total_gpus",
+        ),
+    ],
+)
+def test_a_run_that_cannot_hold_together_is_refused(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        parse_spec(data)
+    assert str(raised.value) == message
+
+
+def test_a_gang_defaults_to_restart_job_and_its_first_worker_leads() -> None:
+    spec = parse_spec(_groups({"name": "a", "replicas": 2}, gang=True))
+    assert (spec.failure_policy, spec.leader_id) == ("RestartJob", "a-0")
+    assert parse_spec(_groups({"name": "a"})).failure_policy == "RestartTask"

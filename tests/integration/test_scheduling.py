@@ -90,6 +90,8 @@ def test_a_namespace_quota_holds_its_work_and_no_one_else(cluster: Cluster, tmp_
     )
     waiting = [t for t in described["tasks"] if t["status"]["state"] == "Pending"]
     assert [t["status"]["reason"] for t in waiting] == ["Waits for namespace quota: gpus 2 in use + 2 asked > 2"]
+    entries = [e for e in described["history"] if e["code"] == "QuotaReached"]
+    assert [e["reason"] for e in entries] == ["Quota reached: gpus 2 in use + 2 asked > 2"]
     submit(cluster, tmp_path, "greedy", namespace="qa", group={"gpus": 4})
     greedy = cluster.wait_for(
         lambda: (d := cluster.json("describe", "qa/greedy"))["status"]["code"] == "QuotaNeverEnough" and d,
@@ -199,3 +201,17 @@ def test_selection_and_gpu_requests_choose_machines_and_say_why_not(cluster: Clu
     submit(cluster, tmp_path, "racked", sleep=1, topology={"same_rack": True}, group={"replicas": 2})
     racked = cluster.wait_state("racked", "Completed")
     assert {t["node"] for t in racked["tasks"]} == {"g0"}  # c0 has no rack label
+
+
+def test_a_group_of_total_gpus_is_split_or_says_why_it_cannot_be(cluster: Cluster, tmp_path: Path) -> None:
+    submit(cluster, tmp_path, "huge", group={"total_gpus": 16})
+    described = wait_reason(
+        cluster, "huge", "Cannot plan workers: no way to run 16 GPUs on these machines: 4 free on the largest one now"
+    )
+    assert described["tasks"] == []
+    cluster.cli("cancel", "huge")
+    assert cluster.wait_state("huge", "Cancelled")["status"]["reason"] == "All workers ended; some were cancelled"
+    submit(cluster, tmp_path, "split", sleep=1, group={"total_gpus": 4, "machines": 1})
+    done = cluster.wait_state("split", "Completed", "Failed")
+    assert done["status"]["reason"] == "All workers completed"
+    assert [(t["id"], t["node"]) for t in done["tasks"]] == [("w-0", "g0")]

@@ -16,6 +16,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from workflows.domain.nodes import node_task_queue
+from workflows.domain.planning import WorkerPlan
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id
 from workflows.job import JobWorkflow
@@ -24,6 +25,7 @@ from workflows.messages import (
     SCHEDULER_TASK_QUEUE,
     PlaceInput,
     PlacementAnswer,
+    PlanInput,
     ReleaseInput,
     StartTaskInput,
     StartTaskResult,
@@ -52,6 +54,7 @@ class Script:
     # Gang members whose set-up ("w-1", or one attempt "w-1.0") never finishes: each barrier call fails, and is
     # tried again, so virtual time still runs.
     late: set[str] = field(default_factory=set)
+    plans: list[WorkerPlan] = field(default_factory=list)  # plan_workers answers, in order (the last repeats)
 
     def holds(self, task_id: str, attempt: int) -> bool:
         return task_id in self.hold or f"{task_id}.{attempt}" in self.hold
@@ -65,7 +68,8 @@ class FakeCluster:
         self.released: list[tuple[str, int]] = []
         self.stopped: dict[str, asyncio.Event] = {}
         self.supervisors: list[tuple[str, int, bool]] = []  # (task, attempt, reattach) of every call
-        self.starts: list[StartTaskInput] = []  # every start_task call that answered, in order
+        self.starts: list[StartTaskInput] = []
+        self.planned: list[PlanInput] = []  # every start_task call that answered, in order
 
     @activity.defn(name="load_settings")
     async def load_settings(self) -> Settings:
@@ -84,6 +88,11 @@ class FakeCluster:
             else:
                 update = PlacementAnswer(task_id=r.task_id, attempt=r.attempt, node=NODE, address="127.0.0.1")
             await self.client.get_workflow_handle(r.job_id).signal("placement", update)
+
+    @activity.defn(name="plan_workers")
+    async def plan_workers(self, input: PlanInput) -> WorkerPlan:
+        self.planned.append(input)
+        return self.script.plans[min(len(self.planned), len(self.script.plans)) - 1]
 
     @activity.defn(name="release")
     async def release(self, input: ReleaseInput) -> None:
@@ -139,7 +148,9 @@ async def fake_cluster(client: Client, script: Script, settings: Settings | None
             workflows=[JobWorkflow, NodeWorkflow],
             activities=[cluster.load_settings],
         ),
-        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[cluster.place, cluster.release]),
+        Worker(
+            client, task_queue=SCHEDULER_TASK_QUEUE, activities=[cluster.place, cluster.release, cluster.plan_workers]
+        ),
         Worker(
             client,
             task_queue=node_task_queue(NODE),

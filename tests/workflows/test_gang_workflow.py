@@ -67,3 +67,23 @@ async def test_a_barrier_that_waits_too_long_requeues_the_gang(own_time_skipping
     assert sorted(calls[1:3]) == [("w-0", 1, True), ("w-1", 1, True)]
     assert sorted(calls[3:]) == [("w-0", 1, False), ("w-1", 1, False)]
     assert ("Starting", "Starting together: 1 of 2 ready") in pairs(described.history)
+
+
+async def test_a_group_that_cannot_be_planned_is_looked_at_again_every_minute(
+    own_time_skipping: WorkflowEnvironment,
+) -> None:
+    from workflows.domain.planning import WorkerPlan
+
+    job = parse_spec({"name": unique("plan"), "groups": [{"name": "train", "command": ["x"], "total_gpus": 8}]})
+    why = "Cannot plan workers: no way to run 8 GPUs on these machines: 4 free on the largest one now"
+    plans = [WorkerPlan(code="PlanNoWay", reason=why), WorkerPlan(workers=2, gpus_per_worker=4)]
+    async with fake_cluster(own_time_skipping.client, Script(plans=plans)) as cluster:
+        handle = await start(own_time_skipping, job)
+        status = await handle.result()
+        described = await handle.query("describe", result_type=JobDescription)
+    assert (status.state, status.reason) == ("Completed", "All workers completed")
+    history = described.history
+    assert pairs(history)[2] == ("Pending", why)
+    assert (history[3].at - history[2].at).total_seconds() >= 60
+    assert [t.id for t in described.tasks] == ["train-0", "train-1"]
+    assert [p.total_gpus for p in cluster.planned] == [8, 8]

@@ -25,6 +25,7 @@ class Timer(StrEnum):
     RESET = "reset"  # the worker stayed Running for the reset window
     STALE_TTL = "stale_ttl"  # a Stale worker was not heard from for its full TTL
     TIME_LIMIT = "time_limit"  # the worker ran for time_limit_seconds
+    REPLAN = "replan"  # look again at a group that could not be planned (task_id: the group)
     BARRIER = "barrier"  # a gang waited at its barrier for the barrier timeout (task_id "", attempt: the round)
 
 
@@ -61,6 +62,17 @@ class TaskReady(_Msg):
     kind: Literal["ready"] = "ready"
     task_id: str
     attempt: int
+
+
+class WorkersPlanned(_Msg):
+    """The scheduler's plan for a group asking total_gpus: `workers` of `gpus_per_worker`, or (0) why not."""
+
+    kind: Literal["planned"] = "planned"
+    group: str
+    workers: int = 0
+    gpus_per_worker: int = 0
+    code: str = ""
+    reason: str = ""
 
 
 class StopConfirmed(_Msg):
@@ -169,6 +181,7 @@ Event = Annotated[
     | TaskReady
     | TaskHealth
     | StopConfirmed
+    | WorkersPlanned
     | TaskProgress
     | TaskSetupFailed
     | TaskRunning
@@ -189,6 +202,16 @@ Event = Annotated[
 class Place(_Msg):
     kind: Literal["place"] = "place"
     requests: list[TaskRequest]
+
+
+class PlanWorkers(_Msg):
+    """Ask the scheduler how many workers a group asking `total_gpus` becomes (`request`: one of its workers)."""
+
+    kind: Literal["plan"] = "plan"
+    group: str
+    request: TaskRequest
+    total_gpus: int
+    machines: int | None = None
 
 
 class Release(_Msg):
@@ -236,4 +259,4 @@ class ArmTimer(_Msg):
     at: datetime
 
 
-Command = Annotated[Place | Release | Start | Supervise | Stop | ArmTimer, Field(discriminator="kind")]
+Command = Annotated[Place | PlanWorkers | Release | Start | Supervise | Stop | ArmTimer, Field(discriminator="kind")]

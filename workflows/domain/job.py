@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 from workflows.domain import gang, groups
 from workflows.domain.events import (
+    ArmTimer,
     CancelRequested,
     Command,
     Created,
@@ -17,6 +18,7 @@ from workflows.domain.events import (
     HeartbeatLate,
     MachineLost,
     PlacementUpdate,
+    PlanWorkers,
     Preempt,
     Release,
     StopConfirmed,
@@ -30,10 +32,12 @@ from workflows.domain.events import (
     TaskStarted,
     Timer,
     TimerFired,
+    WorkersPlanned,
 )
 from workflows.domain.lifecycle import RunShape, TaskEvent, derive_run
 from workflows.domain.reasons import R, Reason, duration
 from workflows.domain.restarts import restarted_reason
+from workflows.domain.spec import GroupSpec
 from workflows.domain.status import (
     RUN_TERMINAL,
     TASK_ENDED,
@@ -48,7 +52,7 @@ from workflows.domain.status import (
     record,
 )
 from workflows.domain.step import Step, next_attempt
-from workflows.domain.tasks import group_of, heartbeat_ttl, plan_tasks
+from workflows.domain.tasks import group_of, groups_of, heartbeat_ttl, plan_request, plan_tasks, split, unplanned
 
 
 def _current(job: JobRecord, task_id: str, attempt: int) -> TaskRecord | None:
@@ -130,6 +134,11 @@ def _timer(step: Step, event: TimerFired) -> None:
     if event.timer is Timer.BARRIER:
         gang.barrier_timed_out(step, event.attempt)
         return
+    if event.timer is Timer.REPLAN:
+        group = next((g for g in unplanned(job) if g.name == event.task_id), None)
+        if group is not None and not job.tasks and job.state not in RUN_TERMINAL and not job.cancel_requested:
+            step.commands.append(_plan(job, group))
+        return
     task = _current(job, event.task_id, event.attempt)
     if task is None or task.final:
         return
@@ -168,6 +177,37 @@ def _gang_waiting(step: Step, reason: Reason) -> list[TaskRecord]:
     return waiting
 
 
+def _plan(job: JobRecord, group: GroupSpec) -> PlanWorkers:
+    assert group.total_gpus is not None
+    request = plan_request(job, group)
+    return PlanWorkers(group=group.name, request=request, total_gpus=group.total_gpus, machines=group.machines)
+
+
+def _create_workers(step: Step) -> None:
+    """Once every group is planned: the workers, asking for machines (those held by depends_on show why not)."""
+    job = step.job
+    if job.tasks or unplanned(job):
+        return
+    job.tasks = plan_tasks(groups_of(job), step.now)
+    record(job.status, job.history, RunState.PENDING, R.WaitingForWorkersToStart(), step.now)
+    step.place(*groups.hold(job, job.tasks))
+
+
+def _planned(step: Step, event: WorkersPlanned) -> None:
+    """A group of total_gpus split into workers, or "Cannot plan workers: <why>" and a look again later."""
+    job, now = step.job, step.now
+    group = next((g for g in unplanned(job) if g.name == event.group), None)
+    if group is None or job.tasks or job.state in RUN_TERMINAL or job.cancel_requested:
+        return
+    if event.workers:
+        job.planned[group.name] = split(group, event.workers, event.gpus_per_worker)
+        _create_workers(step)
+        return
+    record(job.status, job.history, RunState.PENDING, Reason(R.CannotPlanWorkers.code, event.reason), now)
+    at = now + timedelta(seconds=job.settings.replan_interval_seconds)
+    step.commands.append(ArmTimer(timer=Timer.REPLAN, task_id=group.name, attempt=0, at=at))
+
+
 def _machine_lost(step: Step, event: MachineLost) -> None:
     for task in step.job.tasks:
         if task.node != event.node or task.state not in TASK_ON_NODE:
@@ -187,9 +227,11 @@ def _apply(step: Step, event: Event) -> None:
     match event:
         case Created():
             record(job.status, job.history, RunState.PENDING, R.WaitingForWorkersToBeCreated(), now)
-            job.tasks = plan_tasks(job.spec, now)
-            record(job.status, job.history, RunState.PENDING, R.WaitingForWorkersToStart(), now)
-            step.place(*groups.hold(job, job.tasks))  # the held ones show what they wait for (decide's end)
+            for group in unplanned(job):
+                step.commands.append(_plan(job, group))
+            _create_workers(step)
+        case WorkersPlanned():
+            _planned(step, event)
         case PlacementUpdate():
             _placed(step, event)
         case TaskStarted(task_id=task_id, attempt=attempt):

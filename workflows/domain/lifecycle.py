@@ -192,8 +192,8 @@ def derive_run(
     a gang whose members are all placed is Starting; otherwise Pending with its first waiting worker's reason.
     A run cancelled on request ends Cancelled once its workers are gone.
     """
-    if not tasks:
-        return None
+    if not tasks:  # not created yet (its groups are being planned): only a cancel ends it
+        return (RunState.CANCELLED, R.SomeCancelled()) if cancel_requested and current not in RUN_TERMINAL else None
     if cancel_requested and current not in RUN_TERMINAL:
         return (RunState.CANCELLED, R.SomeCancelled()) if all(t.final for t in tasks) else None
     if current in (RunState.COMPLETED, RunState.CANCELLED):

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from workflows.domain.events import ArmTimer, Command, Place, Start, Stop, Supervise, Timer
+from workflows.domain.events import ArmTimer, Command, Place, PlanWorkers, Start, Stop, Supervise, Timer
 from workflows.domain.status import TASK_ON_NODE, JobRecord, TaskState
-from workflows.domain.tasks import group_of, heartbeat_ttl, task_env, task_request
+from workflows.domain.tasks import group_of, heartbeat_ttl, plan_request, task_env, task_request, unplanned
 
 
 def resume(job: JobRecord, now: datetime) -> list[Command]:
     """Commands that pick a run up where its previous workflow run left it (continue-as-new): re-ask for room,
     re-arm timers, re-attach to workers on machines (never start them again) and repeat stops in progress."""
     commands: list[Command] = []
+    if not job.tasks and not job.cancel_requested:
+        for group in unplanned(job):  # ask again now rather than wait out the 60 s
+            assert group.total_gpus is not None
+            request = plan_request(job, group)
+            commands.append(
+                PlanWorkers(group=group.name, request=request, total_gpus=group.total_gpus, machines=group.machines)
+            )
     waiting = [task_request(job, t) for t in job.tasks if t.state is TaskState.PENDING and not t.final and not t.gated]
     if waiting:
         commands.append(Place(requests=waiting))

@@ -157,6 +157,14 @@ class GroupSpec(_Frozen):
     cpu: float = Field(1.0, ge=0, le=4096, description="CPU cores per worker.")
     memory_bytes: int = Field(0, ge=0, description="Memory per worker, in bytes.")
     gpus: int = Field(0, ge=0, le=64, description="GPUs per worker.")
+    total_gpus: int | None = Field(
+        None,
+        ge=1,
+        le=65536,
+        description="GPUs of the whole group, split by the scheduler into workers of equal power-of-2 size, one "
+        "per machine (instead of replicas and gpus).",
+    )
+    machines: int | None = Field(None, ge=1, le=4096, description="With total_gpus: split across exactly this many.")
     restart_policy: RestartPolicy = Field("OnFailure", description="When an ended worker starts again.")
 
     time_limit_seconds: float | None = Field(
@@ -200,6 +208,25 @@ class GroupSpec(_Frozen):
         if not command[0].strip():
             raise ValueError("the program (first item) is empty")
         return command
+
+    @model_validator(mode="after")
+    def _planned_or_counted(self) -> GroupSpec:
+        if self.total_gpus is None:
+            if self.machines is not None:
+                raise ValueError("machines: only with total_gpus")
+            return self
+        # Judged by value, not by which fields were written: a spec dumped and read again must stay valid.
+        given = [
+            name for name, unset in (("replicas", 1), ("gpus", 0), ("array", None)) if getattr(self, name) != unset
+        ]
+        if given:
+            raise ValueError(f"total_gpus: the scheduler sets the workers and their GPUs; leave out {', '.join(given)}")
+        return self
+
+    @property
+    def planned(self) -> bool:
+        """Its workers are planned by the scheduler from total_gpus."""
+        return self.total_gpus is not None
 
     @model_validator(mode="after")
     def _mounts_and_variables_unique(self) -> GroupSpec:

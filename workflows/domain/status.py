@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from workflows.domain.reasons import R, Reason
 from workflows.domain.settings import Settings
-from workflows.domain.spec import JobSpec
+from workflows.domain.spec import GroupSpec, JobSpec
 
 
 class RunState(StrEnum):
@@ -155,6 +155,7 @@ class JobRecord(BaseModel):
     barrier_round: int = 0  # a gang's barrier: which wait it is (a timer of an earlier round is stale)
     barrier_since: datetime | None = None  # when the first member of this round reached the barrier
     quota_noted: bool = False  # "Quota reached: <why>" was written
+    planned: dict[str, GroupSpec] = Field(default_factory=dict)  # groups of total_gpus, as the scheduler split them
 
     @property
     def id(self) -> str:

@@ -25,11 +25,43 @@ def new_job(spec: JobSpec, settings: Settings, now: datetime) -> JobRecord:
     return job
 
 
-def plan_tasks(spec: JobSpec, now: datetime) -> list[TaskRecord]:
+def groups_of(job: JobRecord) -> list[GroupSpec]:
+    """The run's groups as they run: a group of total_gpus as the scheduler split it."""
+    return [job.planned.get(g.name, g) for g in job.spec.groups]
+
+
+def unplanned(job: JobRecord) -> list[GroupSpec]:
+    """Groups of total_gpus the scheduler has not split into workers yet."""
+    return [g for g in job.spec.groups if g.planned and g.name not in job.planned]
+
+
+def plan_request(job: JobRecord, group: GroupSpec) -> TaskRequest:
+    """One worker of a group of total_gpus, with everything but its GPU count: what planning asks about."""
+    return TaskRequest(
+        job_id=job.id,
+        namespace=job.spec.namespace,
+        task_id=f"{group.name}-0",
+        index=0,
+        attempt=0,
+        priority=job.spec.priority,
+        submitted_at=job.status.created_at,
+        cpu=group.cpu,
+        memory_bytes=group.memory_bytes,
+        gpus=0,
+        **request_fields(job.spec, group),
+    )
+
+
+def split(group: GroupSpec, workers: int, gpus_per_worker: int) -> GroupSpec:
+    """A group of total_gpus as planned: `workers` replicas of `gpus_per_worker`."""
+    return group.model_copy(update={"replicas": workers, "gpus": gpus_per_worker, "total_gpus": None, "machines": None})
+
+
+def plan_tasks(groups: list[GroupSpec], now: datetime) -> list[TaskRecord]:
     """One worker per replica of each group, named `<group>-<index>`."""
     reason = R.WaitingForWorkersToStart()
     tasks = []
-    for group in spec.groups:
+    for group in groups:
         for index in range(group.replicas):
             status = Status(state=TaskState.PENDING, reason=reason.text, code=reason.code, created_at=now)
             task = TaskRecord(id=f"{group.name}-{index}", group=group.name, index=index, status=status)
@@ -39,7 +71,8 @@ def plan_tasks(spec: JobSpec, now: datetime) -> list[TaskRecord]:
 
 
 def group_of(job: JobRecord, task: TaskRecord) -> GroupSpec:
-    return next(g for g in job.spec.groups if g.name == task.group)
+    planned = job.planned.get(task.group)
+    return planned or next(g for g in job.spec.groups if g.name == task.group)
 
 
 def task_request(job: JobRecord, task: TaskRecord) -> TaskRequest:
