@@ -54,8 +54,8 @@ def hello(replicas: int = 2, policy: str = "OnFailure", **group: Any) -> JobSpec
     )
 
 
-def ask(task: str, index: int, attempt: int = 0, **resources: Any) -> TaskRequest:
-    """The placement request `decide` sends for a worker of `hello`."""
+def ask(task: str, index: int, attempt: int = 0, since: float = 1, **resources: Any) -> TaskRequest:
+    """The placement request `decide` sends for a worker of `hello` that waits since second `since`."""
     return TaskRequest(
         job_id=JOB_ID,
         namespace="default",
@@ -68,6 +68,7 @@ def ask(task: str, index: int, attempt: int = 0, **resources: Any) -> TaskReques
         memory_bytes=resources.get("memory_bytes", 0),
         gpus=resources.get("gpus", 0),
         group="w",
+        waiting_since=at(since),
     )
 
 
@@ -356,7 +357,7 @@ def test_always_restarts_a_completed_worker() -> None:
         ArmTimer(timer=Timer.RESTART, task_id="w-0", attempt=0, at=at(15)),
     ]
     assert story.step(15, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0)) == [
-        Place(requests=[ask("w-0", 0, attempt=1)])
+        Place(requests=[ask("w-0", 0, attempt=1, since=15)])
     ]
     assert story.history("w-0")[-2:] == [
         ("Completed", "Exited with code 0"),
@@ -495,7 +496,7 @@ def test_onfailure_restarts_after_the_backoff() -> None:
     assert story.status() == ("Pending", "Exited with code 1")
 
     assert story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0)) == [
-        Place(requests=[ask("w-0", 0, attempt=1)])
+        Place(requests=[ask("w-0", 0, attempt=1, since=20)])
     ]
     task = story.job.task("w-0")
     assert (task.attempt, task.restarts, task.node, task.restart_at) == (1, 1, None, None)

@@ -88,8 +88,19 @@ def task_request(job: JobRecord, task: TaskRecord) -> TaskRequest:
         cpu=group.cpu,
         memory_bytes=group.memory_bytes,
         gpus=group.gpus,
+        waiting_since=waiting_since(task),
         **request_fields(job.spec, group),
     )
+
+
+def waiting_since(task: TaskRecord) -> datetime | None:
+    """When this attempt began to wait for a machine (patience windows count from it)."""
+    since = None
+    for entry in reversed(task.history):
+        if entry.state != TaskState.PENDING:
+            break
+        since = entry.at
+    return since
 
 
 def allocation(job: JobRecord, task: TaskRecord) -> Allocation:
