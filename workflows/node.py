@@ -50,7 +50,8 @@ class NodeWorkflow:
                 workflow.continue_as_new(NodeInput(name=input.name, settings=settings, view=self._view))
             held = self._held = self._registrations
             await self._notify()
-            if await self._hold_lease(settings.node_lease_ttl_seconds) and self._registrations == held:
+            expired = await self._hold_lease(settings.node_lease_ttl_seconds)
+            if expired and self._registrations == held and self._view.state is not NodeState.REMOVED:
                 self._change(NodeState.DOWN, R.MachineLost())
                 await self._notify()
                 await self._tell_runs(removed=False)

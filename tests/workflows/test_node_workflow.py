@@ -84,3 +84,34 @@ async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping:
         assert [v.state for v in machine.seen] == ["Ready", "Down", "Ready"]
         assert machine.lost == [MachineLostReport(node=name, removed=False)]  # its runs were told
         await handle.terminate()
+
+
+async def test_a_removed_machine_stays_removed_when_its_lease_then_expires(time_skipping: WorkflowEnvironment) -> None:
+    from workflows.messages import CordonRequest
+
+    client = time_skipping.client
+    name = unique("m")
+    machine = FakeMachine()
+    inventory = NodeInventory(name=name, cpus=8, memory_bytes=2**34)
+    async with (
+        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow], activities=[machine.machine_lost]),
+        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed]),
+        Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
+    ):
+        handle = await client.start_workflow(
+            NodeWorkflow.run,
+            NodeInput(name=name, settings=Settings(node_lease_ttl_seconds=1)),
+            id=node_id(name),
+            task_queue=CONTROL_TASK_QUEUE,
+        )
+        await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory))
+        await handle.execute_update(NodeWorkflow.remove, CordonRequest(reason="decommissioned"))
+        machine.alive = False  # its agent goes away: the lease expires after the removal
+        await asyncio.sleep(3)
+        view = await handle.query(NodeWorkflow.view)
+        assert [(e.state, e.reason) for e in view.history] == [
+            ("Ready", "Registered by its agent"),
+            ("Removed", "Machine removed from the cluster"),
+        ]
+        assert machine.lost == [MachineLostReport(node=name, removed=True)]
+        await handle.terminate()
