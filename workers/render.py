@@ -38,6 +38,8 @@ def render_describe(d: JobDescription) -> str:
     for t in d.tasks:
         state = "Restarting" if t.restart_at else t.status.state
         reason = f"{t.status.reason} (restarts at {t.restart_at.isoformat()})" if t.restart_at else t.status.reason
+        if t.healthy is not None:
+            reason += " (healthy)" if t.healthy else " (not healthy)"
         rows.append((t.id, state, t.node or "-", str(t.restarts), reason))
     lines.append(_table(rows))
     for t in d.tasks:

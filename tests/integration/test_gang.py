@@ -116,6 +116,8 @@ def test_a_group_waits_for_a_healthy_service_group(cluster: Cluster, tmp_path: P
         lambda: (d := cluster.describe("svc"))["status"]["reason"] == "2 of 2 workers serving" and d,
         "both groups serving",
     )
+    assert {t["id"]: t["healthy"] for t in serving["tasks"]} == {"db-0": True, "app-0": None}
+    assert "(healthy)" in cluster.cli("describe", "svc").stdout
     app_history = [e["reason"] for t in serving["tasks"] if t["id"] == "app-0" for e in t["history"]]
     assert app_history[:3] == [
         "Waiting for workers to start",

@@ -22,6 +22,7 @@ class TaskView(BaseModel):
     status: Status
     history: list[StatusEntry]
     last_failure: LastFailure | None
+    healthy: bool | None = None  # its group's readiness check, while it runs (None: no check, or not yet)
 
 
 class JobDescription(BaseModel):
@@ -70,6 +71,7 @@ def describe(job: JobRecord) -> JobDescription:
                 status=t.status,
                 history=t.history,
                 last_failure=t.last_failure,
+                healthy=t.healthy,
             )
             for t in job.tasks
         ],
