@@ -10,12 +10,14 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster
 from workers.connect import ensure_search_attributes
+from workflows.domain.planning import WorkerPlan
 from workflows.domain.spec import parse_spec
 from workflows.domain.status import Status
 from workflows.job import JobWorkflow, search_attributes
@@ -24,11 +26,19 @@ from workflows.messages import CONTROL_TASK_QUEUE, JobInput
 HERE = Path(__file__).parent
 BIN = Path(sys.executable).parent
 
-STORIES = {
-    "hello": ({"replicas": 2}, Script()),
-    "fail": ({"restart_policy": "Never"}, Script(exits={"w-0": [3]}, log_tail="boom\n")),
-    "restarts": ({}, Script(exits={"w-0": [3, 137, 0]})),
-    "cancel": ({"replicas": 2}, Script(hold={"w-0"}, no_room={"w-1"})),
+W = {"name": "w", "command": ["x"]}
+STORIES: dict[str, tuple[dict[str, Any], Script]] = {
+    "hello": ({"groups": [W | {"replicas": 2}]}, Script()),
+    "fail": ({"groups": [W | {"restart_policy": "Never"}]}, Script(exits={"w-0": [3]}, log_tail="boom\n")),
+    "restarts": ({"groups": [W]}, Script(exits={"w-0": [3, 137, 0]})),
+    "cancel": ({"groups": [W | {"replicas": 2}]}, Script(hold={"w-0"}, no_room={"w-1"})),
+    # A gang whose member fails once: the barrier, a gang restart, the barrier again.
+    "gang": ({"gang": True, "groups": [W | {"replicas": 3}]}, Script(exits={"w-1": [1, 0]})),
+    # A group of total_gpus planned by the scheduler, and a group that waits for it to run.
+    "groups": (
+        {"groups": [W | {"total_gpus": 8}, {"name": "after", "command": ["x"], "depends_on": [{"group": "w"}]}]},
+        Script(hold={"w-0", "w-1", "after-0"}, plans=[WorkerPlan(workers=2, gpus_per_worker=4)]),
+    ),
 }
 
 
@@ -37,8 +47,8 @@ async def record() -> None:
         test_server_existing_path=str(BIN / "temporal-test-server"), data_converter=pydantic_data_converter
     )
     await ensure_search_attributes(env.client)
-    for name, (group, script) in STORIES.items():
-        spec = parse_spec({"name": name, "groups": [{"name": "w", "command": ["x"], **group}]})
+    for name, (fields, script) in STORIES.items():
+        spec = parse_spec({"name": name, **fields})
         async with fake_cluster(env.client, script):
             handle = await env.client.start_workflow(
                 JobWorkflow.run,
@@ -47,6 +57,10 @@ async def record() -> None:
                 task_queue=CONTROL_TASK_QUEUE,
                 search_attributes=search_attributes(spec, "Pending"),
             )
+            if name == "groups":  # once the group waiting for w runs too, cancel the run
+                while (await handle.query("status", result_type=Status)).reason != "3 of 3 workers running":
+                    await asyncio.sleep(0.05)
+                await handle.execute_update("cancel", result_type=Status)
             if name == "cancel":
                 while (await handle.query("status", result_type=Status)).state != "Running":
                     await asyncio.sleep(0.05)
