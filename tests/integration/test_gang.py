@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.integration.harness import Cluster
+from workers.devserver import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -128,3 +129,31 @@ def test_a_group_waits_for_a_healthy_service_group(cluster: Cluster, tmp_path: P
     assert run_reasons.index("0 of 2 workers serving") < run_reasons.index("1 of 2 workers serving")
     cluster.cli("cancel", "svc")
     cluster.wait_state("svc", "Cancelled")
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_the_examples_of_the_tour_run(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.cli("submit", str(EXAMPLES / "gang-allreduce.yaml"))
+    cluster.cli("submit", str(EXAMPLES / "shards.yaml"))
+    gang = cluster.wait_state("gang-allreduce", "Completed", "Failed", timeout=90)
+    assert gang["status"]["reason"] == "All workers completed"
+    assert "rank 2/4: all-reduce ok: [10.0, 20.0, 30.0, 40.0]" in cluster.cli("logs", "gang-allreduce/worker-2").stdout
+    shards = cluster.wait_state("shards", "Completed", "Failed", timeout=90)
+    assert shards["status"]["reason"] == "All workers completed"
+    waited = {e["reason"] for t in shards["tasks"] for e in t["history"]}
+    assert "Array runs at most 2 workers at once" in waited
+    started = sorted((t["status"]["started_at"], t["status"]["finished_at"]) for t in shards["tasks"])
+    assert all(sum(s <= at < f for s, f in started) <= 2 for at, _ in started)  # never more than 2 at once
+
+    port = free_port()
+    service = yaml.safe_load((EXAMPLES / "service.yaml").read_text().replace("8765", str(port)))
+    submit(cluster, tmp_path / "service.yaml", service)
+    serving = cluster.wait_for(
+        lambda: (d := cluster.describe("service"))["status"]["reason"] == "2 of 2 workers serving" and d,
+        "the service example to serve",
+    )
+    assert serving["status"]["state"] == "Running"
+    cluster.cli("cancel", "service")
+    cluster.wait_state("service", "Cancelled")
