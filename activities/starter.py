@@ -62,11 +62,18 @@ class Starter:
         self._doing: dict[str, str] = {}  # what the runtime does for an attempt now (a pull), by slug
 
     async def start(
-        self, key: TaskKey, group: GroupSpec, env: dict[str, str], beat: Beat, reported: str | None = None
+        self,
+        key: TaskKey,
+        group: GroupSpec,
+        env: dict[str, str],
+        beat: Beat,
+        reported: str | None = None,
+        host_network: bool = False,
     ) -> list[int]:
-        """Start the attempt; returns its GPUs. `reported` is the reason a former try already reported.
+        """Start the attempt; returns its GPUs. `reported` is the reason a former try already reported;
+        `host_network`: it shares the machine's network (a gang member).
         Raises SetupEnded when it cannot be set up, RuntimeUnavailable when the runtime does not answer."""
-        gpus, launch = await self._set_up(key, group, env, beat, reported)
+        gpus, launch = await self._set_up(key, group, env, beat, reported, host_network)
         if launch is not None:
             await self._run_start(key, launch, beat)
         return gpus
@@ -95,7 +102,13 @@ class Starter:
     # ---- steps ------------------------------------------------------------------------------------------------
 
     async def _set_up(
-        self, key: TaskKey, group: GroupSpec, env: dict[str, str], beat: Beat, reported: str | None
+        self,
+        key: TaskKey,
+        group: GroupSpec,
+        env: dict[str, str],
+        beat: Beat,
+        reported: str | None,
+        host_network: bool = False,
     ) -> tuple[list[int], Launch | None]:
         """Admit, prepare and pull; the launch to hand to the runtime, or None when it already started. On any
         failure its GPUs are given back, unless a former try's start still holds them."""
@@ -105,6 +118,7 @@ class Starter:
             return gpus, None
         try:
             launch = await self._prepare(key, group, env, gpus, beat, reported)
+            launch = dataclasses.replace(launch, host_network=host_network)
             if key.slug not in self._pulled and key.slug not in self._starting:
                 self._not_stopped(key)
                 pulling = asyncio.ensure_future(

@@ -241,7 +241,13 @@ class JobWorkflow:
         try:
             result = await workflow.execute_activity(
                 "start_task",
-                StartTaskInput(ref=ref, group=command.group, barrier=command.barrier, env=command.env),
+                StartTaskInput(
+                    ref=ref,
+                    group=command.group,
+                    barrier=command.barrier,
+                    env=command.env,
+                    host_network=command.host_network,
+                ),
                 task_queue=node_task_queue(command.node),
                 result_type=StartTaskResult,
                 start_to_close_timeout=timedelta(minutes=10),

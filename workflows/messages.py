@@ -173,6 +173,7 @@ class StartTaskInput(_Msg):
     group: GroupSpec
     barrier: bool = False
     env: dict[str, str] = Field(default_factory=dict)
+    host_network: bool = False  # a gang member shares its machine's network, so the others reach it
 
 
 class StartTaskResult(_Msg):

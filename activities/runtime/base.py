@@ -58,6 +58,7 @@ class Launch:
     pull_policy: PullPolicy = "IfNotPresent"
     registry_auth: RegistryAuth | None = field(default=None, repr=False)
     mounts: list[Mount] = field(default_factory=list)
+    host_network: bool = False  # share the machine's network (a gang member: reachable at MASTER_ADDR:MASTER_PORT)
 
 
 # Told what a start is doing while it takes time (R.Pulling before an image pull); it must not raise.

@@ -205,6 +205,8 @@ class DockerRuntime:
                 DockerMount(target=m.target, source=m.source, type=m.kind, read_only=m.read_only) for m in launch.mounts
             ],
         }
+        if launch.host_network:
+            options["network_mode"] = "host"
         if launch.memory_bytes > 0:
             # Swap counted in the same limit, so that exceeding it is an OOM kill rather than swapping.
             options.update(mem_limit=launch.memory_bytes, memswap_limit=launch.memory_bytes)

@@ -385,17 +385,12 @@ def test_an_http_check_reaches_the_container_where_the_engine_put_it(
     assert container_address(container) == address  # type: ignore[arg-type]
 
 
-def test_an_http_check_of_a_container_on_the_host_network_gets_loopback(
-    runtime: DockerRuntime, docker_engine: DockerEngine
-) -> None:
-    k = key()  # made by hand: the runtime itself never uses the host network yet
+def test_an_http_check_of_a_container_on_the_host_network_gets_loopback(runtime: DockerRuntime) -> None:
+    k = key()  # a gang member shares the machine's network, so its peers reach it at the machine's address
     port = free_port()
-    labels = [f"--label=astraeus.{name}={value}" for name, value in (("node", "unit-node"), ("attempt", k.attempt))]
     server = f"mkdir -p /www && echo ok > /www/index.html && httpd -f -p 127.0.0.1:{port} -h /www"
-    docker_engine.docker(
-        "run", "--detach", "--network", "host", "--name", container_name(k), *labels, IMAGE, "sh", "-c", server
-    )
+    runtime.start(k, sh(server, host_network=True))
     try:
         assert probe_until(runtime, k, check(port=port)) == "HTTP 200"
     finally:
-        docker_engine.docker("rm", "--force", container_name(k))
+        runtime.stop(k, grace_seconds=0)

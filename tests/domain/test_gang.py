@@ -86,6 +86,7 @@ def test_members_wait_at_the_barrier_and_start_together() -> None:
 
     starts = of(ready(story, 4, ["w-3"]), Start)
     assert [(s.task_id, s.barrier) for s in starts] == [(t, False) for t in IDS]
+    assert all(s.host_network for s in starts)  # so that the others reach the leader at MASTER_ADDR:MASTER_PORT
     env = starts[2].env
     assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]) == ("2", "4", "10.0.0.0")
     assert env["MASTER_PORT"] == str(master_port("job/default/hello"))

@@ -233,6 +233,7 @@ class Start(_Msg):
     group: GroupSpec
     barrier: bool = False
     env: dict[str, str] = Field(default_factory=dict)
+    host_network: bool = False
 
 
 class Supervise(_Msg):

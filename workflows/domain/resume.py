@@ -41,7 +41,14 @@ def resume(job: JobRecord, now: datetime) -> list[Command]:
         ):
             barrier = job.spec.gang and not task.released
             commands.append(
-                Start(node=node, group=group_of(job, task), barrier=barrier, env=task_env(job, task), **ids)
+                Start(
+                    node=node,
+                    group=group_of(job, task),
+                    barrier=barrier,
+                    env=task_env(job, task),
+                    host_network=job.spec.gang,
+                    **ids,
+                )
             )
             continue
         if task.state is TaskState.READY_TO_START:

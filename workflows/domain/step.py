@@ -58,6 +58,7 @@ class Step:
                 group=group_of(self.job, task),
                 barrier=barrier,
                 env=task_env(self.job, task),
+                host_network=self.gang,
             )
         )
 
