@@ -94,7 +94,8 @@ class AgentActivities:
             if input.barrier:
                 gpus, started = await self._starter.ready(key, input.group, env, _beat, reported)
             else:
-                gpus, started = await self._starter.start(key, input.group, env, _beat, reported), True
+                gpus = await self._starter.start(key, input.group, env, _beat, reported, input.host_network)
+                started = True
         except SetupEnded as ended:
             raise ApplicationError(ended.reason.text, type=ended.reason.code, non_retryable=True) from None
         return StartTaskResult(gpu_indices=gpus, started=started)
