@@ -32,6 +32,7 @@ from workflows.messages import (
     StopTaskInput,
     SuperviseInput,
     TaskExit,
+    TaskHealthReport,
     TaskReport,
 )
 from workflows.node import NodeWorkflow
@@ -54,7 +55,10 @@ class Script:
     # Gang members whose set-up ("w-1", or one attempt "w-1.0") never finishes: each barrier call fails, and is
     # tried again, so virtual time still runs.
     late: set[str] = field(default_factory=set)
-    plans: list[WorkerPlan] = field(default_factory=list)  # plan_workers answers, in order (the last repeats)
+    plans: list[WorkerPlan] = field(default_factory=list)
+    healthy: set[str] = field(
+        default_factory=set
+    )  # these pass their readiness check once running  # plan_workers answers, in order (the last repeats)
 
     def holds(self, task_id: str, attempt: int) -> bool:
         return task_id in self.hold or f"{task_id}.{attempt}" in self.hold
@@ -122,6 +126,10 @@ class FakeCluster:
                 await handle.signal("task_running", report)
             await asyncio.sleep(3600)  # no heartbeat: the workflow's heartbeat timeout ends this call
         await handle.signal("task_running", report)
+        if input.readiness is not None:
+            healthy = ref.task_id in self.script.healthy
+            health = TaskHealthReport(task_id=ref.task_id, attempt=ref.attempt, healthy=healthy)
+            await handle.signal("task_health", health)
         if self.script.holds(ref.task_id, ref.attempt):
             stopped = self.stopped.setdefault(f"{ref.task_id}.{ref.attempt}", asyncio.Event())
             while not stopped.is_set():

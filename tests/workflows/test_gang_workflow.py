@@ -3,6 +3,8 @@ the environment that lets members find each other."""
 
 from __future__ import annotations
 
+import asyncio
+
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, unique
@@ -87,3 +89,108 @@ async def test_a_group_that_cannot_be_planned_is_looked_at_again_every_minute(
     assert (history[3].at - history[2].at).total_seconds() >= 60
     assert [t.id for t in described.tasks] == ["train-0", "train-1"]
     assert [p.total_gpus for p in cluster.planned] == [8, 8]
+
+
+# ---- restarts, min_available, complete_with and services in virtual time -----------------------------------------
+
+
+async def wait_reason(handle, reason: str) -> None:  # type: ignore[no-untyped-def]
+    from workflows.domain.status import Status
+
+    for _ in range(400):
+        if (await handle.query("status", result_type=Status)).reason == reason:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never read {reason!r}")
+
+
+async def test_a_member_failure_restarts_the_whole_gang(time_skipping: WorkflowEnvironment) -> None:
+    job = gang(unique("gang-restart"))
+    script = Script(exits={"w-1": [1, 0]}, hold={"w-0.0", "w-2.0"})
+    async with fake_cluster(time_skipping.client, script):
+        handle = await start(time_skipping, job)
+        status = await handle.result()
+        described = await handle.query("describe", result_type=JobDescription)
+    assert (status.state, status.reason) == ("Completed", "All workers completed")
+    assert [(t.id, t.attempt, t.restarts) for t in described.tasks] == [("w-0", 1, 0), ("w-1", 1, 1), ("w-2", 1, 0)]
+    history = pairs(described.tasks[0].history)
+    stopping = history.index(("Stopping", "Gang restart: w-1 failed"))
+    assert history[stopping : stopping + 4] == [
+        ("Stopping", "Gang restart: w-1 failed"),
+        ("Cancelled", "Stopped on request"),
+        ("Pending", "Gang restart: w-1 failed"),
+        ("Preparing", "Placed on n0"),
+    ]
+    assert ("Pending", "Gang restart: w-1 failed") in pairs(described.history)
+
+
+async def test_under_restart_task_a_member_restarts_alone_and_a_leader_restarts_all(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    alone = gang(unique("alone"), on_failure="RestartTask")
+    all_ = gang(unique("leader"), on_failure="RestartTask")
+    async with fake_cluster(time_skipping.client, Script(exits={"w-1": [1, 0]})):
+        handle = await start(time_skipping, alone)
+        await handle.result()
+        described = await handle.query("describe", result_type=JobDescription)
+    assert [(t.id, t.attempt) for t in described.tasks] == [("w-0", 0), ("w-1", 1), ("w-2", 0)]
+    assert pairs(described.tasks[1].history)[6] == ("Pending", "Restarted by policy (restart 1/10)")
+    async with fake_cluster(time_skipping.client, Script(exits={"w-0": [1, 0]}, hold={"w-1.0", "w-2.0"})):
+        handle = await start(time_skipping, all_)
+        status = await handle.result()
+        described = await handle.query("describe", result_type=JobDescription)
+    assert (status.state, status.reason) == ("Completed", "All workers completed")
+    assert [(t.id, t.attempt) for t in described.tasks] == [("w-0", 1), ("w-1", 1), ("w-2", 1)]
+    assert ("Stopping", "Gang restart: w-0 failed") in pairs(described.tasks[2].history)
+
+
+async def test_min_available_runs_the_minimum_while_the_rest_wait(time_skipping: WorkflowEnvironment) -> None:
+    job = gang(unique("min"), min_available=2)
+    async with fake_cluster(time_skipping.client, Script(hold={"w-0", "w-1"}, no_room={"w-2"})):
+        handle = await start(time_skipping, job)
+        await wait_reason(handle, "2 of 3 workers running")
+        await handle.execute_update("cancel")
+        status = await handle.result()
+        described = await handle.query("describe", result_type=JobDescription)
+    assert status.state == "Cancelled"
+    assert ("Starting", "Starting together: 2 of 2 ready") in pairs(described.history)
+    assert pairs(described.tasks[2].history)[1] == ("Pending", "No machine fits: 1 of 1 machines ready")
+
+
+def two_groups(name: str, **top: object) -> JobSpec:
+    groups = [{"name": "eval", "command": ["x"]}, {"name": "server", "command": ["x"], "restart_policy": "Never"}]
+    return parse_spec({"name": name, "groups": groups, "complete_with": "eval", **top})
+
+
+async def test_complete_with_ends_the_run_when_its_group_completes(time_skipping: WorkflowEnvironment) -> None:
+    async with fake_cluster(time_skipping.client, Script(hold={"server-0"})):
+        handle = await start(time_skipping, two_groups(unique("cw")))
+        status = await handle.result()
+        described = await handle.query("describe", result_type=JobDescription)
+    assert (status.state, status.reason) == ("Completed", "Worker group eval completed")
+    assert pairs(described.tasks[1].history)[-2:] == [
+        ("Stopping", "Run completed"),
+        ("Cancelled", "Stopped on request"),
+    ]
+
+
+async def test_complete_with_fails_when_a_serving_group_fails(time_skipping: WorkflowEnvironment) -> None:
+    async with fake_cluster(time_skipping.client, Script(hold={"eval-0"}, exits={"server-0": [2]})):
+        handle = await start(time_skipping, two_groups(unique("cw-fail")))
+        status = await handle.result()
+    assert (status.state, status.reason) == (
+        "Failed",
+        "Worker server-0 failed on n0: Exited with code 2; worker group eval cannot finish without it",
+    )
+
+
+async def test_a_service_serves_once_its_check_passes(time_skipping: WorkflowEnvironment) -> None:
+    web = {"name": "web", "replicas": 2, "command": ["x"], "readiness": {"command": ["true"]}}
+    job = parse_spec({"name": unique("svc"), "lifetime": "Service", "groups": [web]})
+    async with fake_cluster(time_skipping.client, Script(hold={"web-0", "web-1"}, healthy={"web-0"})):
+        handle = await start(time_skipping, job)
+        await wait_reason(handle, "1 of 2 workers serving")
+        described = await handle.query("describe", result_type=JobDescription)
+        await handle.execute_update("cancel")
+        await handle.result()
+    assert [t.healthy for t in described.tasks] == [True, False]
