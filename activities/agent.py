@@ -18,6 +18,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from activities.gpus import GpuWatch
+from activities.machine import PressureWatch
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime, TaskKey
 from activities.starter import SetupEnded, Starter
@@ -28,6 +29,7 @@ from workflows.messages import (
     GpuHealthReport,
     LeaseInput,
     LogText,
+    PressureReport,
     ReadLogInput,
     StartTaskInput,
     StartTaskResult,
@@ -44,7 +46,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 POLL_SECONDS = 0.25
-GPU_HEALTH_SECONDS = 5.0  # how often the lease's holder looks at the GPUs' health
+GPU_HEALTH_SECONDS = 5.0  # how often the lease's holder looks at the GPUs' health (and the machine's pressure)
+PRESSURE_READ_SECONDS = 1.0  # a pressure read still going after this is collected at a later look
 
 
 def task_key(ref: TaskRef) -> TaskKey:
@@ -59,21 +62,26 @@ class AgentActivities:
         runtime: Runtime,
         preparer: Preparer,
         gpu_watch: GpuWatch | None = None,
+        pressure_watch: PressureWatch | None = None,
     ) -> None:
         self._client = client
         self._inventory = inventory
         self._runtime = runtime
         self._gpus = list(inventory.gpus)  # with their health as last reported to the machine's workflow
         self._gpu_watch = gpu_watch
+        self._pressure_watch = pressure_watch
+        self._pressure = list(inventory.pressure)  # as last reported to the machine's workflow
+        self._pressure_read: asyncio.Future[list[str]] | None = None
         self._starter = Starter(runtime, preparer, lambda: self._gpus, self._report_progress)
 
     @activity.defn(name="hold_lease")
     async def hold_lease(self, input: LeaseInput) -> None:
         """Renew the machine's lease by heartbeating until the control plane cancels it; meanwhile report the
-        GPUs' health to the machine's workflow when it changes."""
+        GPUs' health and the machine's pressure to the machine's workflow when they change."""
         while True:
             activity.heartbeat()
             await self._report_gpu_health()
+            await self._report_pressure()
             await asyncio.sleep(min(input.renew_seconds, GPU_HEALTH_SECONDS))
 
     @activity.defn(name="start_task")
@@ -193,6 +201,34 @@ class AgentActivities:
             log.warning("%s: could not report the GPUs' health: %s", self._inventory.name, err)
             return
         self._gpus = gpus
+
+    async def _report_pressure(self) -> None:
+        """Read the memory and disk pressure on a thread and tell the machine's workflow when the conditions change
+        (update `report_pressure`). A read that hangs (a stalled mount under the data dir) is left running and
+        collected at a later look, so it never holds up the lease's heartbeats."""
+        if self._pressure_watch is None:
+            return
+        read = self._pressure_read
+        if read is None:  # a new read usually ends at once; one still hanging from a former look is not waited for
+            read = self._pressure_read = asyncio.ensure_future(asyncio.to_thread(self._pressure_watch.poll))
+            await asyncio.wait({read}, timeout=PRESSURE_READ_SECONDS)
+        if not read.done():
+            return
+        self._pressure_read = None
+        try:
+            pressure = read.result()
+        except OSError as err:
+            log.warning("%s: could not read its pressure: %s", self._inventory.name, err)
+            return
+        if pressure == self._pressure:
+            return
+        handle = self._client.get_workflow_handle(node_id(self._inventory.name))
+        try:
+            await handle.execute_update("report_pressure", PressureReport(pressure=pressure))
+        except Exception as err:  # told again at the next look
+            log.warning("%s: could not report its pressure: %s", self._inventory.name, err)
+            return
+        self._pressure = pressure
 
 
 def _beat(doing: str) -> None:

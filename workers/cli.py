@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -20,7 +20,7 @@ from activities.runtime.base import RuntimeUnavailable
 from workers.client import AstraeusClient, AstraeusError
 from workers.connect import address, connect, ensure_search_attributes
 from workers.render import render_describe, render_events, render_history, render_nodes, render_runs
-from workflows.domain.constraints import RACK_LABEL
+from workflows.domain.constraints import RACK_LABEL, Capability
 from workflows.domain.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, format_errors, parse_spec
@@ -124,8 +124,17 @@ async def cmd_scheduler(args: argparse.Namespace) -> int:
 
 
 async def cmd_agent(args: argparse.Namespace) -> int:
+    from activities.machine import MachineReadError, parse_port
     from workers.services import AgentOptions, agent_worker
 
+    capabilities, notes = _capabilities(args.capability, args.capability_note)
+    try:
+        ports = [parse_port(item) for item in args.rdma_port] if args.rdma_port else None
+    except MachineReadError as error:
+        raise AstraeusError(str(error)) from None
+    location = Path(args.data_location) if args.data_location else None
+    if location is not None and not location.is_dir():
+        raise AstraeusError(f"--data-location {location}: no such directory")
     options = AgentOptions(
         name=args.name,
         data_dir=Path(args.data_dir),
@@ -140,6 +149,13 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         docker_host=args.docker_host,
         host_paths=args.host_path,
+        rdma_ports=ports,
+        ib_fabric=args.ib_fabric,
+        capabilities=capabilities,
+        capability_notes=notes,
+        data_location=location,
+        sysfs=Path(args.sysfs),
+        procfs=Path(args.procfs),
     )
     client = await connect(address(args.temporal))
     try:
@@ -155,6 +171,25 @@ def _label(item: str, flag: str = "--label") -> tuple[str, str]:
     if not sep or not key:
         raise AstraeusError(f"{flag} {item}: expected KEY=VALUE")
     return key, value
+
+
+def _capabilities(names: list[str], notes: list[str]) -> tuple[list[str], dict[str, str]]:
+    """--capability NAME and --capability-note NAME=WHY (why a capability the machine lacks is missing)."""
+    known = get_args(Capability)
+    for name in names:
+        if name not in known:
+            raise AstraeusError(f"--capability {name}: unknown (known: {', '.join(known)})")
+    why: dict[str, str] = {}
+    for item in notes:
+        name, text = _label(item, "--capability-note")
+        if name not in known:
+            raise AstraeusError(f"--capability-note {item}: unknown capability {name} (known: {', '.join(known)})")
+        if name in names:
+            raise AstraeusError(
+                f"--capability-note {item}: the machine declares {name}; a note says why one is missing"
+            )
+        why[name] = text
+    return list(dict.fromkeys(names)), why
 
 
 async def _until_signalled() -> None:
@@ -353,6 +388,20 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--site", help="this machine's site (where its drives' data is)")
     agent.add_argument("--address", default="127.0.0.1",
                        help="where other machines reach this one (a gang's MASTER_ADDR)")  # fmt: skip
+    agent.add_argument("--rdma-port", action="append", default=[],
+                       help="declare an RDMA port NAME:LINK:SPEED[:FABRIC], e.g. mlx5_0:InfiniBand:200:ib-0 "
+                            "(repeatable; default: read them from sysfs)")  # fmt: skip
+    agent.add_argument("--ib-fabric", help="the fabric its InfiniBand ports are on, e.g. ib-0 (default: the subnet "
+                                           "prefix of each port)")  # fmt: skip
+    agent.add_argument("--capability", action="append", default=[],
+                       help="what the machine can do for workers: outbound_policy, sandbox, tool_gateway "
+                            "(repeatable)")  # fmt: skip
+    agent.add_argument("--capability-note", action="append", default=[],
+                       help="NAME=WHY: why a capability is missing, shown in the reason (repeatable)")  # fmt: skip
+    agent.add_argument("--data-location", help="where data of drives held elsewhere is copied (its free space is "
+                                               "reported)")  # fmt: skip
+    agent.add_argument("--sysfs", default="/sys", help="where the host's /sys is (an agent in a container)")
+    agent.add_argument("--procfs", default="/proc", help="where the host's /proc is (an agent in a container)")
     machine_flags(agent)
 
     submit = command("submit", cmd_submit, "submit a run spec (YAML)", read=True)

@@ -15,12 +15,13 @@ from temporalio.worker import Worker
 from activities.agent import AgentActivities
 from activities.control import ControlActivities
 from activities.gpus import GpusUnavailable, GpuWatch, NvmlWatch, read_inventory_gpus
+from activities.machine import PROCFS, SYSFS, PressureWatch, data_free_bytes, read_rdma_ports
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime
 from activities.runtime.docker import DockerRuntime
 from activities.runtime.process import ProcessRuntime
 from activities.scheduler import SchedulerService
-from workflows.domain.nodes import NodeInventory, NodeView, node_id, node_task_queue
+from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView, node_id, node_task_queue
 from workflows.domain.settings import Settings
 from workflows.job import JobWorkflow
 from workflows.logs import LogsWorkflow
@@ -70,17 +71,46 @@ class AgentOptions:
     runtime: str = "process"
     docker_host: str | None = None  # default: $DOCKER_HOST, else the engine's socket
     host_paths: list[str] = field(default_factory=list)  # the only host paths drives may mount; empty: any
+    rdma_ports: list[NetworkPort] | None = None  # declared with --rdma-port; None: read from sysfs
+    ib_fabric: str | None = None  # names the fabric of its InfiniBand ports (default: their subnet prefix)
+    capabilities: list[str] = field(default_factory=list)  # outbound_policy, sandbox, tool_gateway
+    capability_notes: dict[str, str] = field(default_factory=dict)  # why a capability is missing
+    data_location: Path | None = None  # where drives held elsewhere are copied; None: none chosen
+    sysfs: Path = SYSFS  # where the host's /sys and /proc are (an agent in a container mounts them elsewhere)
+    procfs: Path = PROCFS
 
 
 def machine_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def declared_ports(options: AgentOptions) -> list[NetworkPort]:
+    """--rdma-port, an InfiniBand port without its own fabric taking --ib-fabric's."""
+    fabric = options.ib_fabric
+    return [
+        p.model_copy(update={"fabric": fabric}) if p.link == "InfiniBand" and p.fabric is None else p
+        for p in options.rdma_ports or []
+    ]
+
+
+def pressure_watch(options: AgentOptions) -> PressureWatch:
+    return PressureWatch(options.data_dir, options.procfs)
+
+
 def inventory(options: AgentOptions) -> NodeInventory:
-    """What this machine has: GPUs from NVML (or declared with --gpus), CPUs and memory (or declared)."""
+    """What this machine has: GPUs from NVML (or declared with --gpus), CPUs and memory (or declared), RDMA ports
+    from sysfs (or declared with --rdma-port), its pressure now, its capabilities and its data location's room."""
     gpus, source = read_inventory_gpus(options.gpus, options.name)
     if source == "none":
         log.warning("%s: NVML is not available and no --gpus were declared: running without GPUs", options.name)
+    ports = (
+        declared_ports(options) if options.rdma_ports is not None else read_rdma_ports(options.sysfs, options.ib_fabric)
+    )
+    try:
+        pressure = pressure_watch(options).poll()
+    except OSError as err:
+        log.warning("%s: pressure unread (%s): reporting none", options.name, err)
+        pressure = []
     return NodeInventory(
         name=options.name,
         cpus=options.cpus if options.cpus is not None else float(os.cpu_count() or 1),
@@ -92,6 +122,11 @@ def inventory(options: AgentOptions) -> NodeInventory:
         accept_labels=options.accept_labels,
         site=options.site,
         address=options.address,
+        ports=ports,
+        pressure=pressure,
+        capabilities=options.capabilities,
+        capability_notes=options.capability_notes,
+        data_free_bytes=data_free_bytes(options.data_location),
     )
 
 
@@ -135,7 +170,7 @@ async def agent_worker(client: Client, options: AgentOptions, settings: Settings
     node = inventory(options)
     runtime = make_runtime(options)
     preparer = Preparer(options.data_dir, options.host_paths)
-    activities = AgentActivities(client, node, runtime, preparer, gpu_watch(node))
+    activities = AgentActivities(client, node, runtime, preparer, gpu_watch(node), pressure_watch(options))
     worker = Worker(
         client,
         task_queue=node_task_queue(node.name),

@@ -250,3 +250,9 @@ class GpuHealthReport(_Msg):
     """Update `report_gpus`: the machine's GPUs with their health now (a fault, or at risk)."""
 
     gpus: list[GpuInfo]
+
+
+class PressureReport(_Msg):
+    """Update `report_pressure`: the machine's pressure conditions now ("memory", "disk"); empty: none."""
+
+    pressure: list[str]

@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
         MachineLostReport,
         NodeChangedInput,
         NodeInput,
+        PressureReport,
         RegisterRequest,
     )
 
@@ -142,6 +143,26 @@ class NodeWorkflow:
             raise ApplicationError(f"machine {self._view.name} has not registered", type="NotRegistered")
         if [(g.index, g.uuid) for g in report.gpus] != [(g.index, g.uuid) for g in inventory.gpus]:
             raise ApplicationError(f"the GPUs reported are not those machine {self._view.name} registered")
+
+    @workflow.update(name="report_pressure")
+    async def report_pressure(self, report: PressureReport) -> NodeView:
+        """The agent saw the machine come under memory or disk pressure, or leave it: keep the conditions in the
+        inventory (the scheduler places nothing new there meanwhile), and record new pressure in its history."""
+        assert self._view.inventory is not None
+        before = self._view.inventory.pressure
+        inventory = self._view.inventory.model_copy(update={"pressure": report.pressure})
+        self._view = self._view.model_copy(update={"inventory": inventory})
+        if report.pressure and set(report.pressure) - set(before):
+            reason = R.UnderPressure(condition=", ".join(report.pressure)).text
+            entry = NodeStatusEntry(state=self._view.state, reason=reason, at=workflow.now())
+            self._view = self._view.model_copy(update={"history": [*self._view.history, entry][-50:]})
+        await self._notify()
+        return self._view
+
+    @report_pressure.validator
+    def _validate_report_pressure(self, report: PressureReport) -> None:
+        if self._view.inventory is None:
+            raise ApplicationError(f"machine {self._view.name} has not registered", type="NotRegistered")
 
     # ---- admin verbs (astraeus nodes cordon|uncordon|remove) ------------------------------------------------------
 
