@@ -73,12 +73,13 @@ class Run:
     run_history: list[str] = field(default_factory=list)
 
 
-def spec_for(name: str, workers: int, sleep: float) -> JobSpec:
+def spec_for(name: str, workers: int, sleep: float, gang: bool = False) -> JobSpec:
     command = ["true"] if sleep <= 0 else ["sleep", f"{sleep:g}"]
     return parse_spec(
         {
             "name": name,
             "namespace": NAMESPACE,
+            "gang": gang,
             "groups": [
                 {
                     "name": "worker",
@@ -215,7 +216,7 @@ def fmt_latency(values: list[float | None]) -> str:
     return text + (f"  ({missing} runs without one)" if missing else "")
 
 
-async def bench(runs: int, machines: int, workers: int, sleep: float, timeout: float) -> list[str]:
+async def bench(runs: int, machines: int, workers: int, sleep: float, timeout: float, gang: bool = False) -> list[str]:
     lines: list[str] = []
     # SIGTERM (timeout, kill) cancels the benchmark, so that Embedded stops the dev server and its machines.
     this = asyncio.current_task()
@@ -242,7 +243,7 @@ async def bench(runs: int, machines: int, workers: int, sleep: float, timeout: f
             stamp = int(time.time())
             batch = [Run(name=f"bench-{stamp}-{i}") for i in range(runs)]
             gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
-            waits = [submit_and_wait(client, r, spec_for(r.name, workers, sleep), gate) for r in batch]
+            waits = [submit_and_wait(client, r, spec_for(r.name, workers, sleep, gang), gate) for r in batch]
             try:
                 await asyncio.wait_for(asyncio.gather(*waits), timeout)
             except TimeoutError:
@@ -354,6 +355,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--machines", type=int, default=4, help="local machines (agents) (default 4)")
     p.add_argument("--workers-per-run", type=int, default=1, help="workers (replicas) per run (default 1)")
     p.add_argument("--sleep", type=float, default=0, help="seconds each worker sleeps; 0 runs `true` (default 0)")
+    p.add_argument("--gang", action="store_true", help="each run is a gang: placed whole, started at a barrier")
     p.add_argument("--timeout", type=float, default=900, help="give up waiting for runs after this (default 900 s)")
     return p
 
@@ -363,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     code = 0
     try:
-        lines = asyncio.run(bench(args.runs, args.machines, args.workers_per_run, args.sleep, args.timeout))
+        lines = asyncio.run(bench(args.runs, args.machines, args.workers_per_run, args.sleep, args.timeout, args.gang))
         print("\n".join(lines))
     except asyncio.CancelledError:
         print("bench: stopped by SIGTERM", file=sys.stderr)
