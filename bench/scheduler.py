@@ -5,7 +5,8 @@ queues N runs of mixed sizes (1 to 8 GPUs, a quarter with time limits, some with
 with quotas), then times:
 
 - a full pass (`schedule`) over the whole queue, cold, and again over the same view;
-- the same pass with gang runs in the queue (`--gangs` runs of 2 to 64 workers, placed whole or not at all);
+- the same pass with gang runs in the queue (`--gangs` runs of 2 to 64 workers, placed whole or not at all; the
+  head gang preempts lower-priority work, or, when running work outranks it, holds a machine for every member);
 - one placement decision: a single worker that fits, against the prebuilt cluster (index, checks, best fit);
 - one waiting decision: a worker that fits nowhere, with every machine's reasons (explanations warm and cold);
 - the cost of building the pass's view (compiling machines, indexing, what each holds).
@@ -197,6 +198,8 @@ def main() -> None:
     codes = Counter(d.reason.code if d.reason else "Placed" for d in plan.decisions if d.request.gang)
     print(f"\nwith {args.gangs} gang runs ({len(with_gangs) - len(requests)} workers) in the queue, their workers: "
           + ", ".join(f"{code} {n}" for code, n in codes.most_common()))  # fmt: skip
+    victims = sum(len(p.task_ids) for p in plan.preemptions)
+    print(f"  preemptions: {victims} workers of {len(plan.preemptions)} runs, heads holding room: {len(plan.holds)}")
     ganged = timed(lambda: schedule(with_gangs, nodes, allocations, NOW, quotas=quotas), args.repeat)
     show("per pass", ganged)
     show("per decision (pass / queued workers)", ganged, per=len(with_gangs))

@@ -8,7 +8,7 @@ from workflows.domain.nodes import NodeState, NodeView
 from workflows.domain.quotas import Quota
 from workflows.domain.reasons import Reason
 from workflows.domain.requests import Allocation, TaskRequest
-from workflows.domain.scheduling import Plan, schedule
+from workflows.domain.scheduling import Plan, Preemption, schedule
 from workflows.domain.status import NodeReasons
 
 
@@ -204,3 +204,129 @@ def test_a_gang_over_the_quota_at_all_says_so() -> None:
     assert set(outcome(plan).values()) == {
         "Waits for more than the namespace's quota allows at all (gpus 12 asked > 4): raise the quota or ask for less"
     }
+
+
+# ---- preemption -------------------------------------------------------------------------------------------------
+
+LOW_ON_BOTH = [holding("n0", run="a", gpus=8, started=-600), holding("n1", run="b", gpus=8, started=-60)]
+G = "job/default/g"
+
+
+def test_a_higher_priority_gang_preempts_lower_priority_work_on_every_machine_it_needs() -> None:
+    plan = run(gang(2, priority=10), EIGHTS, LOW_ON_BOTH)
+    assert outcome(plan) == {f"g/w-{i}": "Preempting 2 lower-priority worker(s) of a, b to start" for i in range(2)}
+    assert plan.preemptions == [
+        Preemption("job/default/a", ("x-0",), "g", (G, "w-0")),
+        Preemption("job/default/b", ("x-0",), "g", (G, "w-0")),
+    ]
+    assert plan.holds == {}
+
+
+def test_work_behind_a_preempting_gang_does_not_take_its_room() -> None:
+    later = request(run="later", priority=5, submitted=1, gpus=1)
+    plan = run([*gang(2, priority=10), later], EIGHTS, LOW_ON_BOTH)
+    assert outcome(plan)["later/w-0"] == "Queued behind higher-priority work (g)"
+
+
+def test_while_its_victims_stop_every_member_keeps_its_room() -> None:
+    preempting = {victim.key: (G, "w-0") for victim in LOW_ON_BOTH}
+    later = [request(run="later", priority=20, submitted=5, gpus=8), request(run="small", submitted=6, gpus=1)]
+    plan = run([*gang(2, priority=10), *later], EIGHTS, LOW_ON_BOTH, preempting=preempting)
+    assert outcome(plan) == {
+        "g/w-0": "Starting: waiting for 2 preempted worker(s) to stop",
+        "g/w-1": "Starting: waiting for 2 preempted worker(s) to stop",
+        "later/w-0": "Queued behind g",
+        "small/w-0": "Queued behind higher-priority work (g)",
+    }
+    assert plan.preemptions == []
+
+
+def test_a_gang_whose_member_no_longer_fits_keeps_no_room() -> None:
+    # b is gone but n1 was cordoned meanwhile: the gang no longer fits whole once a is gone, so n0 is not kept.
+    nodes = [EIGHTS[0], machine("n1", gpus=8, cordon="repairs"), machine("n2", gpus=4)]
+    preempting = {victim.key: (G, "w-0") for victim in LOW_ON_BOTH}
+    small = request(run="small", priority=5, submitted=1, gpus=4)
+    plan = run([*gang(2, priority=10), small], nodes, LOW_ON_BOTH[:1], preempting=preempting)
+    assert outcome(plan) == {
+        "g/w-0": "Gang cannot be placed whole: 3 of 3 machines ready",
+        "g/w-1": "Gang cannot be placed whole: 3 of 3 machines ready",
+        "small/w-0": "n2",
+    }
+    assert plan.preemptions == []
+
+
+def test_once_its_victims_are_gone_the_gang_is_placed_whole() -> None:
+    preempting = {victim.key: (G, "w-0") for victim in LOW_ON_BOTH}
+    assert outcome(run(gang(2, priority=10), EIGHTS, [], preempting=preempting)) == {"g/w-0": "n0", "g/w-1": "n1"}
+
+
+def test_nothing_is_preempted_when_the_gang_would_still_not_fit_whole() -> None:
+    held = [holding("n0", run="a", gpus=8), holding("n1", run="senior", gpus=8, priority=20)]
+    plan = run(gang(2, priority=10), EIGHTS, held)
+    assert plan.preemptions == []
+    assert set(outcome(plan).values()) == {"Gang cannot be placed whole: 2 of 2 machines ready"}
+    assert set(plan.holds) == {(G, "w-0"), (G, "w-1")}
+
+
+def test_equal_or_higher_priority_work_is_never_preempted_for_a_gang() -> None:
+    for priority in (10, 11):
+        held = [holding("n0", run="a", gpus=8, priority=priority), holding("n1", run="b", gpus=8, priority=priority)]
+        plan = run(gang(2, priority=10), EIGHTS, held)
+        assert plan.preemptions == []
+        assert set(outcome(plan).values()) == {"Gang cannot be placed whole: 2 of 2 machines ready"}
+
+
+def test_members_take_free_machines_first_and_victims_lose_the_least_work() -> None:
+    nodes = [*EIGHTS, machine("n2", gpus=8), machine("n3", gpus=8)]
+    held = [
+        holding("n0", run="old", gpus=8, started=-7200),
+        holding("n1", run="young", task="x-1", gpus=4, started=-60),
+        holding("n1", run="young", task="x-2", gpus=4, started=-120),
+        holding("n2", run="mid", gpus=8, started=-600),
+    ]
+    plan = run(gang(3, priority=10), nodes, held)
+    assert set(outcome(plan).values()) == {"Preempting 3 lower-priority worker(s) of mid, young to start"}
+    assert [(p.job_id, p.task_ids) for p in plan.preemptions] == [
+        ("job/default/mid", ("x-0",)),
+        ("job/default/young", ("x-1", "x-2")),
+    ]
+
+
+def test_members_share_a_machine_that_one_victim_frees() -> None:
+    plan = run(gang(2, gpus=4, priority=10), EIGHTS[:1], [holding("n0", run="a", gpus=8)])
+    assert outcome(plan) == {f"g/w-{i}": "Preempting 1 lower-priority worker(s) of a to start" for i in range(2)}
+
+
+def test_a_gang_preempts_only_for_its_minimum() -> None:
+    nodes = [machine(f"n{i}", gpus=8) for i in range(4)]
+    held = [holding(f"n{i}", run=f"low{i}", gpus=8, started=-60 * (i + 1)) for i in range(4)]
+    plan = run(gang(4, priority=10, min_available=2), nodes, held)
+    assert set(outcome(plan).values()) == {"Preempting 2 lower-priority worker(s) of low0, low1 to start"}
+    assert len(plan.decisions) == 4
+    preempting = {(f"job/default/low{i}", "x-0"): (G, "w-0") for i in range(2)}
+    again = run(gang(4, priority=10, min_available=2), nodes, held, preempting=preempting)
+    assert set(outcome(again).values()) == {"Starting: waiting for 2 preempted worker(s) to stop"}
+    assert again.preemptions == []
+
+
+def test_victims_in_another_namespace_are_not_named_and_do_not_see_who() -> None:
+    held = [holding("n0", run="a", gpus=8), holding("n1", run="theirs", namespace="ns2", gpus=8)]
+    plan = run(gang(2, priority=10), EIGHTS, held)
+    assert set(outcome(plan).values()) == {
+        "Preempting 2 lower-priority worker(s) of (a job in another namespace), a to start"
+    }
+    assert [(p.job_id, p.by) for p in plan.preemptions] == [
+        ("job/default/a", "g"),
+        ("job/ns2/theirs", "(a job in another namespace)"),
+    ]
+
+
+def test_beyond_its_running_minimum_a_member_preempts_and_waits_as_a_single_worker() -> None:
+    placed = [holding("n0", run="g", task="w-0", gpus=8, group="w", priority=10)]
+    victim = holding("n1", run="low", gpus=8)
+    waiting = gang(2, priority=10, min_available=1)[1:]
+    plan = run(waiting, EIGHTS, [*placed, victim])
+    assert outcome(plan) == {"g/w-1": "Preempting 1 lower-priority worker(s) of low to start"}
+    assert plan.preemptions == [Preemption("job/default/low", ("x-0",), "g", (G, "w-1"))]
+    again = run(waiting, EIGHTS, [*placed, victim], preempting={victim.key: (G, "w-1")})
+    assert outcome(again) == {"g/w-1": "Starting: waiting for 1 preempted worker(s) to stop"}

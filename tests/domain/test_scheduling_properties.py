@@ -84,16 +84,24 @@ def with_gangs(draw: st.DrawFn) -> Cluster:
         minimum = draw(st.sampled_from([None, None, *range(1, size + 1)]))
         namespace, cpu = f"ns{draw(st.integers(0, 1))}", draw(quarters)
         memory, gpus = draw(st.integers(0, 300)), draw(st.integers(0, 6))
+        priority, submitted, limit = draw(st.integers(0, 2)), draw(st.integers(0, 5)), draw(limits)
         first = 0
         if minimum is not None and size > 1 and draw(st.booleans()):
             first = 1  # its first worker already runs
             node = draw(st.sampled_from(names))
             allocations.append(
                 holding(
-                    node, run=f"g{j}", namespace=namespace, task="w-0", cpu=cpu, memory=memory, gpus=gpus, group="w"
+                    node,
+                    run=f"g{j}",
+                    namespace=namespace,
+                    task="w-0",
+                    cpu=cpu,
+                    memory=memory,
+                    gpus=gpus,
+                    group="w",
+                    priority=priority,
                 )
             )
-        priority, submitted, limit = draw(st.integers(0, 2)), draw(st.integers(0, 5)), draw(limits)
         requests += [
             request(
                 f"w-{i}",
@@ -110,6 +118,18 @@ def with_gangs(draw: st.DrawFn) -> Cluster:
             )
             for i in range(first, size)
         ]
+    return requests, nodes, allocations
+
+
+@st.composite
+def with_senior_gangs(draw: st.DrawFn) -> Cluster:
+    """As `with_gangs`, the gang runs raised above much of the running work, so that their heads often preempt."""
+    requests, nodes, allocations = draw(with_gangs())
+    boost = draw(st.integers(1, 3))
+    gangs = {r.job_id for r in requests if r.gang}
+    requests = [r.model_copy(update={"priority": r.priority + boost}) if r.gang else r for r in requests]
+    allocations = [a.model_copy(update={"priority": a.priority + boost}) if a.job_id in gangs else a
+                   for a in allocations]  # fmt: skip
     return requests, nodes, allocations
 
 
@@ -292,3 +312,36 @@ def test_a_time_limit_is_counted_from_the_start_of_its_worker() -> None:
     assert alloc.ends_at(NOW) == at(11)
     assert holding("n0").ends_at(NOW) is None
     assert allocation_for(request(limit=60), "n0", NOW).ends_at(NOW) == NOW + timedelta(seconds=60)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(with_senior_gangs())
+def test_a_gang_head_preempts_only_lower_priority_work_and_then_fits_whole(cluster: Cluster) -> None:
+    requests, nodes, allocations = cluster
+    plan = schedule(requests, nodes, allocations, NOW)
+    by_key = {a.key: a for a in allocations}
+    order = [d.request.key for d in plan.decisions]
+    for head_key in {p.head for p in plan.preemptions}:
+        head = next(r for r in requests if r.key == head_key)
+        members = sorted((r for r in requests if r.job_id == head.job_id), key=lambda r: r.index)
+        running = sum(a.job_id == head.job_id for a in allocations)
+        need = len(members) if head.min_available is None else head.min_available - running
+        if not head.gang or need <= 0 or members[0] != head:
+            continue  # a single worker's preemption (members beyond a gang's minimum are decided as singles)
+        gone = {(p.job_id, t) for p in plan.preemptions if p.head == head.key for t in p.task_ids}
+        assert all(by_key[v].priority < head.priority for v in gone)
+        for member in members:
+            reason = plan.decision(member.key).reason
+            assert reason is not None and reason.code == "Preempting"
+            assert reason.text.startswith(f"Preempting {len(gone)} lower-priority worker(s) of ")
+        # Once the victims are gone (what the pass placed before the gang staying), the members it needs fit whole,
+        # as the next pass places them.
+        before = [d for d in plan.decisions[: order.index(head.key)] if d.node is not None]
+        rest = [a for a in allocations if a.key not in gone] + placed(Plan(decisions=before))
+        again = schedule(members, nodes, rest, NOW)
+        assert all(again.decision(m.key).node is not None for m in members[:need])
+        # Meanwhile the gang keeps that room: the next pass, victims still stopping, says so for every member.
+        kept = schedule(members, nodes, [*allocations, *placed(plan)], NOW, preempting={v: head.key for v in gone})
+        assert {d.reason.text for d in kept.decisions if d.reason} == {
+            f"Starting: waiting for {len(gone)} preempted worker(s) to stop"
+        }

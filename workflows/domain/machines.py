@@ -147,9 +147,10 @@ class Cluster:
         self.group_placed: Counter[tuple[str, str]] = Counter()
         self.version = 0
         self.changed: list[str] = []  # the machine changed by each version, in order: changed[v - 1]
-        # Placements since the pass began, each with the allocation its key held before (a worker asked again while
-        # its old attempt still holds room), so that a tentative placement can be undone exactly.
-        self._placed: list[tuple[Allocation, Allocation | None]] = []
+        # Tentative changes since the pass began, so that they can be undone exactly: each placement with the
+        # allocation its key held before (a worker asked again while its old attempt still holds room), and each
+        # lifted allocation (a preemption victim, as a head sees it once gone) with None.
+        self._placed: list[tuple[Allocation, Allocation | None, bool]] = []
         self.node_version: Counter[str] = Counter()  # changes to each machine's room: keys for `memo`
         self.memo: dict[tuple[object, ...], object] = {}  # answers about a machine, keyed with its node_version
         self._closed: set[str] = set()  # out of the index for the rest of the pass
@@ -247,18 +248,27 @@ class Cluster:
         alloc = allocation_for(request, node, self.now)
         if until_released:
             alloc = alloc.model_copy(update={"time_limit_seconds": None})
-        self._placed.append((alloc, self.allocations.get(alloc.key)))
+        self._placed.append((alloc, self.allocations.get(alloc.key), True))
         self._change(alloc, 1)
         return alloc
 
+    def lift(self, alloc: Allocation) -> None:
+        """`alloc`'s room is free until `rollback`: a victim as the head it would make room for sees it once gone."""
+        if alloc.key in self.held.get(alloc.node, {}):
+            self._placed.append((alloc, None, False))
+            self._change(alloc, -1)
+
     def mark(self) -> int:
-        """A savepoint: `rollback(mark)` undoes every placement made after it."""
+        """A savepoint: `rollback(mark)` undoes every placement and lift made after it."""
         return len(self._placed)
 
     def rollback(self, mark: int) -> None:
-        """Undo the placements made since `mark`, latest first, as if they had never been made."""
+        """Undo the placements and lifts made since `mark`, latest first, as if they had never been made."""
         while len(self._placed) > mark:
-            alloc, before = self._placed.pop()
+            alloc, before, placed = self._placed.pop()
+            if not placed:
+                self._change(alloc, 1)
+                continue
             self.release(alloc)
             if before is not None:  # the same worker's older attempt: it still holds its room, as before
                 self.allocations[before.key] = before

@@ -37,6 +37,12 @@ def ask_for(request: TaskRequest, cluster: Cluster, drives: Mapping[str, Drive])
     return Ask(request, Counter(nodes), cluster.racks_of(request.job_id), drives)
 
 
+def ask_key(ask: Ask) -> tuple[object, ...]:
+    """What of an ask the checks read (drives are the same for a whole pass): a key for answers remembered."""
+    request = ask.request
+    return (request.shape, tuple(sorted(ask.run_nodes.items()))) if request.with_run else (request.shape,)
+
+
 Check = Callable[[Machine, Free, Ask], Reason | None]
 
 

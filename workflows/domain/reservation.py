@@ -8,12 +8,13 @@ at that start. Machines the head does not reserve are free for anyone.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from workflows.domain.machines import Cluster, Free
-from workflows.domain.placement import Ask, fits, fits_empty
+from workflows.domain.placement import Ask, ask_key, fits, fits_empty
 from workflows.domain.requests import TaskRequest
 
 
@@ -43,16 +44,10 @@ def _free_at(cluster: Cluster, node: str, at: datetime) -> Free:
     return result
 
 
-def _ask_key(ask: Ask) -> tuple[object, ...]:
-    """What of an ask the checks read (drives are the same for a whole pass)."""
-    request = ask.request
-    return (request.shape, tuple(sorted(ask.run_nodes.items()))) if request.with_run else (request.shape,)
-
-
 def earliest_start(cluster: Cluster, node: str, ask: Ask) -> datetime | None:
     """When the worker fits on `node` as time-limited work ends; None when that takes work without a limit.
     Remembered until the machine's room changes (a gang head asks it of every machine for every member)."""
-    key = ("start", node, cluster.node_version[node], *_ask_key(ask))
+    key = ("start", node, cluster.node_version[node], *ask_key(ask))
     if key not in cluster.memo:
         cluster.memo[key] = _earliest_start(cluster, node, ask)
     start: datetime | None = cluster.memo[key]  # type: ignore[assignment]
@@ -70,29 +65,70 @@ def _earliest_start(cluster: Cluster, node: str, ask: Ask) -> datetime | None:
     return None
 
 
+Rank = tuple[bool, bool, datetime, int, str]
+
+
+def _rank(cluster: Cluster, name: str, ask: Ask, taken: set[str]) -> tuple[Rank, datetime | None] | None:
+    """How good a place to wait `name` is (lower is better) and when the worker starts there; None when the
+    machine would never take it."""
+    if cluster.machines[name].not_ready is not None or not _fits_empty(cluster, name, ask):
+        return None
+    at = earliest_start(cluster, name, ask)
+    missing = max(ask.request.gpus - cluster.free[name].gpus, 0)
+    return (name in taken, at is None, at or datetime.max.replace(tzinfo=cluster.now.tzinfo), missing, name), at
+
+
 def reserve(cluster: Cluster, ask: Ask, names: list[str], taken: set[str]) -> Reservation | None:
     """The machine where the worker starts soonest: known times first, then the machine missing the fewest GPUs,
     then by name; a machine another head worker holds only when no other will do. None when no machine would
     ever take it."""
-    far = datetime.max.replace(tzinfo=cluster.now.tzinfo)
-    best: tuple[tuple[bool, bool, datetime, int, str], Reservation] | None = None
-    for name in names:
-        machine = cluster.machines[name]
-        if machine.not_ready is not None or not _fits_empty(cluster, name, ask):
-            continue
-        at = earliest_start(cluster, name, ask)
-        missing = max(ask.request.gpus - cluster.free[name].gpus, 0)
-        rank = (name in taken, at is None, at or far, missing, name)
-        if best is None or rank < best[0]:
-            best = (rank, Reservation(ask, name, at))
-    return best[1] if best else None
+    ranks = (ranked for name in names if (ranked := _rank(cluster, name, ask, taken)) is not None)
+    best = min(ranks, default=None)
+    return Reservation(ask, best[0][-1], best[1]) if best is not None else None
+
+
+class Reserving:
+    """`reserve` for the members of a head gang, one after the other, each held in place before the next asks:
+    the machines are ranked once per shape, and a machine again only once its room changed. Exact because rooms
+    only shrink while it is used (a member held in place never makes a machine a better place to wait)."""
+
+    def __init__(self, cluster: Cluster, names: list[str], taken: set[str]) -> None:
+        self.cluster, self.names, self.taken = cluster, names, taken
+        self._heaps: dict[tuple[object, ...], list[tuple[Rank, datetime | None, int]]] = {}
+
+    def reserve(self, ask: Ask) -> Reservation | None:
+        cluster = self.cluster
+        if ask.request.with_run:  # where its run already is changes every machine's answer
+            return reserve(cluster, ask, self.names, self.taken)
+        key = ask_key(ask)
+        heap = self._heaps.get(key)
+        if heap is None:
+            heap = [(*r, cluster.node_version[n]) for n in self.names if (r := _rank(cluster, n, ask, self.taken))]
+            heapq.heapify(heap)
+            self._heaps[key] = heap
+        while heap:
+            rank, at, version = heap[0]
+            name = rank[-1]
+            if cluster.node_version[name] == version:
+                return Reservation(ask, name, at)
+            ranked = _rank(cluster, name, ask, self.taken)
+            assert ranked is not None  # whether a machine would ever take it does not change with its room
+            heapq.heapreplace(heap, (*ranked, cluster.node_version[name]))
+        return None
 
 
 def _fits_empty(cluster: Cluster, node: str, ask: Ask) -> bool:
-    key = ("empty", node, *_ask_key(ask))
+    key = ("empty", node, *ask_key(ask))
     if key not in cluster.memo:
         cluster.memo[key] = fits_empty(cluster.machines[node], ask)
     return bool(cluster.memo[key])
+
+
+@dataclass
+class _Refusals:
+    count: int  # reservations then
+    version: int  # the cluster's version then
+    nodes: set[str]
 
 
 @dataclass
@@ -100,9 +136,34 @@ class Reservations:
     """Every reservation of this pass, by machine."""
 
     by_node: dict[str, list[Reservation]] = field(default_factory=dict)
+    count: int = 0
+    _refusals: dict[tuple[object, ...], _Refusals] = field(default_factory=dict)
 
     def add(self, reservation: Reservation) -> None:
         self.by_node.setdefault(reservation.node, []).append(reservation)
+        self.count += 1
+
+    def refusing(self, cluster: Cluster, ask: Ask) -> set[str]:
+        """The held machines where the worker may not start now (see `allows`). Remembered per size of worker and
+        brought up to date with the machines changed since: a gang head holds many machines, and each of the
+        thousands of workers behind it would otherwise ask each of them again."""
+        if not self.by_node:
+            return set()
+        request = ask.request
+        size = (request.cpu, request.memory_bytes, request.gpus, request.time_limit_seconds)
+        known = self._refusals.get(size)
+        if known is None or known.count != self.count:
+            nodes = {node for node in self.by_node if not self.allows(cluster, node, ask)}
+            known = self._refusals[size] = _Refusals(self.count, cluster.version, nodes)
+        elif known.version != cluster.version:
+            for node in cluster.changed_since(known.version):
+                if node in self.by_node:
+                    if self.allows(cluster, node, ask):
+                        known.nodes.discard(node)
+                    else:
+                        known.nodes.add(node)
+            known.version = cluster.version
+        return known.nodes
 
     @property
     def nodes(self) -> set[str]:

@@ -17,12 +17,17 @@ would start now); once m is reached the others are decided one by one, as single
 whole on the cluster emptied of other runs' work leads the queue as a single worker does: it keeps its reason,
 holds a machine for every member (found one after the other, the earlier ones held in place) from when the last
 of them can start, and work behind it backfills only around that; behind another head it is "Queued behind ...".
-A gang head preempts nothing (yet): it waits for running work to end.
+Before holding room, a gang head preempts strictly lower-priority work when that lets every member it needs (with
+min_available, the minimum) start at once: members are placed tentatively one after the other, each on a machine
+free now, else where stopping the least work lets it start (`preemption.choose_gang_victims`), and the gang must
+then fit whole as the next pass will place it; each waiting member says "Preempting k lower-priority worker(s) of
+<runs> to start". While the victims stop, the gang keeps room for all those members ("Starting: waiting for k
+preempted worker(s) to stop"), or, once one of them no longer fits, for none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -31,11 +36,11 @@ from workflows.domain.explaining import Explainer, NamesKey
 from workflows.domain.machines import Cluster
 from workflows.domain.nodes import NodeView
 from workflows.domain.placement import Ask, ask_for, fill, fit_together_empty, fits
-from workflows.domain.preemption import choose_victims, freed
+from workflows.domain.preemption import choose_gang_victims, choose_victims, freed
 from workflows.domain.quotas import Quota, Usage, check_quota, usage_by_namespace
 from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Reason
 from workflows.domain.requests import Allocation, TaskRequest, namespace_of, run_name
-from workflows.domain.reservation import Reservation, Reservations, minutes_left, reserve, show_time
+from workflows.domain.reservation import Reservation, Reservations, Reserving, minutes_left, reserve, show_time
 from workflows.domain.status import NodeReasons
 
 Key = tuple[str, str]
@@ -115,6 +120,7 @@ class _Pass:
         self.quotas = quotas
         self.drives = drives
         self.preempting = preempting
+        self.kept: set[Key] = set()  # heads keeping their victims' room: waiting, so never victims themselves
         self.usage = usage_by_namespace(allocations)
         self.explainer = Explainer(self.cluster)
         self.reservations = Reservations()
@@ -143,25 +149,58 @@ class _Pass:
 
     def _keep_promises(self, waiting: dict[Key, TaskRequest]) -> set[Key]:
         """Heads whose victims are still stopping keep the room those victims free ("Starting: waiting for k
-        preempted worker(s) to stop"); a head that no longer fits there queues as any other worker."""
+        preempted worker(s) to stop"); a head that no longer fits there queues as any other worker. A gang keeps
+        room for every member it needs, or, when one of them no longer fits, for none."""
         victims: dict[Key, list[Allocation]] = {}
         for victim, head in self.preempting.items():
             alloc = self.cluster.allocations.get(victim)
             if alloc is not None and head in waiting:
                 victims.setdefault(head, []).append(alloc)
-        promised = set()
+        promised: set[Key] = set()
         for head, allocs in sorted(victims.items(), key=lambda item: queue_order(waiting[item[0]])):
-            request, node = waiting[head], allocs[0].node
-            machine = self.cluster.machines.get(node)
-            ask = ask_for(request, self.cluster, self.drives)
-            if machine is None or not fits(machine, freed(self.cluster.free[node], allocs), ask):
+            request = waiting[head]
+            if head in promised:
+                continue  # a gang already kept with all its victims
+            members = [request]
+            if request.gang:
+                members = sorted((r for r in waiting.values() if r.job_id == request.job_id), key=queue_order)
+            # Once a gang's minimum runs, its members beyond it preempt as single workers do.
+            required = _required(members, self.cluster.placed_count(request.job_id)) if request.gang else []
+            if required:
+                allocs = [a for h, found in victims.items() if h[0] == request.job_id for a in found]
+                places = self._gang_promise(required, allocs)
+            else:
+                members, places = [request], self._single_promise(request, allocs)
+            if places is None:
                 continue
             # The victims hold their room until they are gone; the head takes the rest now, so nothing else does.
-            self._take(request, node)
-            promised.add(head)
+            for member, node in places:
+                self._take(member, node)
+                self.kept.add(member.key)
             self.head = self.head or request
-            self.plan.decisions.append(Decision(request, None, R.WaitingForPreempted(k=len(allocs))))
+            for member in members:
+                promised.add(member.key)
+                self.plan.decisions.append(Decision(member, None, R.WaitingForPreempted(k=len(allocs))))
         return promised
+
+    def _single_promise(self, request: TaskRequest, victims: list[Allocation]) -> list[tuple[TaskRequest, str]] | None:
+        node = victims[0].node
+        machine = self.cluster.machines.get(node)
+        ask = ask_for(request, self.cluster, self.drives)
+        if machine is None or not fits(machine, freed(self.cluster.free[node], victims), ask):
+            return None
+        return [(request, node)]
+
+    def _gang_promise(self, required: list[TaskRequest], victims: list[Allocation]) -> (
+        list[tuple[TaskRequest, str]] | None
+    ):  # fmt: skip
+        """Where the members the gang needs go once its victims are gone; None when one no longer fits there, or
+        when they all fit now anyway (then they are placed as usual)."""
+        _, names_key = self._visible(self.quotas.get(required[0].namespace))
+        if self._fit_without(required, [], names_key) is not None:
+            return None
+        nodes = self._fit_without(required, victims, names_key)
+        return None if nodes is None else list(zip(required, nodes, strict=True))
 
     def _take(self, request: TaskRequest, node: str) -> None:
         self.cluster.place(request, node)
@@ -195,11 +234,9 @@ class _Pass:
         """A gang run's waiting workers, together. Those it needs (all of them; with min_available the lowest-index
         ones that bring its placed workers up to the minimum) are placed all or none; once the minimum is met, the
         others are decided one by one, as single workers."""
-        first = members[0]
-        minimum = first.min_available
-        placed = self.cluster.placed_count(first.job_id)
-        need = len(members) if minimum is None else max(minimum - placed, 0)
-        required, rest = members[:need], members[need:]
+        placed = self.cluster.placed_count(members[0].job_id)
+        required = _required(members, placed)
+        rest = members[len(required) :]
         decisions: list[Decision] = []
         if required:
             together = self._place_together(required, placed)
@@ -265,9 +302,56 @@ class _Pass:
         if not self._fit_together(required, names, names_key):
             return why
         if self.head is None or self.head.job_id == first.job_id:
+            preempting = self._preempt_together(required, names, names_key)
+            if preempting is not None:
+                return Decision(first, None, preempting, why.nodes)
             self._hold_together(required, names)
             return why
         return Decision(first, None, self._behind(first), why.nodes)
+
+    def _preempt_together(self, required: list[TaskRequest], names: list[str], names_key: NamesKey) -> Reason | None:
+        """The head gang stops lower-priority work when that lets every member it needs start at once (victims
+        chosen by `choose_gang_victims`); the gang is then placed again as the next pass will once the victims are
+        gone, keeping only the victims on machines it uses. None (nothing preempted) when a member would still not
+        fit."""
+        first = required[0]
+        cluster = self.cluster
+        victims = choose_gang_victims(
+            cluster,
+            required,
+            lambda member: ask_for(member, cluster, self.drives),
+            lambda ask: self._free_for(ask, names_key),
+            names,
+            self._spared(),
+        )
+        if not victims or (nodes := self._fit_without(required, victims, names_key)) is None:
+            return None
+        used = set(nodes)
+        needed = [v for v in victims if v.node in used]
+        if len(needed) < len(victims) and (fewer := self._fit_without(required, needed, names_key)) is not None:
+            victims, nodes = needed, fewer
+        self.head = self.head or first
+        for member, node in zip(required, nodes, strict=True):
+            self._take(member, node)  # on top of the victims until they are gone: nothing else fits there
+        return self._preempt(first, victims)
+
+    def _fit_without(self, required: list[TaskRequest], victims: list[Allocation], names_key: NamesKey) -> (
+        list[str] | None
+    ):  # fmt: skip
+        """Where the members would go, one after the other, were `victims` gone (as a pass places a gang); None
+        when one would not fit. Changes nothing."""
+        mark = self.cluster.mark()
+        for victim in victims:
+            self.cluster.lift(victim)
+        nodes: list[str] = []
+        for member in required:
+            node = self._free_for(ask_for(member, self.cluster, self.drives), names_key)
+            if node is None:
+                break
+            self.cluster.place(member, node)
+            nodes.append(node)
+        self.cluster.rollback(mark)
+        return nodes if len(nodes) == len(required) else None
 
     def _fit_together(self, required: list[TaskRequest], names: list[str], names_key: NamesKey) -> bool:
         """Whether the members would fit whole on the cluster emptied of other runs' work; remembered for the pass
@@ -290,9 +374,10 @@ class _Pass:
         self.head = self.head or required[0]
         mark = self.cluster.mark()
         found: list[Reservation] = []
+        reserving = Reserving(self.cluster, names, self.reservations.nodes)
         for member in required:
             ask = ask_for(member, self.cluster, self.drives)
-            reservation = reserve(self.cluster, ask, names, self.reservations.nodes)
+            reservation = reserving.reserve(ask)
             if reservation is not None:
                 found.append(reservation)
                 self.cluster.place(member, reservation.node, until_released=True)
@@ -311,19 +396,28 @@ class _Pass:
         pools = set(quota.pools)
         return [n for n in self.cluster.names if self.cluster.machines[n].pools & pools], quota.pools
 
-    def _allowed(self, name: str, ask: Ask, names_key: NamesKey) -> bool:
+    def _allowed(self, ask: Ask, names_key: NamesKey) -> Iterator[str]:
+        """The machines that take the worker now, tightest first."""
         cluster = self.cluster
-        machine = cluster.machines[name]
-        if names_key is not None and not machine.pools & set(names_key):
-            return False
-        # Holds first: remembered per machine, they turn a gang head's many machines away at the cost of a lookup.
-        return self.reservations.allows(cluster, name, ask) and fits(machine, cluster.free[name], ask)
+        pools = set(names_key) if names_key is not None else None
+        # Holds first: remembered per size of worker, they turn a gang head's many machines away at a set lookup.
+        refused = self.reservations.refusing(cluster, ask)
+        for name in cluster.candidates(ask.request):
+            if name in refused:
+                continue
+            machine = cluster.machines[name]
+            if (pools is None or machine.pools & pools) and fits(machine, cluster.free[name], ask):
+                yield name
+
+    def _free_for(self, ask: Ask, names_key: NamesKey) -> str | None:
+        """The tightest machine that takes the worker now, patience aside."""
+        return next(self._allowed(ask, names_key), None)
 
     def _find(self, ask: Ask, names_key: NamesKey) -> str | Decision | None:
         """The tightest machine that takes the worker now; with a patience window, one on an InfiniBand fabric
         (its run's, if it has one) while the window lasts."""
         request = ask.request
-        candidates = (n for n in self.cluster.candidates(request) if self._allowed(n, ask, names_key))
+        candidates = self._allowed(ask, names_key)
         patience = request.topology.patience_seconds if request.topology else None
         if not patience:
             return next(candidates, None)
@@ -366,22 +460,30 @@ class _Pass:
         """The head: stop lower-priority work if that lets it start, else hold the machine where it starts first."""
         request = ask.request
         self.head = self.head or request
-        choice = choose_victims(self.cluster, ask, names, spared=set(self.preempting))
+        choice = choose_victims(self.cluster, ask, names, spared=self._spared())
         if choice is not None:
-            for victim in choice.victims:
-                self.preempting[victim.key] = request.key
             self._take(request, choice.node)  # on top of its victims until they are gone: nothing else fits there
-            by_run: dict[str, list[str]] = {}
-            for victim in choice.victims:
-                by_run.setdefault(victim.job_id, []).append(victim.task_id)
-            for job_id, task_ids in sorted(by_run.items()):
-                by = shown_to(request.job_id, namespace_of(job_id))
-                self.plan.preemptions.append(Preemption(job_id, tuple(sorted(task_ids)), by, request.key))
-            runs = sorted({shown_to(job_id, request.namespace) for job_id in by_run})
-            return R.Preempting(k=len(choice.victims), runs=", ".join(runs))
+            return self._preempt(request, list(choice.victims))
         reservation = reserve(self.cluster, ask, names, self.reservations.nodes)
         assert reservation is not None, "a feasible worker has a machine to wait for"
         return self._hold(reservation)
+
+    def _spared(self) -> set[Key]:
+        """Workers that are not to be preempted: those already stopping, and heads keeping room (not running)."""
+        return set(self.preempting) | self.kept
+
+    def _preempt(self, head: TaskRequest, victims: list[Allocation]) -> Reason:
+        """Ask the victims to stop, one entry per victim run, each naming the head's run as that run's namespace
+        sees it; the victims are remembered as making room for `head` (a gang's first member stands for it)."""
+        by_run: dict[str, list[str]] = {}
+        for victim in victims:
+            self.preempting[victim.key] = head.key
+            by_run.setdefault(victim.job_id, []).append(victim.task_id)
+        for job_id, task_ids in sorted(by_run.items()):
+            by = shown_to(head.job_id, namespace_of(job_id))
+            self.plan.preemptions.append(Preemption(job_id, tuple(sorted(task_ids)), by, head.key))
+        runs = sorted({shown_to(job_id, head.namespace) for job_id in by_run})
+        return R.Preempting(k=len(victims), runs=", ".join(runs))
 
     def _hold(self, reservation: Reservation) -> Reason:
         self.reservations.add(reservation)
@@ -404,6 +506,13 @@ class _Pass:
         if starts and None not in starts:
             return fill(R.QueuedBehindStartsBy, run=who, time=show_time(max(s for s in starts if s is not None)))
         return fill(R.QueuedBehind, run=who)
+
+
+def _required(members: list[TaskRequest], placed: int) -> list[TaskRequest]:
+    """The waiting members a gang run needs placed together: all of them; with min_available, the lowest-index
+    ones that bring its `placed` workers up to the minimum (none once it is met)."""
+    minimum = members[0].min_available
+    return members if minimum is None else members[: max(minimum - placed, 0)]
 
 
 def _apart_reason(request: TaskRequest, fit: int, ready: int, total: int) -> Reason:
