@@ -4,43 +4,27 @@ Queue order is higher priority first, then earlier claim. In order, each worker:
 (never blocking other namespaces) or its array's limit; else takes the tightest machine that fits it and that no
 head holds (or that it may backfill); else, if no machine could ever take it, says why machine by machine; else the
 first such worker of the queue is the head: it preempts lower-priority work when that makes room, or reserves the
-machine where it starts soonest; the others queue behind it. Pure: the result is a Plan the service carries out.
-
-Gang runs: the waiting workers of one gang run are decided together at the place of the first of them. Quota is
-asked for all of them at once ("Gang waits for namespace quota: ..."); each takes the tightest machine as a single
-worker would, its checks seeing where the earlier ones went; if one does not fit, every tentative place is undone
-and each waits with "Gang cannot be placed whole: r of n machines ready" and the machines' reasons for the first
-member that did not fit. With min_available m, the run's placed workers count, and only the lowest-index waiting
-ones that bring it to m are placed together ("Cannot place the minimum to start together: k of m fit at once; r of
-n machines ready", k counting the placed workers and the waiting ones that fit with them, so that min_available k
-would start now); once m is reached the others are decided one by one, as single workers. A gang that would fit
-whole on the cluster emptied of other runs' work leads the queue as a single worker does: it keeps its reason,
-holds a machine for every member (found one after the other, the earlier ones held in place) from when the last
-of them can start, and work behind it backfills only around that; behind another head it is "Queued behind ...".
-Before holding room, a gang head preempts strictly lower-priority work when that lets every member it needs (with
-min_available, the minimum) start at once: members are placed tentatively one after the other, each on a machine
-free now, else where stopping the least work lets it start (`preemption.choose_gang_victims`), and the gang must
-then fit whole as the next pass will place it; each waiting member says "Preempting k lower-priority worker(s) of
-<runs> to start". While the victims stop, the gang keeps room for all those members ("Starting: waiting for k
-preempted worker(s) to stop"), or, once one of them no longer fits, for none.
+machine where it starts soonest; the others queue behind it. The waiting workers of a gang run are decided together,
+at the place of the first of them (`gang_placement`). Pure: the result is a Plan the service carries out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from workflows.domain import gang_placement
 from workflows.domain.constraints import Drive
 from workflows.domain.explaining import Explainer, NamesKey
 from workflows.domain.machines import Cluster
 from workflows.domain.nodes import NodeView
-from workflows.domain.placement import Ask, ask_for, fill, fit_together_empty, fits
-from workflows.domain.preemption import choose_gang_victims, choose_victims, freed
+from workflows.domain.placement import Ask, ask_for, fill, fits
+from workflows.domain.preemption import choose_victims, freed
 from workflows.domain.quotas import Quota, Usage, check_quota, usage_by_namespace
 from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Reason
 from workflows.domain.requests import Allocation, TaskRequest, namespace_of, run_name
-from workflows.domain.reservation import Reservation, Reservations, Reserving, minutes_left, reserve, show_time
+from workflows.domain.reservation import Reservation, Reservations, minutes_left, reserve, show_time
 from workflows.domain.status import NodeReasons
 
 Key = tuple[str, str]
@@ -106,6 +90,9 @@ def schedule(
 
 
 class _Pass:
+    """One pass's view and decisions. Its public attributes and methods are what gang runs use of it
+    (`gang_placement.SchedulingPass`)."""
+
     def __init__(
         self,
         nodes: Sequence[NodeView],
@@ -121,13 +108,13 @@ class _Pass:
         self.drives = drives
         self.preempting = preempting
         self.kept: set[Key] = set()  # heads keeping their victims' room: waiting, so never victims themselves
-        self.usage = usage_by_namespace(allocations)
+        self._used = usage_by_namespace(allocations)
         self.explainer = Explainer(self.cluster)
         self.reservations = Reservations()
         self.head: TaskRequest | None = None
         self.head_starts: list[datetime | None] = []
-        self._fit_cache: dict[tuple[object, ...], bool] = {}  # gang shapes -> whether they fit whole when idle
         self.plan = Plan()
+        self.gangs = gang_placement.GangPlacer(self)
 
     # ---- the pass ---------------------------------------------------------------------------------------------
 
@@ -142,9 +129,9 @@ class _Pass:
             if request.key in promised:
                 continue
             if not request.gang:
-                self.plan.decisions.append(self._decide(request))
+                self.plan.decisions.append(self.decide(request))
             elif (members := gangs.pop(request.job_id, None)) is not None:  # at its first member's place
-                self.plan.decisions.extend(self._decide_gang(members))
+                self.plan.decisions.extend(self.gangs.decide(members))
         return self.plan
 
     def _keep_promises(self, waiting: dict[Key, TaskRequest]) -> set[Key]:
@@ -162,20 +149,21 @@ class _Pass:
             if head in promised:
                 continue  # a gang already kept with all its victims
             members = [request]
+            required: list[TaskRequest] = []
             if request.gang:
                 members = sorted((r for r in waiting.values() if r.job_id == request.job_id), key=queue_order)
-            # Once a gang's minimum runs, its members beyond it preempt as single workers do.
-            required = _required(members, self.cluster.placed_count(request.job_id)) if request.gang else []
+                # Once a gang's minimum runs, its members beyond it preempt as single workers do.
+                required = gang_placement.required_members(members, self.cluster.placed_count(request.job_id))
             if required:
                 allocs = [a for h, found in victims.items() if h[0] == request.job_id for a in found]
-                places = self._gang_promise(required, allocs)
+                places = self.gangs.promise(required, allocs)
             else:
                 members, places = [request], self._single_promise(request, allocs)
             if places is None:
                 continue
             # The victims hold their room until they are gone; the head takes the rest now, so nothing else does.
             for member, node in places:
-                self._take(member, node)
+                self.take(member, node)
                 self.kept.add(member.key)
             self.head = self.head or request
             for member in members:
@@ -191,205 +179,35 @@ class _Pass:
             return None
         return [(request, node)]
 
-    def _gang_promise(self, required: list[TaskRequest], victims: list[Allocation]) -> (
-        list[tuple[TaskRequest, str]] | None
-    ):  # fmt: skip
-        """Where the members the gang needs go once its victims are gone; None when one no longer fits there, or
-        when they all fit now anyway (then they are placed as usual)."""
-        _, names_key = self._visible(self.quotas.get(required[0].namespace))
-        if self._fit_without(required, [], names_key) is not None:
-            return None
-        nodes = self._fit_without(required, victims, names_key)
-        return None if nodes is None else list(zip(required, nodes, strict=True))
-
-    def _take(self, request: TaskRequest, node: str) -> None:
+    def take(self, request: TaskRequest, node: str) -> None:
         self.cluster.place(request, node)
-        self._usage(request.namespace).add(request)
+        self.usage(request.namespace).add(request)
 
-    def _usage(self, namespace: str) -> Usage:
-        return self.usage.setdefault(namespace, Usage())
+    def usage(self, namespace: str) -> Usage:
+        return self._used.setdefault(namespace, Usage())
 
-    def _decide(self, request: TaskRequest) -> Decision:
+    def decide(self, request: TaskRequest) -> Decision:
         """One worker on its own (a gang's members beyond its minimum are decided so too)."""
         quota = self.quotas.get(request.namespace)
-        wait = check_quota(quota, self._usage(request.namespace), _asked(request))
+        wait = check_quota(quota, self.usage(request.namespace), _asked(request))
         if wait is not None:
             return Decision(request, None, wait.reason, reached=wait.reached)
         limit = request.max_parallel
         if limit is not None and self.cluster.group_placed[(request.job_id, request.group)] >= limit:
             return Decision(request, None, R.ArrayMaxParallel(k=limit))
-        names, names_key = self._visible(quota)
+        names, names_key = self.visible(quota)
         ask = ask_for(request, self.cluster, self.drives)
-        found = self._find(ask, names_key)
+        found = self.find(ask, names_key)
         if isinstance(found, Decision):
             return found
         if found is not None:
-            self._take(request, found)
+            self.take(request, found)
             return Decision(request, found)
         return self._blocked(ask, names, names_key)
 
-    # ---- gangs -------------------------------------------------------------------------------------------------
-
-    def _decide_gang(self, members: list[TaskRequest]) -> list[Decision]:
-        """A gang run's waiting workers, together. Those it needs (all of them; with min_available the lowest-index
-        ones that bring its placed workers up to the minimum) are placed all or none; once the minimum is met, the
-        others are decided one by one, as single workers."""
-        placed = self.cluster.placed_count(members[0].job_id)
-        required = _required(members, placed)
-        rest = members[len(required) :]
-        decisions: list[Decision] = []
-        if required:
-            together = self._place_together(required, placed)
-            if isinstance(together, Decision):  # none is placed: every waiting member says why
-                return [replace(together, request=member) for member in members]
-            decisions = [Decision(member, node) for member, node in zip(required, together, strict=True)]
-        return decisions + [self._decide(member) for member in rest]
-
-    def _place_together(self, required: list[TaskRequest], placed: int) -> list[str] | Decision:
-        """A machine for each of `required` (each member's checks see where the earlier ones went), or, undoing
-        every tentative place, why they wait (as `required[0]`'s decision). Quota is asked for all at once."""
-        first = required[0]
-        quota = self.quotas.get(first.namespace)
-        asked = Usage()
-        for member in required:
-            asked.add(member)
-        wait = check_quota(quota, self._usage(first.namespace), asked, gang=True)
-        if wait is not None:
-            return Decision(first, None, wait.reason, reached=wait.reached)
-        names, names_key = self._visible(quota)
-        mark = self.cluster.mark()
-        nodes: list[str] = []
-        for member in required:
-            limit = member.max_parallel
-            if limit is not None and self.cluster.group_placed[(member.job_id, member.group)] >= limit:
-                self.cluster.rollback(mark)
-                return Decision(first, None, R.ArrayMaxParallel(k=limit))
-            ask = ask_for(member, self.cluster, self.drives)
-            found = self._find(ask, names_key)
-            if not isinstance(found, str):
-                # Explained while the earlier members still hold their tentative places: those are why it waits.
-                why = found if isinstance(found, Decision) else self._apart(ask, names, names_key, placed + len(nodes))
-                self.cluster.rollback(mark)
-                return self._gang_waits(required, why, names, names_key)
-            self.cluster.place(member, found)
-            nodes.append(found)
-        for member in required:
-            self._usage(first.namespace).add(member)
-        return nodes
-
-    def _apart(self, ask: Ask, names: list[str], names_key: NamesKey, fit: int) -> Decision:
-        """Why the gang cannot be placed whole, with the machines' reasons for its first member that did not fit;
-        `fit`: its workers placed or fitting before that one."""
-        request = ask.request
-        if not names:
-            return Decision(request, None, R.NoMachinesRegistered(reason=_apart_reason(request, fit, 0, 0).text))
-        reasons = self.explainer.reasons(ask, names, names_key)
-        data = self.explainer.only_data_location(ask, reasons)
-        if data is not None:
-            return Decision(request, None, R.ChooseDataLocation(node=data), reasons)
-        ready = self.explainer.ready(names, names_key)
-        return Decision(request, None, _apart_reason(request, fit, ready, len(names)), reasons)
-
-    def _gang_waits(
-        self, required: list[TaskRequest], why: Decision, names: list[str], names_key: NamesKey
-    ) -> Decision:
-        """A gang that would fit whole once work ends leads the queue (holding room for every member) or queues
-        behind its head, as a single worker does; one that never would keeps its reason."""
-        first = required[0]
-        assert why.reason is not None
-        if why.reason.code not in (R.GangCannotBePlaced.code, R.CannotPlaceMinimum.code):
-            return why
-        if not self._fit_together(required, names, names_key):
-            return why
-        if self.head is None or self.head.job_id == first.job_id:
-            preempting = self._preempt_together(required, names, names_key)
-            if preempting is not None:
-                return Decision(first, None, preempting, why.nodes)
-            self._hold_together(required, names)
-            return why
-        return Decision(first, None, self._behind(first), why.nodes)
-
-    def _preempt_together(self, required: list[TaskRequest], names: list[str], names_key: NamesKey) -> Reason | None:
-        """The head gang stops lower-priority work when that lets every member it needs start at once (victims
-        chosen by `choose_gang_victims`); the gang is then placed again as the next pass will once the victims are
-        gone, keeping only the victims on machines it uses. None (nothing preempted) when a member would still not
-        fit."""
-        first = required[0]
-        cluster = self.cluster
-        victims = choose_gang_victims(
-            cluster,
-            required,
-            lambda member: ask_for(member, cluster, self.drives),
-            lambda ask: self._free_for(ask, names_key),
-            names,
-            self._spared(),
-        )
-        if not victims or (nodes := self._fit_without(required, victims, names_key)) is None:
-            return None
-        used = set(nodes)
-        needed = [v for v in victims if v.node in used]
-        if len(needed) < len(victims) and (fewer := self._fit_without(required, needed, names_key)) is not None:
-            victims, nodes = needed, fewer
-        self.head = self.head or first
-        for member, node in zip(required, nodes, strict=True):
-            self._take(member, node)  # on top of the victims until they are gone: nothing else fits there
-        return self._preempt(first, victims)
-
-    def _fit_without(self, required: list[TaskRequest], victims: list[Allocation], names_key: NamesKey) -> (
-        list[str] | None
-    ):  # fmt: skip
-        """Where the members would go, one after the other, were `victims` gone (as a pass places a gang); None
-        when one would not fit. Changes nothing."""
-        mark = self.cluster.mark()
-        for victim in victims:
-            self.cluster.lift(victim)
-        nodes: list[str] = []
-        for member in required:
-            node = self._free_for(ask_for(member, self.cluster, self.drives), names_key)
-            if node is None:
-                break
-            self.cluster.place(member, node)
-            nodes.append(node)
-        self.cluster.rollback(mark)
-        return nodes if len(nodes) == len(required) else None
-
-    def _fit_together(self, required: list[TaskRequest], names: list[str], names_key: NamesKey) -> bool:
-        """Whether the members would fit whole on the cluster emptied of other runs' work; remembered for the pass
-        by the members' shapes when where the run already is cannot matter."""
-        cluster, drives = self.cluster, self.drives
-        if not all(self.explainer.feasible(ask_for(m, cluster, drives), names, names_key) for m in required):
-            return False
-        alone = not any(m.with_run for m in required) and not cluster.placed_count(required[0].job_id)
-        key = (tuple(m.shape for m in required), names_key)
-        if alone and key in self._fit_cache:
-            return self._fit_cache[key]
-        fit = fit_together_empty(cluster, required, names, drives)
-        if alone:
-            self._fit_cache[key] = fit
-        return fit
-
-    def _hold_together(self, required: list[TaskRequest], names: list[str]) -> None:
-        """The head gang holds a machine for each member, found one after the other with the earlier members held
-        in place; all start together, when the last of them can."""
-        self.head = self.head or required[0]
-        mark = self.cluster.mark()
-        found: list[Reservation] = []
-        reserving = Reserving(self.cluster, names, self.reservations.nodes)
-        for member in required:
-            ask = ask_for(member, self.cluster, self.drives)
-            reservation = reserving.reserve(ask)
-            if reservation is not None:
-                found.append(reservation)
-                self.cluster.place(member, reservation.node, until_released=True)
-        self.cluster.rollback(mark)
-        starts = [r.at for r in found if r.at is not None]
-        at = max(starts) if found and len(starts) == len(found) else None
-        for reservation in found:
-            self._hold(replace(reservation, at=at))
-
     # ---- finding a machine ------------------------------------------------------------------------------------
 
-    def _visible(self, quota: Quota | None) -> tuple[list[str], NamesKey]:
+    def visible(self, quota: Quota | None) -> tuple[list[str], NamesKey]:
         """The machines a namespace may use: those of its pools, or all."""
         if quota is None or not quota.pools:
             return self.cluster.names, None
@@ -409,11 +227,11 @@ class _Pass:
             if (pools is None or machine.pools & pools) and fits(machine, cluster.free[name], ask):
                 yield name
 
-    def _free_for(self, ask: Ask, names_key: NamesKey) -> str | None:
+    def free_for(self, ask: Ask, names_key: NamesKey) -> str | None:
         """The tightest machine that takes the worker now, patience aside."""
         return next(self._allowed(ask, names_key), None)
 
-    def _find(self, ask: Ask, names_key: NamesKey) -> str | Decision | None:
+    def find(self, ask: Ask, names_key: NamesKey) -> str | Decision | None:
         """The tightest machine that takes the worker now; with a patience window, one on an InfiniBand fabric
         (its run's, if it has one) while the window lasts."""
         request = ask.request
@@ -454,25 +272,25 @@ class _Pass:
             return Decision(request, None, R.NoMachineFits(ready=ready, total=len(names)), reasons)
         if self.head is None or self.head.job_id == request.job_id:
             return Decision(request, None, self._lead(ask, names), reasons)
-        return Decision(request, None, self._behind(request), reasons)
+        return Decision(request, None, self.behind(request), reasons)
 
     def _lead(self, ask: Ask, names: list[str]) -> Reason:
         """The head: stop lower-priority work if that lets it start, else hold the machine where it starts first."""
         request = ask.request
         self.head = self.head or request
-        choice = choose_victims(self.cluster, ask, names, spared=self._spared())
+        choice = choose_victims(self.cluster, ask, names, spared=self.spared())
         if choice is not None:
-            self._take(request, choice.node)  # on top of its victims until they are gone: nothing else fits there
-            return self._preempt(request, list(choice.victims))
+            self.take(request, choice.node)  # on top of its victims until they are gone: nothing else fits there
+            return self.preempt(request, list(choice.victims))
         reservation = reserve(self.cluster, ask, names, self.reservations.nodes)
         assert reservation is not None, "a feasible worker has a machine to wait for"
-        return self._hold(reservation)
+        return self.hold(reservation)
 
-    def _spared(self) -> set[Key]:
+    def spared(self) -> set[Key]:
         """Workers that are not to be preempted: those already stopping, and heads keeping room (not running)."""
         return set(self.preempting) | self.kept
 
-    def _preempt(self, head: TaskRequest, victims: list[Allocation]) -> Reason:
+    def preempt(self, head: TaskRequest, victims: list[Allocation]) -> Reason:
         """Ask the victims to stop, one entry per victim run, each naming the head's run as that run's namespace
         sees it; the victims are remembered as making room for `head` (a gang's first member stands for it)."""
         by_run: dict[str, list[str]] = {}
@@ -485,7 +303,7 @@ class _Pass:
         runs = sorted({shown_to(job_id, head.namespace) for job_id in by_run})
         return R.Preempting(k=len(victims), runs=", ".join(runs))
 
-    def _hold(self, reservation: Reservation) -> Reason:
+    def hold(self, reservation: Reservation) -> Reason:
         self.reservations.add(reservation)
         if reservation.at is None:  # nothing may start there now: no need to look at it again
             self.cluster.close(reservation.node)
@@ -496,7 +314,7 @@ class _Pass:
             return R.NextToRunWaits(priority=priority)
         return R.NextToRunStartsBy(priority=priority, time=show_time(reservation.at))
 
-    def _behind(self, request: TaskRequest) -> Reason:
+    def behind(self, request: TaskRequest) -> Reason:
         head = self.head
         assert head is not None
         who = shown_to(head.job_id, request.namespace)
@@ -506,23 +324,6 @@ class _Pass:
         if starts and None not in starts:
             return fill(R.QueuedBehindStartsBy, run=who, time=show_time(max(s for s in starts if s is not None)))
         return fill(R.QueuedBehind, run=who)
-
-
-def _required(members: list[TaskRequest], placed: int) -> list[TaskRequest]:
-    """The waiting members a gang run needs placed together: all of them; with min_available, the lowest-index
-    ones that bring its `placed` workers up to the minimum (none once it is met)."""
-    minimum = members[0].min_available
-    return members if minimum is None else members[: max(minimum - placed, 0)]
-
-
-def _apart_reason(request: TaskRequest, fit: int, ready: int, total: int) -> Reason:
-    """ "Gang cannot be placed whole: r of n machines ready"; with min_available, "Cannot place the minimum to start
-    together: k of m fit at once; r of n machines ready", k counting the run's placed workers and the lowest-index
-    waiting ones that fit with them (so min_available k would start now)."""
-    if request.min_available is None:
-        return R.GangCannotBePlaced(ready=ready, total=total)
-    why = f"{fit} of {request.min_available} fit at once; {ready} of {total} machines ready"
-    return R.CannotPlaceMinimum(why=why)
 
 
 def _asked(request: TaskRequest) -> Usage:
