@@ -25,13 +25,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Protocol
 
-# A cycle by design: the pass hands gangs to this module, which answers in the pass's `Decision`s. Both sides import
-# the module, not its names, so either may be imported first.
-from workflows.domain import scheduling
 from workflows.domain.constraints import Drive
 from workflows.domain.explaining import Explainer, NamesKey
 from workflows.domain.machines import Cluster
 from workflows.domain.placement import Ask, ask_for, fit_together_empty
+from workflows.domain.plans import Decision, Key
 from workflows.domain.preemption import choose_gang_victims
 from workflows.domain.quotas import Quota, Usage, check_quota
 from workflows.domain.reasons import R, Reason
@@ -49,13 +47,13 @@ class SchedulingPass(Protocol):
     reservations: Reservations
     head: TaskRequest | None
 
-    def decide(self, request: TaskRequest) -> scheduling.Decision: ...
+    def decide(self, request: TaskRequest) -> Decision: ...
     def usage(self, namespace: str) -> Usage: ...
     def visible(self, quota: Quota | None) -> tuple[list[str], NamesKey]: ...
-    def find(self, ask: Ask, names_key: NamesKey) -> str | scheduling.Decision | None: ...
+    def find(self, ask: Ask, names_key: NamesKey) -> str | Decision | None: ...
     def free_for(self, ask: Ask, names_key: NamesKey) -> str | None: ...
     def take(self, request: TaskRequest, node: str) -> None: ...
-    def spared(self) -> set[scheduling.Key]: ...
+    def spared(self) -> set[Key]: ...
     def preempt(self, head: TaskRequest, victims: list[Allocation]) -> Reason: ...
     def hold(self, reservation: Reservation) -> Reason: ...
     def behind(self, request: TaskRequest) -> Reason: ...
@@ -68,19 +66,19 @@ class GangPlacer:
         self.pass_ = pass_
         self._fit_cache: dict[tuple[object, ...], bool] = {}  # gang shapes -> whether they fit whole when idle
 
-    def decide(self, members: list[TaskRequest]) -> list[scheduling.Decision]:
+    def decide(self, members: list[TaskRequest]) -> list[Decision]:
         """A gang run's waiting workers, together. Those it needs (all of them; with min_available the lowest-index
         ones that bring its placed workers up to the minimum) are placed all or none; once the minimum is met, the
         others are decided one by one, as single workers."""
         placed = self.pass_.cluster.placed_count(members[0].job_id)
         required = required_members(members, placed)
         rest = members[len(required) :]
-        decisions: list[scheduling.Decision] = []
+        decisions: list[Decision] = []
         if required:
             together = self._place_together(required, placed)
-            if isinstance(together, scheduling.Decision):  # none is placed: every waiting member says why
+            if isinstance(together, Decision):  # none is placed: every waiting member says why
                 return [replace(together, request=member) for member in members]
-            decisions = [scheduling.Decision(member, node) for member, node in zip(required, together, strict=True)]
+            decisions = [Decision(member, node) for member, node in zip(required, together, strict=True)]
         return decisions + [self.pass_.decide(member) for member in rest]
 
     def promise(self, required: list[TaskRequest], victims: list[Allocation]) -> list[tuple[TaskRequest, str]] | None:
@@ -92,7 +90,7 @@ class GangPlacer:
         nodes = self._fit_without(required, victims, names_key)
         return None if nodes is None else list(zip(required, nodes, strict=True))
 
-    def _place_together(self, required: list[TaskRequest], placed: int) -> list[str] | scheduling.Decision:
+    def _place_together(self, required: list[TaskRequest], placed: int) -> list[str] | Decision:
         """A machine for each of `required` (each member's checks see where the earlier ones went), or, undoing
         every tentative place, why they wait (as `required[0]`'s decision). Quota is asked for all at once."""
         pass_, cluster = self.pass_, self.pass_.cluster
@@ -103,7 +101,7 @@ class GangPlacer:
             asked.add(member)
         wait = check_quota(quota, pass_.usage(first.namespace), asked, gang=True)
         if wait is not None:
-            return scheduling.Decision(first, None, wait.reason, reached=wait.reached)
+            return Decision(first, None, wait.reason, reached=wait.reached)
         names, names_key = pass_.visible(quota)
         mark = cluster.mark()
         nodes: list[str] = []
@@ -111,7 +109,7 @@ class GangPlacer:
             limit = member.max_parallel
             if limit is not None and cluster.group_placed[(member.job_id, member.group)] >= limit:
                 cluster.rollback(mark)
-                return scheduling.Decision(first, None, R.ArrayMaxParallel(k=limit))
+                return Decision(first, None, R.ArrayMaxParallel(k=limit))
             ask = ask_for(member, cluster, pass_.drives)
             found = pass_.find(ask, names_key)
             if not isinstance(found, str):
@@ -125,23 +123,23 @@ class GangPlacer:
             pass_.usage(first.namespace).add(member)
         return nodes
 
-    def _apart(self, ask: Ask, names: list[str], names_key: NamesKey, fit: int) -> scheduling.Decision:
+    def _apart(self, ask: Ask, names: list[str], names_key: NamesKey, fit: int) -> Decision:
         """Why the gang cannot be placed whole, with the machines' reasons for its first member that did not fit;
         `fit`: its workers placed or fitting before that one."""
         request, explainer = ask.request, self.pass_.explainer
         if not names:
             reason = R.NoMachinesRegistered(reason=_apart_reason(request, fit, 0, 0).text)
-            return scheduling.Decision(request, None, reason)
+            return Decision(request, None, reason)
         reasons = explainer.reasons(ask, names, names_key)
         data = explainer.only_data_location(ask, reasons)
         if data is not None:
-            return scheduling.Decision(request, None, R.ChooseDataLocation(node=data), reasons)
+            return Decision(request, None, R.ChooseDataLocation(node=data), reasons)
         ready = explainer.ready(names, names_key)
-        return scheduling.Decision(request, None, _apart_reason(request, fit, ready, len(names)), reasons)
+        return Decision(request, None, _apart_reason(request, fit, ready, len(names)), reasons)
 
     def _gang_waits(
-        self, required: list[TaskRequest], why: scheduling.Decision, names: list[str], names_key: NamesKey
-    ) -> scheduling.Decision:
+        self, required: list[TaskRequest], why: Decision, names: list[str], names_key: NamesKey
+    ) -> Decision:
         """A gang that would fit whole once work ends leads the queue (holding room for every member) or queues
         behind its head, as a single worker does; one that never would keeps its reason."""
         first, head = required[0], self.pass_.head
@@ -153,10 +151,10 @@ class GangPlacer:
         if head is None or head.job_id == first.job_id:
             preempting = self._preempt_together(required, names, names_key)
             if preempting is not None:
-                return scheduling.Decision(first, None, preempting, why.nodes)
+                return Decision(first, None, preempting, why.nodes)
             self._hold_together(required, names)
             return why
-        return scheduling.Decision(first, None, self.pass_.behind(first), why.nodes)
+        return Decision(first, None, self.pass_.behind(first), why.nodes)
 
     def _preempt_together(self, required: list[TaskRequest], names: list[str], names_key: NamesKey) -> Reason | None:
         """The head gang stops lower-priority work when that lets every member it needs start at once (victims

@@ -11,7 +11,6 @@ at the place of the first of them (`gang_placement`). Pure: the result is a Plan
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from workflows.domain import gang_placement
@@ -20,48 +19,14 @@ from workflows.domain.explaining import Explainer, NamesKey
 from workflows.domain.machines import Cluster
 from workflows.domain.nodes import NodeView
 from workflows.domain.placement import Ask, ask_for, fill, fits
+from workflows.domain.plans import Decision, Key, Plan, Preemption
+
+__all__ = ["Decision", "Key", "Plan", "Preemption", "queue_order", "schedule", "shown_to"]
 from workflows.domain.preemption import choose_victims, freed
 from workflows.domain.quotas import Quota, Usage, check_quota, usage_by_namespace
 from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Reason
 from workflows.domain.requests import Allocation, TaskRequest, namespace_of, run_name
 from workflows.domain.reservation import Reservation, Reservations, minutes_left, reserve, show_time
-from workflows.domain.status import NodeReasons
-
-Key = tuple[str, str]
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A machine for the request, or the reason it waits with every machine's reasons; `reached` is the
-    "Quota reached: <why>" entry for its run's history when it waits on quota."""
-
-    request: TaskRequest
-    node: str | None
-    reason: Reason | None = None
-    nodes: list[NodeReasons] = field(default_factory=list)
-    reached: Reason | None = None
-
-
-@dataclass(frozen=True)
-class Preemption:
-    """Stop these workers of one run (signal `preempt`) to make room for the head worker `head`; `by` is how the
-    victims' reasons name the head's run."""
-
-    job_id: str
-    task_ids: tuple[str, ...]
-    by: str
-    head: Key
-
-
-@dataclass
-class Plan:
-    decisions: list[Decision] = field(default_factory=list)
-    preemptions: list[Preemption] = field(default_factory=list)
-    wake_at: datetime | None = None  # decide again then, even if nothing happens (a patience window moves)
-    holds: dict[Key, tuple[str, datetime | None]] = field(default_factory=dict)  # head worker -> machine, start
-
-    def decision(self, key: Key) -> Decision:
-        return next(d for d in self.decisions if d.request.key == key)
 
 
 def queue_order(request: TaskRequest) -> tuple[int, datetime, str, int]:
