@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,25 +16,7 @@ from tests.integration.harness import Cluster
 GIB = 2**30
 
 
-def _runs_pass_time_limits() -> bool:
-    """Whether a run's workers ask the scheduler with their time limit (the run's side of backfill)."""
-    try:
-        from workflows.domain import tasks  # type: ignore[attr-defined]
-        from workflows.domain.settings import Settings
-        from workflows.domain.spec import parse_spec
-
-        spec = parse_spec({"name": "a", "groups": [{"name": "w", "command": ["x"], "time_limit_seconds": 60}]})
-        job = tasks.new_job(spec, Settings(), datetime.now(UTC))
-        job.tasks = tasks.plan_tasks(spec, job.status.created_at)
-        return bool(tasks.task_request(job, job.tasks[0]).time_limit_seconds == 60)
-    except (ImportError, ValueError, AttributeError):
-        return False
-
-
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not _runs_pass_time_limits(), reason="runs do not pass their time limits to the scheduler yet"),
-]
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

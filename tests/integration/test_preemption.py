@@ -10,12 +10,8 @@ import pytest
 import yaml
 
 from tests.integration.harness import Cluster
-from workflows.job import JobWorkflow
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not hasattr(JobWorkflow, "preempt"), reason="JobWorkflow has no `preempt` signal handler yet"),
-]
+pytestmark = pytest.mark.integration
 
 GIB = 2**30
 
