@@ -9,7 +9,6 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, unique
 from tests.workflows.test_job_workflow import pairs, start
-from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.views import JobDescription
 
@@ -46,8 +45,7 @@ async def test_a_gang_starts_only_once_every_member_is_set_up(time_skipping: Wor
 
 async def test_a_barrier_that_waits_too_long_requeues_the_gang(own_time_skipping: WorkflowEnvironment) -> None:
     job = gang(unique("late"), replicas=2)
-    settings = Settings(barrier_timeout_seconds=120)
-    async with fake_cluster(own_time_skipping.client, Script(late={"w-1.0"}), settings) as cluster:
+    async with fake_cluster(own_time_skipping.client, Script(late={"w-1.0"})) as cluster:
         handle = await start(own_time_skipping, job)
         status = await handle.result()
         described = await handle.query("describe", result_type=JobDescription)
@@ -60,6 +58,8 @@ async def test_a_barrier_that_waits_too_long_requeues_the_gang(own_time_skipping
         ("Cancelled", "Stopped on request"),
         ("Pending", "Gang barrier timed out waiting for all members"),
     ]
+    ready, timed_out = described.tasks[0].history[2], described.tasks[0].history[3]
+    assert 900 <= (timed_out.at - ready.at).total_seconds() < 901  # the spec's 15 minutes at the barrier
     assert pairs(described.tasks[1].history)[1:3] == [
         ("Preparing", "Placed on n0"),
         ("Stopping", "Gang barrier timed out waiting for all members"),
