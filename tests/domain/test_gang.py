@@ -282,3 +282,22 @@ def test_a_start_that_fails_after_the_barrier_opened_restarts_the_gang() -> None
     ]
     assert [s.task_id for s in of(commands, Stop)] == ["w-0"]
     assert story.status("w-0") == ("Stopping", "Gang restart: w-1 failed")
+
+
+def test_a_gang_cancelled_at_the_barrier_ends_once_its_machines_confirm_the_stops() -> None:
+    from workflows.domain.events import CancelRequested, StopConfirmed
+    from workflows.domain.job import is_settled
+
+    story = Story(gang(replicas=2))
+    story.step(1, Created())
+    placed(story, 2, ["w-0", "w-1"])
+    ready(story, 3, ["w-0"])
+    commands = story.step(4, CancelRequested())
+    assert [s.task_id for s in of(commands, Stop)] == ["w-0", "w-1"]
+    assert story.status("w-0") == ("Stopping", "Run cancelled")
+    story.step(5, StopConfirmed(task_id="w-0", attempt=0))
+    assert story.status("w-0") == ("Cancelled", "Stopped on request")
+    assert not is_settled(story.job)
+    story.step(6, StopConfirmed(task_id="w-1", attempt=0))
+    assert story.status() == ("Cancelled", "All workers ended; some were cancelled")
+    assert is_settled(story.job)
