@@ -37,17 +37,24 @@ def unplanned(job: JobRecord) -> list[GroupSpec]:
 
 def plan_request(job: JobRecord, group: GroupSpec) -> TaskRequest:
     """One worker of a group of total_gpus, with everything but its GPU count: what planning asks about."""
+    return _request(job, group, task_id=f"{group.name}-0", index=0, attempt=0, waiting_since=None)
+
+
+def _request(
+    job: JobRecord, group: GroupSpec, task_id: str, index: int, attempt: int, waiting_since: datetime | None
+) -> TaskRequest:
     return TaskRequest(
         job_id=job.id,
         namespace=job.spec.namespace,
-        task_id=f"{group.name}-0",
-        index=0,
-        attempt=0,
+        task_id=task_id,
+        index=index,
+        attempt=attempt,
         priority=job.spec.priority,
         submitted_at=job.status.created_at,
         cpu=group.cpu,
         memory_bytes=group.memory_bytes,
-        gpus=0,
+        gpus=group.gpus,
+        waiting_since=waiting_since,
         **request_fields(job.spec, group),
     )
 
@@ -76,21 +83,9 @@ def group_of(job: JobRecord, task: TaskRecord) -> GroupSpec:
 
 
 def task_request(job: JobRecord, task: TaskRecord) -> TaskRequest:
+    """What a waiting worker asks of the scheduler."""
     group = group_of(job, task)
-    return TaskRequest(
-        job_id=job.id,
-        namespace=job.spec.namespace,
-        task_id=task.id,
-        index=job.tasks.index(task),
-        attempt=task.attempt,
-        priority=job.spec.priority,
-        submitted_at=job.status.created_at,
-        cpu=group.cpu,
-        memory_bytes=group.memory_bytes,
-        gpus=group.gpus,
-        waiting_since=waiting_since(task),
-        **request_fields(job.spec, group),
-    )
+    return _request(job, group, task.id, job.tasks.index(task), task.attempt, waiting_since(task))
 
 
 def waiting_since(task: TaskRecord) -> datetime | None:
