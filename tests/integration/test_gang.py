@@ -157,3 +157,22 @@ def test_the_examples_of_the_tour_run(cluster: Cluster, tmp_path: Path) -> None:
     assert serving["status"]["state"] == "Running"
     cluster.cli("cancel", "service")
     cluster.wait_state("service", "Cancelled")
+
+
+def test_a_gang_that_cannot_be_placed_whole_places_no_member(cluster: Cluster, tmp_path: Path) -> None:
+    group = {"name": "w", "replicas": 3, "command": ["sleep", "600"], "cpu": 2}  # two machines of 2 cpus: 2 fit
+    submit(cluster, tmp_path / "big.yaml", {"name": "too-wide", "gang": True, "groups": [group]})
+    described = cluster.wait_for(
+        lambda: (d := cluster.describe("too-wide"))["status"]["code"] == "GangCannotBePlaced" and d,
+        "the gang to say it cannot be placed whole",
+    )
+    assert described["status"]["reason"] == "Gang cannot be placed whole: 2 of 2 machines ready"
+    assert {(t["status"]["state"], t["node"]) for t in described["tasks"]} == {("Pending", None)}
+    assert {t["status"]["reason"] for t in described["tasks"]} == {described["status"]["reason"]}
+    # Why, machine by machine, for the member that did not fit once the first two had their places.
+    assert described["placement"]["nodes"] == [
+        {"name": "m0", "reasons": ["insufficient cpu: need 2 cores, 0 free"]},
+        {"name": "m1", "reasons": ["insufficient cpu: need 2 cores, 0 free"]},
+    ]
+    cluster.cli("cancel", "too-wide")
+    cluster.wait_state("too-wide", "Cancelled")
