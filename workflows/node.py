@@ -99,10 +99,13 @@ class NodeWorkflow:
         )
 
     def _change(self, state: NodeState, reason: Reason) -> None:
-        entry = NodeStatusEntry(state=state, reason=reason.text, at=workflow.now())
-        self._view = self._view.model_copy(
-            update={"state": state, "since": workflow.now(), "history": [*self._view.history, entry][-50:]}
-        )
+        self._view = self._view.model_copy(update={"state": state, "since": workflow.now()})
+        self._note(reason)
+
+    def _note(self, reason: Reason) -> None:
+        """A history entry in the machine's current state (its latest 50 are kept)."""
+        entry = NodeStatusEntry(state=self._view.state, reason=reason.text, at=workflow.now())
+        self._view = self._view.model_copy(update={"history": [*self._view.history, entry][-50:]})
 
     @workflow.update(name="register")
     def register(self, request: RegisterRequest) -> NodeView:
@@ -129,10 +132,7 @@ class NodeWorkflow:
         self._view = self._view.model_copy(update={"inventory": inventory})
         for gpu in report.gpus:
             if gpu.fault is not None and gpu.fault != before[gpu.index].fault:
-                entry = NodeStatusEntry(
-                    state=self._view.state, reason=R.GpuFault(index=gpu.index, fault=gpu.fault).text, at=workflow.now()
-                )
-                self._view = self._view.model_copy(update={"history": [*self._view.history, entry][-50:]})
+                self._note(R.GpuFault(index=gpu.index, fault=gpu.fault))
         await self._notify()
         return self._view
 
@@ -153,9 +153,7 @@ class NodeWorkflow:
         inventory = self._view.inventory.model_copy(update={"pressure": report.pressure})
         self._view = self._view.model_copy(update={"inventory": inventory})
         if report.pressure and set(report.pressure) - set(before):
-            reason = R.UnderPressure(condition=", ".join(report.pressure)).text
-            entry = NodeStatusEntry(state=self._view.state, reason=reason, at=workflow.now())
-            self._view = self._view.model_copy(update={"history": [*self._view.history, entry][-50:]})
+            self._note(R.UnderPressure(condition=", ".join(report.pressure)))
         await self._notify()
         return self._view
 
