@@ -24,6 +24,7 @@ from activities.runtime.base import Runtime, TaskKey
 from activities.starter import SetupEnded, Starter
 from workflows.domain.nodes import GpuInfo, NodeInventory, node_id
 from workflows.domain.reasons import R, Reason
+from workflows.domain.settings import Settings
 from workflows.domain.spec import Readiness, job_id
 from workflows.messages import (
     GpuHealthReport,
@@ -31,6 +32,7 @@ from workflows.messages import (
     LogText,
     PressureReport,
     ReadLogInput,
+    RunTaskInput,
     StartTaskInput,
     StartTaskResult,
     StopTaskInput,
@@ -89,6 +91,18 @@ class AgentActivities:
         """Admit the attempt within the machine's real free GPUs, prepare it (reporting each wait to the run,
         and waiting as long as a step waits), pull its image, and start it. A retry finds what it started.
         With `barrier` it stops short of the start, its GPUs held for it until the run starts or stops it."""
+        gpus, started = await self._start(input)
+        return StartTaskResult(gpu_indices=gpus, started=started)
+
+    @activity.defn(name="run_task")
+    async def run_task(self, input: RunTaskInput) -> TaskExit:
+        """A worker's whole life here in one activity: start it (as start_task), tell the run it was started and
+        runs, then watch it until it ends (as supervise_task). Called again, it finds what it started."""
+        await self._start(input.start)
+        ref = input.start.ref
+        return await self._watch(ref, input.settings, input.readiness, TaskReport(**ref.ids(), started=True))
+
+    async def _start(self, input: StartTaskInput) -> tuple[list[int], bool]:
         key = task_key(input.ref)
         env = {
             **input.group.env,
@@ -106,24 +120,27 @@ class AgentActivities:
                 started = True
         except SetupEnded as ended:
             raise ApplicationError(ended.reason.text, type=ended.reason.code, non_retryable=True) from None
-        return StartTaskResult(gpu_indices=gpus, started=started)
+        return gpus, started
 
     @activity.defn(name="supervise_task")
     async def supervise_task(self, input: SuperviseInput) -> TaskExit:
         """Report the worker running, then watch it until it ends, heartbeating all along; with a readiness
-        check, report its health to the run whenever it changes."""
-        key = task_key(input.ref)
+        check, report its health to the run whenever it changes. A supervisor that re-attached after a missed
+        heartbeat says it is heard again."""
+        report = TaskReport(**input.ref.ids(), heartbeat=input.reattach)
+        return await self._watch(input.ref, input.settings, input.readiness, report)
+
+    async def _watch(
+        self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskReport
+    ) -> TaskExit:
+        key = task_key(ref)
         observed = await asyncio.to_thread(self._runtime.observe, key)
         if observed.not_found:
             return TaskExit(not_found=True)
-        # Tell the run it runs; a supervisor that re-attached after a missed heartbeat says it is heard again.
-        report = TaskReport(task_id=input.ref.task_id, attempt=input.ref.attempt, heartbeat=input.reattach)
-        await self._client.get_workflow_handle(job_id(input.ref.namespace, input.ref.job)).signal(
-            "task_running", report
-        )
+        await self._client.get_workflow_handle(job_id(ref.namespace, ref.job)).signal("task_running", report)
         checking = None
-        if input.readiness is not None:
-            checking = asyncio.ensure_future(self._check_health(input.ref, input.readiness))
+        if readiness is not None:
+            checking = asyncio.ensure_future(self._check_health(ref, readiness))
         try:
             while observed.running:
                 activity.heartbeat()
@@ -136,9 +153,7 @@ class AgentActivities:
                     await checking
         if observed.not_found:
             return TaskExit(not_found=True)
-        tail = await asyncio.to_thread(
-            self._runtime.log_tail, key, input.settings.log_tail_lines, input.settings.log_tail_bytes
-        )
+        tail = await asyncio.to_thread(self._runtime.log_tail, key, settings.log_tail_lines, settings.log_tail_bytes)
         return TaskExit(exit_code=observed.exit_code, oom=observed.oom, log_tail=tail)
 
     @activity.defn(name="stop_task")

@@ -7,7 +7,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.domain.settings import Settings
-from workflows.messages import SA_NODES, MachineLostReport
+from workflows.messages import PROTOCOL, SA_NODES, LoadSettingsResult, MachineLostReport
 
 
 class ControlActivities:
@@ -16,9 +16,10 @@ class ControlActivities:
         self._client = client
 
     @activity.defn(name="load_settings")
-    async def load_settings(self) -> Settings:
-        """The operator's settings, recorded in each run's history when it starts (so replay sees the same)."""
-        return self._settings
+    async def load_settings(self) -> LoadSettingsResult:
+        """The operator's settings and this version's protocol, recorded in each run's history when it starts (so
+        replay sees the same)."""
+        return LoadSettingsResult(settings=self._settings, protocol=PROTOCOL)
 
     @activity.defn(name="machine_lost")
     async def machine_lost(self, report: MachineLostReport) -> int:

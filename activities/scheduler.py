@@ -1,10 +1,14 @@
 """The scheduler service: one consistent view of the cluster, one decision pass at a time.
 
 Runs reach it through the `place` / `release` activities, machines through `node_changed`, quotas through
-`quotas_changed`; it answers runs with the `placement` signal and stops lower-priority workers with `preempt`. Its
-view lives in memory and is rebuilt from the open JobWorkflows, NodeWorkflows and the quotas workflow when it
-starts (as a Kubernetes scheduler rebuilds its cache), so a scheduler that dies forgets nothing. The decisions are
-`workflows/domain/scheduling.py: schedule()`, pure; this module only keeps the view and carries the plan out.
+`quotas_changed`. A `place` call is answered in its own result (placed now, or why it waits); what changes later
+for a run is told by the `placement` signal, and lower-priority workers are stopped with `preempt`. A pass decides
+without awaiting anything (so it needs no lock), and its signals leave afterwards through an outbox: in order for
+each run, many runs at once, never holding up the next decision. Its view lives in memory and is rebuilt from the
+open JobWorkflows, NodeWorkflows and the quotas workflow when it starts (as a Kubernetes scheduler rebuilds its
+cache), so a scheduler that dies forgets nothing; runs that close without giving their room back are swept away.
+The decisions are `workflows/domain/scheduling.py: schedule()`, pure; this module only keeps the view and carries
+the plan out.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel
 from temporalio import activity
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowQueryFailedError
 from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -31,6 +35,7 @@ from workflows.messages import (
     NodeChangedInput,
     PlaceInput,
     PlacementAnswer,
+    PlaceResult,
     PlanInput,
     PreemptRequest,
     QuotasChangedInput,
@@ -42,7 +47,9 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
 PRIORITY_KEY = SearchAttributeKey.for_int(SA_PRIORITY)
-SIGNALS_AT_ONCE = 32  # signals of one pass in flight together
+SIGNALS_AT_ONCE = 32  # runs being signalled at once
+SWEEP_SECONDS = 10.0  # how often closed runs that still hold room are looked for
+RESEND_TRIES = 20  # a signal that fails is sent again, backing off to 5 s: about a minute and a half in all
 # A waiting worker whose reason stays the same gets its machines' reasons again at most this often: every placement
 # changes some machine's free room, and thousands of waiting runs must not each get a signal for it.
 NODES_REFRESH_SECONDS = 30.0
@@ -62,42 +69,76 @@ class SchedulerService:
         self._quotas: dict[str, Quota] = {}
         self._preempting: dict[Key, Key] = {}  # victim asked to stop -> the head worker it makes room for
         self._sent: dict[Key, tuple[PlacementAnswer, datetime]] = {}  # the last answer each waiting worker got
+        self._asking: dict[Key, int] = {}  # workers whose `place` call awaits a pass: answered in its result
         self._refresh_at: datetime | None = None  # when a held-back refresh of machines' reasons is due
-        self._lock = asyncio.Lock()  # one pass at a time: decisions must see each other's effects
-        self._changes = 0  # changes made to the view
-        self._decided = 0  # changes the last pass began with
+        self._due: asyncio.Future[None] | None = None  # the next pass, once a change asked for one
         self._wake: asyncio.TimerHandle | None = None
+        self.outbox = Outbox(self._deliver)
+        self.sweeping: asyncio.Future[None] | None = None  # sweep_forever, while the service serves
 
     # ---- the durable truth ------------------------------------------------------------------------------------
 
     async def rebuild(self) -> None:
-        """Load every machine, quota and open run (its waiting and placed workers), then decide once."""
-        async with self._lock:
-            now = self._clock()
-            async for wf in self._client.list_workflows('WorkflowType="NodeWorkflow" AND ExecutionStatus="Running"'):
-                view = await self._client.get_workflow_handle(wf.id).query("view", result_type=NodeView)
-                self._set_node(view)
-            self._quotas = {q.namespace: q for q in await self._read_quotas()}
-            query = 'WorkflowType="JobWorkflow" AND ExecutionStatus="Running"'
-            async for wf in self._client.list_workflows(query):
-                handle = self._client.get_workflow_handle(wf.id)
-                try:
-                    seen = await handle.query("scheduler_view", result_type=SchedulerView)
-                except RPCError as error:  # created a moment ago: it asks for placement itself
-                    log.info("rebuild: %s not readable yet: %s", wf.id, error)
+        """Load every machine, quota and open run (its waiting and placed workers), then decide once. Runs before
+        the service serves anything, so nothing changes the view meanwhile."""
+        now = self._clock()
+        async for wf in self._client.list_workflows('WorkflowType="NodeWorkflow" AND ExecutionStatus="Running"'):
+            view = await self._client.get_workflow_handle(wf.id).query("view", result_type=NodeView)
+            self._set_node(view)
+        self._quotas = {q.namespace: q for q in await self._read_quotas()}
+        query = 'WorkflowType="JobWorkflow" AND ExecutionStatus="Running"'
+        async for wf in self._client.list_workflows(query):
+            handle = self._client.get_workflow_handle(wf.id)
+            try:
+                seen = await handle.query("scheduler_view", result_type=SchedulerView)
+            except (RPCError, WorkflowQueryFailedError) as error:
+                # Created a moment ago (still being created, or ended since it was listed): a new run asks
+                # for placement itself once it can.
+                log.info("rebuild: %s not readable yet: %s", wf.id, error)
+                continue
+            priority = wf.typed_search_attributes.get(PRIORITY_KEY)
+            self._requests.update({r.key: r for r in seen.pending})
+            for alloc in seen.placed:
+                self._allocations[alloc.key] = _restored(alloc, priority, now)
+        log.info(
+            "rebuilt: %d machines, %d quotas, %d waiting, %d placed",
+            len(self._nodes),
+            len(self._quotas),
+            len(self._requests),
+            len(self._allocations),
+        )
+        self._pass()
+
+    async def sweep_forever(self, every: float = SWEEP_SECONDS) -> None:
+        """Now and then, forget the runs that closed without giving their room back (a workflow terminated from
+        the Temporal UI, or ended by a timeout): what they held is free again. Their workers, if any still run,
+        are stopped by their machines."""
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.sweep()
+            except Exception:  # the next sweep tries again
+                log.exception("sweeping closed runs failed")
+
+    async def sweep(self) -> None:
+        held = {key[0] for key in self._allocations} | {key[0] for key in self._requests}
+        if not held:
+            return
+        async for wf in self._client.list_workflows('WorkflowType="JobWorkflow" AND ExecutionStatus="Running"'):
+            held.discard(wf.id)
+        freed = False
+        for job_id in sorted(held):  # not listed as open: make sure (the list may lag behind a run just started)
+            try:
+                described = await self._client.get_workflow_handle(job_id).describe()
+            except RPCError as error:
+                if error.status != RPCStatusCode.NOT_FOUND:
+                    raise
+            else:
+                if described.status == WorkflowExecutionStatus.RUNNING:
                     continue
-                priority = wf.typed_search_attributes.get(PRIORITY_KEY)
-                self._requests.update({r.key: r for r in seen.pending})
-                for alloc in seen.placed:
-                    self._allocations[alloc.key] = _restored(alloc, priority, now)
-            log.info(
-                "rebuilt: %d machines, %d quotas, %d waiting, %d placed",
-                len(self._nodes),
-                len(self._quotas),
-                len(self._requests),
-                len(self._allocations),
-            )
-            await self._pass()
+            freed = self._forget(job_id) or freed
+        if freed:
+            await self._settle()
 
     async def _read_quotas(self) -> list[Quota]:
         try:
@@ -117,18 +158,39 @@ class SchedulerService:
     # ---- activities -------------------------------------------------------------------------------------------
 
     @activity.defn(name="place")
-    async def place(self, input: PlaceInput) -> None:
-        again: list[Awaitable[None]] = []
+    async def place(self, input: PlaceInput) -> PlaceResult:
+        """Take the requests into the queue and decide; the answer for each (its machine, or why it waits) is the
+        call's result, so a run placed at once needs no signal. A request asked again for a worker already placed
+        (a retried call) gets the same machine."""
+        asked: list[TaskRequest] = []
         for request in input.requests:
             held = self._allocations.get(request.key)
             if held is not None and held.attempt == request.attempt:
-                # Asked again for a worker already placed (a retried call): answer the same.
-                again.append(self._signal(request.job_id, "placement", self._placed(request, held.node)))
                 continue
             self._requests[request.key] = request
             self._sent.pop(request.key, None)
-        await _bounded(again)
-        await self._settle()
+            asked.append(request)
+        for request in asked:
+            self._asking[request.key] = self._asking.get(request.key, 0) + 1
+        try:
+            if asked:
+                await self._settle()
+        finally:
+            for request in asked:
+                left = self._asking.pop(request.key) - 1
+                if left:
+                    self._asking[request.key] = left
+        return PlaceResult(answers=[a for a in map(self._answer, input.requests) if a is not None])
+
+    def _answer(self, request: TaskRequest) -> PlacementAnswer | None:
+        """What a worker's run was last told, or is owed: its machine, or why it waits."""
+        held = self._allocations.get(request.key)
+        if held is not None and held.attempt == request.attempt:
+            return self._placed(request, held.node)
+        last = self._sent.get(request.key)
+        if last is not None and last[0].attempt == request.attempt:
+            return last[0]
+        return None
 
     @activity.defn(name="release")
     async def release(self, input: ReleaseInput) -> None:
@@ -170,19 +232,29 @@ class SchedulerService:
     # ---- decisions --------------------------------------------------------------------------------------------
 
     async def _settle(self) -> None:
-        """Return once a pass that saw every change made so far is done. Changes wait for the pass in progress
-        and are then decided by one pass together, however many arrived meanwhile."""
-        self._changes += 1
-        target = self._changes
-        async with self._lock:
-            if self._decided >= target:
-                return  # a pass that began after this change has decided it
-            self._decided = self._changes
-            await self._pass()
+        """Return once a pass that saw this change is done. Every change made before that pass begins joins it,
+        however many arrive meanwhile: under a burst, one pass decides many calls."""
+        if self._due is None:
+            loop = asyncio.get_running_loop()
+            self._due = loop.create_future()
+            loop.call_soon(self._run_due)
+        await asyncio.shield(self._due)
 
-    async def _pass(self) -> None:
-        """Decide for every waiting worker; tell each run what changed for it, and stop what is preempted. The view
-        changes before the first await, so a change made while signals are in flight is the next pass's."""
+    def _run_due(self) -> None:
+        due, self._due = self._due, None
+        assert due is not None
+        try:
+            self._pass()
+        except Exception as error:
+            log.exception("scheduling pass failed")
+            due.set_exception(error)
+            due.exception()  # retrieved here too: a change whose caller went away must not warn
+            return
+        due.set_result(None)
+
+    def _pass(self) -> None:
+        """Decide for every waiting worker; tell each run what changed for it, and stop what is preempted. Nothing
+        here awaits: the view changes at once, and the signals leave through the outbox afterwards."""
         now = self._clock()
         self._refresh_at = None
         plan = schedule(
@@ -193,23 +265,22 @@ class SchedulerService:
             quotas=self._quotas,
             preempting=self._preempting,
         )
-        effects: list[Awaitable[None]] = []
         for decision in plan.decisions:
-            effect = self._carry_out(decision, now)
-            if effect is not None:
-                effects.append(effect)
+            self._carry_out(decision, now)
         for preemption in plan.preemptions:
-            effects.append(self._preempt(preemption))
-        await _bounded(effects)
+            self._preempt(preemption)
         self._arm_wake(min((t for t in (plan.wake_at, self._refresh_at) if t is not None), default=None))
 
-    def _carry_out(self, decision: Decision, now: datetime) -> Awaitable[None] | None:
+    def _carry_out(self, decision: Decision, now: datetime) -> None:
         request = decision.request
+        asking = request.key in self._asking  # its `place` call is answered in its result
         if decision.node is not None:
             self._allocations[request.key] = allocation_for(request, decision.node, now)
             self._requests.pop(request.key, None)
             self._sent.pop(request.key, None)
-            return self._signal(request.job_id, "placement", self._placed(request, decision.node))
+            if not asking:
+                self.outbox.put(request.job_id, "placement", self._placed(request, decision.node))
+            return
         assert decision.reason is not None
         update = PlacementAnswer(
             task_id=request.task_id,
@@ -223,13 +294,14 @@ class SchedulerService:
         if last is not None:
             sent, at = last
             if sent == update:
-                return None
+                return
             due = at + timedelta(seconds=NODES_REFRESH_SECONDS)
             if (sent.code, sent.reason) == (update.code, update.reason) and now < due:
                 self._refresh_at = min(self._refresh_at or due, due)
-                return None
+                return
         self._sent[request.key] = (update, now)
-        return self._signal(request.job_id, "placement", update)
+        if not asking:
+            self.outbox.put(request.job_id, "placement", update)
 
     def _placed(self, request: TaskRequest, node: str) -> PlacementAnswer:
         """A machine for the worker, with the address its run's other workers reach it at (a gang's leader)."""
@@ -237,25 +309,33 @@ class SchedulerService:
         address = view.inventory.address if view is not None and view.inventory is not None else None
         return PlacementAnswer(task_id=request.task_id, attempt=request.attempt, node=node, address=address)
 
-    def _preempt(self, preemption: Preemption) -> Awaitable[None]:
+    def _preempt(self, preemption: Preemption) -> None:
         for task_id in preemption.task_ids:
             self._preempting[(preemption.job_id, task_id)] = preemption.head
         request = PreemptRequest(task_ids=list(preemption.task_ids), by=preemption.by)
         log.info("preempting %s %s for %s", preemption.job_id, preemption.task_ids, preemption.head)
-        return self._signal(preemption.job_id, "preempt", request)
+        self.outbox.put(preemption.job_id, "preempt", request)
 
-    async def _signal(self, job_id: str, name: str, message: BaseModel) -> None:
+    async def _deliver(self, job_id: str, name: str, message: BaseModel) -> None:
         handle: WorkflowHandle[object, object] = self._client.get_workflow_handle(job_id)
         try:
             await handle.signal(name, message)
         except RPCError as error:
             if error.status != RPCStatusCode.NOT_FOUND:
                 raise
-            # The run is gone (ended or deleted): forget what it asked for and held.
-            log.info("run %s is gone; dropping its requests", job_id)
-            for store in (self._requests, self._allocations, self._sent, self._preempting):
-                for key in [k for k in store if k[0] == job_id]:
-                    del store[key]
+            if self._forget(job_id):
+                await self._settle()
+
+    def _forget(self, job_id: str) -> bool:
+        """The run is gone (ended, terminated or deleted): forget what it asked for and held. True when that
+        freed room, so that a pass decides again."""
+        log.info("run %s is gone; dropping its requests", job_id)
+        freed = False
+        for store in (self._requests, self._allocations, self._sent, self._preempting):
+            for key in [k for k in store if k[0] == job_id]:
+                freed = freed or store is self._allocations
+                del store[key]
+        return freed
 
     def _arm_wake(self, at: datetime | None) -> None:
         """Decide again when a patience window moves or held-back reasons are due, even if nothing happens."""
@@ -275,14 +355,56 @@ class SchedulerService:
             log.exception("scheduling pass on wake-up failed")
 
 
-async def _bounded(effects: list[Awaitable[None]]) -> None:
-    gate = asyncio.Semaphore(SIGNALS_AT_ONCE)
+class Outbox:
+    """Signals to runs, sent after the pass that decided them: in order for each run, `limit` runs at once. A
+    signal that fails for a moment (the server is busy) is sent again, so no run misses its answer."""
 
-    async def one(effect: Awaitable[None]) -> None:
-        async with gate:
-            await effect
+    def __init__(self, send: Callable[[str, str, BaseModel], Awaitable[None]], limit: int = SIGNALS_AT_ONCE) -> None:
+        self._send = send
+        self._limit = limit
+        self._queues: dict[str, list[tuple[str, BaseModel]]] = {}  # by run, in the order decided
+        self._gate: asyncio.Semaphore | None = None
+        self._drains: set[asyncio.Task[None]] = set()
 
-    await asyncio.gather(*(one(e) for e in effects))
+    def put(self, job_id: str, name: str, message: BaseModel) -> None:
+        queue = self._queues.get(job_id)
+        if queue is not None:
+            queue.append((name, message))  # its drain is running: it sends this one after the others
+            return
+        self._queues[job_id] = [(name, message)]
+        drain = asyncio.ensure_future(self._drain(job_id))
+        self._drains.add(drain)
+        drain.add_done_callback(self._drains.discard)
+
+    async def idle(self) -> None:
+        """Return once every signal put so far was sent (or given up)."""
+        while self._drains:
+            await asyncio.gather(*self._drains, return_exceptions=True)
+
+    async def _drain(self, job_id: str) -> None:
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(self._limit)
+        async with self._gate:
+            queue = self._queues[job_id]
+            while queue:
+                name, message = queue[0]
+                await self._send_patiently(job_id, name, message)
+                queue.pop(0)
+            del self._queues[job_id]
+
+    async def _send_patiently(self, job_id: str, name: str, message: BaseModel) -> None:
+        delay = 0.1
+        for _ in range(RESEND_TRIES):
+            try:
+                await self._send(job_id, name, message)
+                return
+            except Exception as error:
+                log.warning("signal %s to %s failed (sent again in %.1f s): %s", name, job_id, delay, error)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        log.error(
+            "signal %s to %s given up after %d tries; the run asks again when it restarts", name, job_id, RESEND_TRIES
+        )
 
 
 def _restored(alloc: Allocation, priority: int | None, now: datetime) -> Allocation:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from dataclasses import dataclass, field
@@ -45,9 +46,11 @@ def control_worker(client: Client, settings: Settings) -> Worker:
 
 
 async def scheduler_worker(client: Client) -> Worker:
-    """Rebuilds the scheduler's view from the durable truth, then serves place / release / node_changed."""
+    """Rebuilds the scheduler's view from the durable truth, then serves place / release / node_changed, and
+    sweeps away runs that closed without giving their room back."""
     service = SchedulerService(client)
     await service.rebuild()
+    service.sweeping = asyncio.ensure_future(service.sweep_forever())
     return Worker(
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
@@ -177,6 +180,7 @@ async def agent_worker(client: Client, options: AgentOptions, settings: Settings
         activities=[
             activities.hold_lease,
             activities.start_task,
+            activities.run_task,
             activities.supervise_task,
             activities.stop_task,
             activities.read_log,

@@ -24,7 +24,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain.planning import WorkerPlan
     from workflows.domain.reasons import R
     from workflows.domain.resume import resume
-    from workflows.domain.settings import Settings
     from workflows.domain.spec import JobSpec
     from workflows.domain.status import (
         RUN_TERMINAL,
@@ -44,12 +43,15 @@ with workflow.unsafe.imports_passed_through():
         SA_STATE,
         SCHEDULER_TASK_QUEUE,
         JobInput,
+        LoadSettingsResult,
         MachineLostReport,
         PlaceInput,
         PlacementAnswer,
+        PlaceResult,
         PlanInput,
         PreemptRequest,
         ReleaseInput,
+        RunTaskInput,
         SchedulerView,
         StartTaskInput,
         StartTaskResult,
@@ -95,6 +97,7 @@ class JobWorkflow:
         self._busy: set[asyncio.Task[None]] = set()  # calls that must finish (place, release, start, stop)
         self._supervisors: dict[Key, asyncio.Task[None]] = {}  # cancelled once their worker leaves its machine
         self._starting: set[Key] = set()  # start calls in flight
+        self._reported_running: set[Key] = set()  # workers their machine reported running (run_task: started)
         self._timers: set[asyncio.Task[None]] = set()  # cancelled when the run closes or continues as new
         self._nodes: list[str] = []
         self._state = RunState.PENDING.value  # the AstraeusState the run was started with
@@ -108,10 +111,11 @@ class JobWorkflow:
             for command in resume(self._job, workflow.now()):
                 self._carry_out(command)
         else:
-            settings = await workflow.execute_local_activity(
-                "load_settings", result_type=Settings, start_to_close_timeout=timedelta(seconds=10)
+            loaded = await workflow.execute_local_activity(
+                "load_settings", result_type=LoadSettingsResult, start_to_close_timeout=timedelta(seconds=10)
             )
-            self._job = new_job(input.spec, settings, workflow.now())
+            self._job = new_job(input.spec, loaded.settings, workflow.now())
+            self._job.protocol = loaded.protocol
             self._inbox.append(ev.Created())
         self._publish()
         while True:
@@ -200,14 +204,17 @@ class JobWorkflow:
         return TaskRef(namespace=spec.namespace, job=spec.name, task_id=task_id, attempt=attempt)
 
     async def _place(self, command: ev.Place) -> None:
-        await workflow.execute_activity(
+        result = await workflow.execute_activity(
             "place",
             PlaceInput(requests=command.requests),
             task_queue=SCHEDULER_TASK_QUEUE,
+            result_type=PlaceResult,  # None in histories from before the scheduler answered in its result
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=PATIENT,
             summary=f"place {', '.join(r.task_id for r in command.requests)}",
         )
+        for answer in result.answers if result is not None else []:
+            self._inbox.append(ev.PlacementUpdate(**answer.model_dump()))
 
     async def _plan(self, command: ev.PlanWorkers) -> None:
         plan = await workflow.execute_activity(
@@ -233,21 +240,19 @@ class JobWorkflow:
         )
 
     async def _start(self, command: ev.Start) -> None:
-        """Start the worker on its machine; once started, a supervisor watches it. A gang member is first only
-        set up (barrier): it is started by a second call once every member is ready."""
-        ref = self._ref(command.task_id, command.attempt)
+        """Start the worker on its machine and watch it: one activity (run_task) does both, reporting it running
+        on the way. A gang member is first only set up (barrier): a second call starts it once every member is
+        ready. Runs created before run_task existed start it (start_task), then watch it (supervise_task)."""
+        assert self._job is not None
+        if self._job.protocol >= 2 and not command.barrier:
+            self._supervise(command.task_id, command.attempt, command.node, start=command)
+            return
         key = (command.task_id, command.attempt)
         self._starting.add(key)
         try:
             result = await workflow.execute_activity(
                 "start_task",
-                StartTaskInput(
-                    ref=ref,
-                    group=command.group,
-                    barrier=command.barrier,
-                    env=command.env,
-                    host_network=command.host_network,
-                ),
+                self._start_input(command),
                 task_queue=node_task_queue(command.node),
                 result_type=StartTaskResult,
                 start_to_close_timeout=timedelta(minutes=10),
@@ -269,34 +274,60 @@ class JobWorkflow:
         self._inbox.append(ev.TaskStarted(task_id=command.task_id, attempt=command.attempt))
         self._supervise(command.task_id, command.attempt, command.node)
 
-    def _supervise(self, task_id: str, attempt: int, node: str) -> None:
-        if (task_id, attempt) not in self._supervisors:
-            self._supervisors[(task_id, attempt)] = asyncio.ensure_future(self._watch(task_id, attempt, node))
+    def _start_input(self, command: ev.Start) -> StartTaskInput:
+        return StartTaskInput(
+            ref=self._ref(command.task_id, command.attempt),
+            group=command.group,
+            barrier=command.barrier,
+            env=command.env,
+            host_network=command.host_network,
+        )
 
-    async def _watch(self, task_id: str, attempt: int, node: str) -> None:
-        """Supervise until the worker ends. A missed heartbeat (the stale grace) makes it Stale; the next
-        supervisor re-attaches and, finding it running, brings it back ("Heartbeat received")."""
+    def _supervise(self, task_id: str, attempt: int, node: str, start: ev.Start | None = None) -> None:
+        if (task_id, attempt) not in self._supervisors:
+            watch = self._watch(task_id, attempt, node, start)
+            self._supervisors[(task_id, attempt)] = asyncio.ensure_future(watch)
+
+    async def _watch(self, task_id: str, attempt: int, node: str, start: ev.Start | None) -> None:
+        """Supervise until the worker ends; with `start`, start it first in the same activity (run_task), which
+        is called again until the worker is reported running (the agent finds what it started). A missed
+        heartbeat after that (the stale grace) makes it Stale; the next supervisor re-attaches and, finding it
+        running, brings it back ("Heartbeat received")."""
         assert self._job is not None
         settings = self._job.settings
         readiness = group_of(self._job, self._job.task(task_id)).readiness
         reattach = False
         while True:
+            starting = start is not None and (task_id, attempt) not in self._reported_running
+            message: RunTaskInput | SuperviseInput
+            if start is not None and starting:
+                message = RunTaskInput(start=self._start_input(start), settings=settings, readiness=readiness)
+            else:
+                ref = self._ref(task_id, attempt)
+                message = SuperviseInput(ref=ref, settings=settings, reattach=reattach, readiness=readiness)
             try:
                 result = await workflow.execute_activity(
-                    "supervise_task",
-                    SuperviseInput(
-                        ref=self._ref(task_id, attempt), settings=settings, reattach=reattach, readiness=readiness
-                    ),
+                    "run_task" if starting else "supervise_task",
+                    message,
                     task_queue=node_task_queue(node),
                     result_type=TaskExit,
                     start_to_close_timeout=timedelta(days=3650),
                     heartbeat_timeout=timedelta(seconds=settings.stale_grace_seconds),
                     retry_policy=ONCE,
-                    summary=f"supervise {task_id} on {node}",
+                    summary=f"{'run' if starting else 'supervise'} {task_id} on {node}",
                 )
             except ActivityError as error:
                 if isinstance(error.cause, CancelledError):
                     return  # the worker left its machine, or the run continues as new
+                if starting and (task_id, attempt) not in self._reported_running:
+                    if _setup_failed(error):
+                        code, reason = _failure(error)
+                        self._inbox.append(
+                            ev.TaskSetupFailed(task_id=task_id, attempt=attempt, code=code, reason=reason)
+                        )
+                        return
+                    await workflow.sleep(1)  # the agent restarted, or was busy: start again (it finds its own)
+                    continue
                 if _heartbeat_missed(error):
                     self._inbox.append(ev.HeartbeatLate(task_id=task_id, attempt=attempt))
                 else:
@@ -353,6 +384,7 @@ class JobWorkflow:
 
     @workflow.signal(name="task_running")
     def task_running(self, report: TaskReport) -> None:
+        self._reported_running.add((report.task_id, report.attempt))
         self._inbox.append(ev.TaskRunning(**report.model_dump()))
 
     @workflow.signal(name="task_health")
@@ -431,6 +463,12 @@ class JobWorkflow:
 def _heartbeat_missed(error: ActivityError) -> bool:
     cause = error.cause
     return isinstance(cause, TimeoutError) and cause.type == TimeoutType.HEARTBEAT
+
+
+def _setup_failed(error: ActivityError) -> bool:
+    """The agent said why the worker cannot be set up or started (a reason of its own, final)."""
+    cause = error.cause
+    return isinstance(cause, ApplicationError) and bool(cause.type) and cause.non_retryable
 
 
 def _failure(error: ActivityError) -> tuple[str, str]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
 from workflows.domain.placement import Allocation, TaskRequest
@@ -26,6 +28,27 @@ class _Msg(BaseModel):
 
 
 # ---- JobWorkflow ------------------------------------------------------------------------------------------------
+
+
+# What a control plane of this version does for the runs it creates. 1: a worker is started by `start_task`, then
+# watched by `supervise_task` (two activities); 2: one activity, `run_task`, starts and watches it.
+PROTOCOL = 2
+
+
+class LoadSettingsResult(_Msg):
+    """Local activity `load_settings`: the operator's settings and the protocol new runs use, recorded in each run's
+    history when it starts, so a replay takes the same path. Histories from before it hold the bare settings: those
+    runs use protocol 1."""
+
+    settings: Settings
+    protocol: int = 1
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_settings(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "settings" not in data:
+            return {"settings": data, "protocol": 1}
+        return data
 
 
 class JobInput(_Msg):
@@ -69,11 +92,13 @@ class TaskProgressReport(_Msg):
 
 class TaskReport(_Msg):
     """A machine's report that one attempt of a worker runs (signal `task_running`); `heartbeat` when a
-    supervisor re-attached to it after a missed heartbeat."""
+    supervisor re-attached to it after a missed heartbeat; `started` when the same activity started it (run_task):
+    the container was started, and runs."""
 
     task_id: str
     attempt: int
     heartbeat: bool = False
+    started: bool = False
 
 
 class TaskHealthReport(_Msg):
@@ -124,6 +149,13 @@ class PlacementAnswer(_Msg):
     quota_reached: str = ""  # "Quota reached: <why>" when it waits on its namespace's quota
 
 
+class PlaceResult(_Msg):
+    """Activity `place`'s result: for each worker of the call, what the scheduler decided at once (a machine, or
+    why it waits); what changes later comes by the `placement` signal."""
+
+    answers: list[PlacementAnswer] = Field(default_factory=list)
+
+
 class QuotasChangedInput(_Msg):
     """Activity `quotas_changed`: every namespace's quota, as the quotas workflow holds them now."""
 
@@ -163,6 +195,10 @@ class TaskRef(_Msg):
     task_id: str
     attempt: int
 
+    def ids(self) -> dict[str, Any]:
+        """The fields that name the attempt in a report to its run."""
+        return {"task_id": self.task_id, "attempt": self.attempt}
+
 
 class StartTaskInput(_Msg):
     """Activity `start_task`. With `barrier` (a gang member) the machine admits, prepares and pulls, then returns
@@ -187,6 +223,15 @@ class SuperviseInput(_Msg):
     ref: TaskRef
     settings: Settings
     reattach: bool = False
+    readiness: Readiness | None = None
+
+
+class RunTaskInput(_Msg):
+    """Activity `run_task`: a worker's whole life on its machine in one activity: start it (as `start_task`),
+    report it running, then supervise it (as `supervise_task`) until it ends."""
+
+    start: StartTaskInput
+    settings: Settings
     readiness: Readiness | None = None
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -54,6 +55,11 @@ class FakeCluster:
         return [(job, message) for job, signal, message in self.signals if signal == name]
 
 
+@dataclass
+class _Described:
+    status: WorkflowExecutionStatus
+
+
 class _Handle:
     def __init__(self, cluster: FakeCluster, workflow_id: str) -> None:
         self.cluster, self.id = cluster, workflow_id
@@ -62,6 +68,11 @@ class _Handle:
         if self.id in self.cluster.gone:
             raise RPCError("not found", RPCStatusCode.NOT_FOUND, b"")
         self.cluster.signals.append((self.id, name, message))
+
+    async def describe(self) -> Any:
+        if self.id in self.cluster.gone:
+            raise RPCError("not found", RPCStatusCode.NOT_FOUND, b"")
+        return _Described(WorkflowExecutionStatus.RUNNING)
 
     async def query(self, name: str, result_type: Any = None) -> Any:
         if name == "view":
@@ -102,7 +113,17 @@ class Clock:
 async def service(cluster: FakeCluster, clock: Clock | None = None) -> SchedulerService:
     svc = SchedulerService(FakeClient(cluster), clock or Clock())  # type: ignore[arg-type]
     await svc.rebuild()
+    await svc.outbox.idle()
     return svc
+
+
+async def place(svc: SchedulerService, *requests: TaskRequest) -> None:
+    """A run's `place` call: its answers (in the call's result) are kept with the signals, in the order told."""
+    result = await svc.place(PlaceInput(requests=list(requests)))
+    await svc.outbox.idle()
+    for answer in result.answers:
+        job = next(r.job_id for r in requests if r.task_id == answer.task_id)
+        svc._client.cluster.signals.append((job, "placement", answer))  # type: ignore[attr-defined]
 
 
 def placements(cluster: FakeCluster) -> list[tuple[str, str, str | None, str]]:
@@ -112,7 +133,7 @@ def placements(cluster: FakeCluster) -> list[tuple[str, str, str | None, str]]:
 async def test_a_worker_that_fits_is_placed_and_told_so() -> None:
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
     svc = await service(cluster)
-    await svc.place(PlaceInput(requests=[request(gpus=2)]))
+    await place(svc, request(gpus=2))
     assert placements(cluster) == [("job/default/a", "w-0", "n0", "")]
 
 
@@ -120,9 +141,9 @@ async def test_a_retried_place_gets_the_same_answer_and_nothing_is_placed_twice(
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
     svc = await service(cluster)
     req = request(gpus=8)
-    await svc.place(PlaceInput(requests=[req]))
-    await svc.place(PlaceInput(requests=[req]))
-    await svc.place(PlaceInput(requests=[request(run="b", gpus=8)]))
+    await place(svc, req)
+    await place(svc, req)
+    await place(svc, request(run="b", gpus=8))
     assert placements(cluster) == [
         ("job/default/a", "w-0", "n0", ""),
         ("job/default/a", "w-0", "n0", ""),
@@ -133,8 +154,9 @@ async def test_a_retried_place_gets_the_same_answer_and_nothing_is_placed_twice(
 async def test_an_unchanged_reason_is_not_sent_again() -> None:
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=2)})
     svc = await service(cluster)
-    await svc.place(PlaceInput(requests=[request(gpus=8)]))
+    await place(svc, request(gpus=8))
     await svc.node_changed(NodeChangedInput(node=machine("n0", gpus=2)))
+    await svc.outbox.idle()
     assert len(placements(cluster)) == 1
 
 
@@ -142,13 +164,14 @@ async def test_changed_machine_reasons_under_the_same_reason_wait_for_the_refres
     clock = Clock()
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=4)})
     svc = await service(cluster, clock)
-    await svc.place(PlaceInput(requests=[request(run="big", gpus=64)]))
-    await svc.place(PlaceInput(requests=[request(run="small", gpus=2)]))  # n0 now has 2 free
+    await place(svc, request(run="big", gpus=64))
+    await place(svc, request(run="small", gpus=2))  # n0 now has 2 free
     assert [u.nodes[0].reasons for _, u in cluster.sent("placement") if u.node is None] == [
         ["insufficient gpus: need 64, 4 free and usable"]
     ]
     clock.now = T0 + timedelta(seconds=NODES_REFRESH_SECONDS)
     await svc.node_changed(NodeChangedInput(node=machine("n0", gpus=4)))
+    await svc.outbox.idle()
     assert [u.nodes[0].reasons for _, u in cluster.sent("placement") if u.node is None][-1] == [
         "insufficient gpus: need 64, 2 free and usable"
     ]
@@ -157,8 +180,8 @@ async def test_changed_machine_reasons_under_the_same_reason_wait_for_the_refres
 async def test_preemption_signals_the_victims_run_and_the_head_follows_their_release() -> None:
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
     svc = await service(cluster)
-    await svc.place(PlaceInput(requests=[request(run="low", gpus=8)]))
-    await svc.place(PlaceInput(requests=[request(run="urgent", priority=10, gpus=8)]))
+    await place(svc, request(run="low", gpus=8))
+    await place(svc, request(run="urgent", priority=10, gpus=8))
     assert cluster.sent("preempt") == [("job/default/low", PreemptRequest(task_ids=["w-0"], by="urgent"))]
     assert placements(cluster)[-1] == (
         "job/default/urgent",
@@ -167,13 +190,14 @@ async def test_preemption_signals_the_victims_run_and_the_head_follows_their_rel
         "Preempting 1 lower-priority worker(s) of low to start",
     )
     # The victim's run asks to place it again before its old attempt is released: it waits.
-    await svc.place(PlaceInput(requests=[request(run="low", gpus=8).model_copy(update={"attempt": 1})]))
+    await place(svc, request(run="low", gpus=8).model_copy(update={"attempt": 1}))
     assert cluster.sent("preempt") == [("job/default/low", PreemptRequest(task_ids=["w-0"], by="urgent"))]
     assert placements(cluster)[-2:] == [
         ("job/default/urgent", "w-0", None, "Starting: waiting for 1 preempted worker(s) to stop"),
         ("job/default/low", "w-0", None, "Queued behind higher-priority work (urgent)"),
     ]
     await svc.release(ReleaseInput(job_id="job/default/low", task_id="w-0", attempt=0))
+    await svc.outbox.idle()
     assert sorted(placements(cluster)[-2:]) == [
         ("job/default/low", "w-0", None, "Next to run (priority 0): waits for running work to end"),
         ("job/default/urgent", "w-0", "n0", ""),
@@ -183,9 +207,9 @@ async def test_preemption_signals_the_victims_run_and_the_head_follows_their_rel
 async def test_a_victim_is_told_only_once() -> None:
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
     svc = await service(cluster)
-    await svc.place(PlaceInput(requests=[request(run="low", gpus=8)]))
-    await svc.place(PlaceInput(requests=[request(run="urgent", priority=10, gpus=8)]))
-    await svc.place(PlaceInput(requests=[request(run="urgent2", priority=20, gpus=8)]))
+    await place(svc, request(run="low", gpus=8))
+    await place(svc, request(run="urgent", priority=10, gpus=8))
+    await place(svc, request(run="urgent2", priority=20, gpus=8))
     assert [job for job, _ in cluster.sent("preempt")] == ["job/default/low"]
 
 
@@ -193,7 +217,8 @@ async def test_quotas_change_what_waits() -> None:
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
     svc = await service(cluster)
     await svc.quotas_changed(QuotasChangedInput(quotas=[Quota(namespace="default", gpus=2)]))
-    await svc.place(PlaceInput(requests=[request(gpus=4)]))
+    await svc.outbox.idle()
+    await place(svc, request(gpus=4))
     assert placements(cluster) == [
         (
             "job/default/a",
@@ -204,15 +229,31 @@ async def test_quotas_change_what_waits() -> None:
         )
     ]
     await svc.quotas_changed(QuotasChangedInput(quotas=[]))
+    await svc.outbox.idle()
     assert placements(cluster)[-1] == ("job/default/a", "w-0", "n0", "")
 
 
-async def test_a_run_that_is_gone_is_forgotten() -> None:
-    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=1)}, gone={"job/default/a"})
+async def test_a_run_that_is_gone_is_forgotten_when_it_is_told_something() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=1)})
     svc = await service(cluster)
-    await svc.place(PlaceInput(requests=[request(gpus=1)]))
-    await svc.place(PlaceInput(requests=[request(run="b", gpus=1)]))
-    assert placements(cluster) == [("job/default/b", "w-0", "n0", "")]
+    await place(svc, request(gpus=1))
+    cluster.gone.add("job/default/a")  # terminated without giving its room back
+    await place(svc, request(run="urgent", priority=5, gpus=1))  # preempting a finds it gone
+    await svc.outbox.idle()
+    assert placements(cluster)[-1] == ("job/default/urgent", "w-0", "n0", "")
+
+
+async def test_a_sweep_forgets_runs_that_closed_without_giving_their_room_back() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=1)})
+    svc = await service(cluster)
+    await place(svc, request(gpus=1))
+    await place(svc, request(run="b", gpus=1))
+    assert placements(cluster)[-1][3] == "Next to run (priority 0): waits for running work to end"
+    cluster.runs["job/default/b"] = (0, _view("b", [request(run="b", gpus=1)], []))  # b is listed as open
+    cluster.gone.add("job/default/a")  # a is not listed: terminated
+    await svc.sweep()
+    await svc.outbox.idle()
+    assert placements(cluster)[-1] == ("job/default/b", "w-0", "n0", "")
 
 
 async def test_a_removed_machine_is_forgotten() -> None:
@@ -221,7 +262,8 @@ async def test_a_removed_machine_is_forgotten() -> None:
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
     svc = await service(cluster)
     await svc.node_changed(NodeChangedInput(node=machine("n0", gpus=8, state=NodeState.REMOVED)))
-    await svc.place(PlaceInput(requests=[request(gpus=1)]))
+    await svc.outbox.idle()
+    await place(svc, request(gpus=1))
     assert placements(cluster)[-1][3] == "No machine fits: 0 of 0 machines ready: no machines are registered"
 
 
@@ -229,7 +271,8 @@ async def test_a_cordoned_machine_takes_nothing_new() -> None:
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
     svc = await service(cluster)
     await svc.node_changed(NodeChangedInput(node=machine("n0", gpus=8, cordon="repairs")))
-    await svc.place(PlaceInput(requests=[request(gpus=1)]))
+    await svc.outbox.idle()
+    await place(svc, request(gpus=1))
     [(_, update)] = cluster.sent("placement")
     assert (update.reason, update.nodes[0].reasons) == (
         "No machine fits: 1 of 1 machines ready",
@@ -288,9 +331,10 @@ async def test_plan_workers_uses_the_view() -> None:
 async def test_release_of_an_old_attempt_does_not_free_a_newer_one(attempt: int) -> None:
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
     svc = await service(cluster)
-    await svc.place(PlaceInput(requests=[request(gpus=8).model_copy(update={"attempt": 1})]))
+    await place(svc, request(gpus=8).model_copy(update={"attempt": 1}))
     await svc.release(ReleaseInput(job_id="job/default/a", task_id="w-0", attempt=attempt))
-    await svc.place(PlaceInput(requests=[request(run="b", gpus=8)]))
+    await svc.outbox.idle()
+    await place(svc, request(run="b", gpus=8))
     expected = "n0" if attempt == 1 else None
     assert placements(cluster)[-1][2] == expected
 
@@ -307,9 +351,9 @@ def test_the_placement_signal_is_read_by_the_run_as_its_placement_event() -> Non
 class CountingService(SchedulerService):
     passes = 0
 
-    async def _pass(self) -> None:
+    def _pass(self) -> None:
         self.passes += 1
-        await super()._pass()
+        super()._pass()
 
 
 class SlowHandle(_Handle):
@@ -328,7 +372,7 @@ async def test_changes_that_arrive_during_a_pass_are_decided_together() -> None:
     svc = CountingService(SlowClient(cluster), Clock())  # type: ignore[arg-type]
     await svc.rebuild()
     svc.passes = 0
-    await asyncio.gather(*(svc.place(PlaceInput(requests=[request(run=f"r{i}", gpus=1)])) for i in range(20)))
+    await asyncio.gather(*(place(svc, request(run=f"r{i}", gpus=1)) for i in range(20)))
     assert sorted(job for job, _, node, _ in placements(cluster) if node == "n0") == sorted(
         f"job/default/r{i}" for i in range(20)
     )
@@ -339,19 +383,19 @@ async def test_a_placed_worker_is_told_its_machines_address_and_every_gang_membe
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8, address="10.0.0.5"), "n1": machine("n1", gpus=8)})
     svc = await service(cluster)
     members = [request(f"w-{i}", run="g", gpus=8, gang=True) for i in range(2)]
-    await svc.place(PlaceInput(requests=members))
+    await place(svc, *members)
     assert sorted((job, u.task_id, u.node, u.address) for job, u in cluster.sent("placement")) == [
         ("job/default/g", "w-0", "n0", "10.0.0.5"),
         ("job/default/g", "w-1", "n1", "127.0.0.1"),
     ]
-    await svc.place(PlaceInput(requests=[members[0]]))  # asked again: the same answer, address included
+    await place(svc, members[0])  # asked again: the same answer, address included
     assert cluster.sent("placement")[-1][1] == PlacementAnswer(task_id="w-0", attempt=0, node="n0", address="10.0.0.5")
 
 
 async def test_a_gang_that_cannot_be_placed_whole_answers_every_member() -> None:
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
     svc = await service(cluster)
-    await svc.place(PlaceInput(requests=[request(f"w-{i}", run="g", gpus=8, gang=True) for i in range(2)]))
+    await place(svc, *(request(f"w-{i}", run="g", gpus=8, gang=True) for i in range(2)))
     assert placements(cluster) == [
         ("job/default/g", "w-0", None, "Gang cannot be placed whole: 1 of 1 machines ready"),
         ("job/default/g", "w-1", None, "Gang cannot be placed whole: 1 of 1 machines ready"),
@@ -361,9 +405,9 @@ async def test_a_gang_that_cannot_be_placed_whole_answers_every_member() -> None
 async def test_a_worker_waiting_on_quota_is_told_what_its_run_records() -> None:
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)}, quotas=[Quota(namespace="default", gpus=4)])
     svc = await service(cluster)
-    await svc.place(PlaceInput(requests=[request(run="first", gpus=2)]))
+    await place(svc, request(run="first", gpus=2))
     assert cluster.sent("placement")[-1][1].quota_reached == ""
-    await svc.place(PlaceInput(requests=[request(f"w-{i}", run="g", gpus=2, gang=True) for i in range(2)]))
+    await place(svc, *(request(f"w-{i}", run="g", gpus=2, gang=True) for i in range(2)))
     answers = [u for _, u in cluster.sent("placement")[1:]]
     assert [(u.task_id, u.reason, u.quota_reached) for u in answers] == [
         (

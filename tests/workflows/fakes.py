@@ -22,11 +22,15 @@ from workflows.domain.spec import job_id
 from workflows.job import JobWorkflow
 from workflows.messages import (
     CONTROL_TASK_QUEUE,
+    PROTOCOL,
     SCHEDULER_TASK_QUEUE,
+    LoadSettingsResult,
     PlaceInput,
     PlacementAnswer,
+    PlaceResult,
     PlanInput,
     ReleaseInput,
+    RunTaskInput,
     StartTaskInput,
     StartTaskResult,
     StopTaskInput,
@@ -76,11 +80,13 @@ class FakeCluster:
         self.planned: list[PlanInput] = []  # every start_task call that answered, in order
 
     @activity.defn(name="load_settings")
-    async def load_settings(self) -> Settings:
-        return self.settings
+    async def load_settings(self) -> LoadSettingsResult:
+        return LoadSettingsResult(settings=self.settings, protocol=PROTOCOL)
 
     @activity.defn(name="place")
-    async def place(self, input: PlaceInput) -> None:
+    async def place(self, input: PlaceInput) -> PlaceResult:
+        """Answers in its result, as the real scheduler does for what it decides at once."""
+        answers = []
         for r in input.requests:
             if r.task_id in self.script.no_room:
                 update = PlacementAnswer(
@@ -91,7 +97,8 @@ class FakeCluster:
                 )
             else:
                 update = PlacementAnswer(task_id=r.task_id, attempt=r.attempt, node=NODE, address="127.0.0.1")
-            await self.client.get_workflow_handle(r.job_id).signal("placement", update)
+            answers.append(update)
+        return PlaceResult(answers=answers)
 
     @activity.defn(name="plan_workers")
     async def plan_workers(self, input: PlanInput) -> WorkerPlan:
@@ -113,13 +120,23 @@ class FakeCluster:
         self.starts.append(input)
         return StartTaskResult(started=not input.barrier)
 
+    @activity.defn(name="run_task")
+    async def run_task(self, input: RunTaskInput) -> TaskExit:
+        """start_task then supervise_task in one call, as the real agent does."""
+        await self.start_task(input.start)
+        supervised = SuperviseInput(ref=input.start.ref, settings=input.settings, readiness=input.readiness)
+        return await self._supervise(supervised, started=True)
+
     @activity.defn(name="supervise_task")
     async def supervise_task(self, input: SuperviseInput) -> TaskExit:
+        return await self._supervise(input, started=False)
+
+    async def _supervise(self, input: SuperviseInput, started: bool) -> TaskExit:
         ref = input.ref
         key = f"{ref.task_id}.{ref.attempt}"
         self.supervisors.append((ref.task_id, ref.attempt, input.reattach))
         handle = self.client.get_workflow_handle(job_id(ref.namespace, ref.job))
-        report = TaskReport(task_id=ref.task_id, attempt=ref.attempt, heartbeat=input.reattach)
+        report = TaskReport(**ref.ids(), heartbeat=input.reattach, started=started)
         if self.script.silent.get(key, 0) > 0:
             self.script.silent[key] -= 1
             if not input.reattach:
@@ -162,7 +179,7 @@ async def fake_cluster(client: Client, script: Script, settings: Settings | None
         Worker(
             client,
             task_queue=node_task_queue(NODE),
-            activities=[cluster.start_task, cluster.supervise_task, cluster.stop_task],
+            activities=[cluster.start_task, cluster.run_task, cluster.supervise_task, cluster.stop_task],
         ),
     ]
     async with contextlib.AsyncExitStack() as stack:

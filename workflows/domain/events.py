@@ -113,12 +113,14 @@ class TaskSetupFailed(_Msg):
 
 
 class TaskRunning(_Msg):
-    """The machine reports the worker running; `heartbeat` when a supervisor re-attached to it."""
+    """The machine reports the worker running; `heartbeat` when a supervisor re-attached to it; `started` when
+    the report also says it was started (one activity starts and watches it)."""
 
     kind: Literal["running"] = "running"
     task_id: str
     attempt: int
     heartbeat: bool = False
+    started: bool = False  # the same activity started it: the container was started, and runs
 
 
 class HeartbeatLate(_Msg):

@@ -276,6 +276,10 @@ def _apply(step: Step, event: Event) -> None:
             step.end(task, TaskEvent.SETUP_FAILED, reason)
         case TaskRunning(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
+            if task is not None and event.started and task.state in (TaskState.PREPARING, TaskState.PULLING):
+                step.move(task, TaskEvent.CONTAINER_STARTED, R.ContainerStarted())
+            elif task is not None and event.started and task.state is TaskState.READY_TO_START and task.released:
+                step.move(task, TaskEvent.BARRIER_RELEASED, R.ContainerStarted())
             if task is not None and task.state is TaskState.STARTING:
                 _running(step, task)
             elif task is not None and task.state is TaskState.STALE and event.heartbeat:

@@ -156,6 +156,7 @@ class JobRecord(BaseModel):
     barrier_since: datetime | None = None  # when the first member of this round reached the barrier
     quota_noted: bool = False  # "Quota reached: <why>" was written
     planned: dict[str, GroupSpec] = Field(default_factory=dict)  # groups of total_gpus, as the scheduler split them
+    protocol: int = 1  # how its workflow starts workers: 2, one activity starts and watches each (run_task)
 
     @property
     def id(self) -> str:
