@@ -38,14 +38,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# SQLite as the embedded default runs it: a write-ahead log, synced at checkpoints rather than at every commit. A
+# process that dies (kill -9 included) loses nothing; a power cut or kernel crash may lose the last commits.
+SQLITE_PRAGMAS = ("journal_mode=wal", "synchronous=NORMAL")
+
+
 class DevServer:
     """`temporal server start-dev` on loopback with a file database and our search attributes."""
 
-    def __init__(self, data_dir: Path, port: int = 7233, ui_port: int | None = 8233, log: Path | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int = 7233,
+        ui_port: int | None = 8233,
+        log: Path | None = None,
+        sqlite_pragmas: tuple[str, ...] = SQLITE_PRAGMAS,
+    ):
         self.data_dir = data_dir
         self.port = port
         self.ui_port = ui_port
         self.log = log or data_dir / "temporal.log"
+        self.sqlite_pragmas = sqlite_pragmas
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -66,6 +79,8 @@ class DevServer:
             "--log-level", "warn",
         ]  # fmt: skip
         args += ["--ui-port", str(self.ui_port)] if self.ui_port else ["--headless"]
+        for pragma in self.sqlite_pragmas:
+            args += ["--sqlite-pragma", pragma]
         for name, kind in SEARCH_ATTRIBUTES.items():
             args += ["--search-attribute", f"{name}={_SA_TYPES[kind]}"]
         with self.log.open("ab") as out:
