@@ -47,7 +47,11 @@ from workflows.messages import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# A worker is looked at often while young (short workers end soon, and their run waits for that), then once a
+# second: a machine with hundreds of long workers must not spend its CPU asking each of them four times a second.
 POLL_SECONDS = 0.25
+POLL_SECONDS_SETTLED = 1.0
+SETTLED_AFTER_SECONDS = 5.0
 GPU_HEALTH_SECONDS = 5.0  # how often the lease's holder looks at the GPUs' health (and the machine's pressure)
 PRESSURE_READ_SECONDS = 1.0  # a pressure read still going after this is collected at a later look
 
@@ -141,10 +145,12 @@ class AgentActivities:
         checking = None
         if readiness is not None:
             checking = asyncio.ensure_future(self._check_health(ref, readiness))
+        settled_at = time.monotonic() + SETTLED_AFTER_SECONDS
+        settled = min(POLL_SECONDS_SETTLED, settings.stale_grace_seconds / 4)  # heartbeats well within the grace
         try:
             while observed.running:
                 activity.heartbeat()
-                await asyncio.sleep(POLL_SECONDS)
+                await asyncio.sleep(POLL_SECONDS if time.monotonic() < settled_at else settled)
                 observed = await asyncio.to_thread(self._runtime.observe, key)
         finally:
             if checking is not None:

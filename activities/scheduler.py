@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowQueryFailedError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -31,7 +31,9 @@ from workflows.domain.requests import Allocation, TaskRequest, allocation_for
 from workflows.domain.scheduling import Decision, Preemption, schedule
 from workflows.messages import (
     QUOTAS_WORKFLOW_ID,
+    SA_NODES,
     SA_PRIORITY,
+    MachineLostReport,
     NodeChangedInput,
     PlaceInput,
     PlacementAnswer,
@@ -215,6 +217,28 @@ class SchedulerService:
         self._quotas = {q.namespace: q for q in input.quotas}
         await self._settle()
 
+    @activity.defn(name="machine_lost")
+    async def machine_lost(self, report: MachineLostReport) -> int:
+        """Tell every open run with a worker on the machine that it is gone (its workers go Down): the runs that
+        hold room there, and those that list it in their search attribute AstraeusNodes (runs created before the
+        scheduler answered for them). Returns once each was told, so that a lost machine's runs always learn it."""
+        held = {job for (job, _), alloc in self._allocations.items() if alloc.node == report.node}
+        query = f'WorkflowType="JobWorkflow" AND ExecutionStatus="Running" AND {SA_NODES}="{report.node}"'
+        async for run in self._client.list_workflows(query):
+            held.add(run.id)
+        told = await asyncio.gather(*(self._tell(job, "machine_lost", report) for job in sorted(held)))
+        return sum(told)
+
+    async def _tell(self, job_id: str, name: str, message: BaseModel) -> bool:
+        """One signal now; False when the run is gone (it closed meanwhile: nothing left to tell)."""
+        try:
+            await self._client.get_workflow_handle(job_id).signal(name, message)
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+            return False
+        return True
+
     @activity.defn(name="plan_workers")
     async def plan_workers(self, input: PlanInput) -> WorkerPlan:
         """How many workers a group asking `total_gpus` becomes, on the machines as they are now."""
@@ -317,14 +341,8 @@ class SchedulerService:
         self.outbox.put(preemption.job_id, "preempt", request)
 
     async def _deliver(self, job_id: str, name: str, message: BaseModel) -> None:
-        handle: WorkflowHandle[object, object] = self._client.get_workflow_handle(job_id)
-        try:
-            await handle.signal(name, message)
-        except RPCError as error:
-            if error.status != RPCStatusCode.NOT_FOUND:
-                raise
-            if self._forget(job_id):
-                await self._settle()
+        if not await self._tell(job_id, name, message) and self._forget(job_id):
+            await self._settle()
 
     def _forget(self, job_id: str) -> bool:
         """The run is gone (ended, terminated or deleted): forget what it asked for and held. True when that

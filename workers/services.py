@@ -40,7 +40,7 @@ def control_worker(client: Client, settings: Settings) -> Worker:
         client,
         task_queue=CONTROL_TASK_QUEUE,
         workflows=[JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow],
-        activities=[control.load_settings, control.machine_lost],
+        activities=[control.load_settings, control.machine_lost],  # machine_lost: for machines that called it here
         max_concurrent_workflow_tasks=200,
     )
 
@@ -54,7 +54,14 @@ async def scheduler_worker(client: Client) -> Worker:
     return Worker(
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
-        activities=[service.place, service.release, service.node_changed, service.quotas_changed, service.plan_workers],
+        activities=[
+            service.place,
+            service.release,
+            service.node_changed,
+            service.quotas_changed,
+            service.plan_workers,
+            service.machine_lost,
+        ],
         max_concurrent_activities=100,
     )
 

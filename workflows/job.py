@@ -164,7 +164,7 @@ class JobWorkflow:
         if status.state != self._state:
             self._state = status.state
             updates.append(STATE_KEY.value_set(status.state))
-        nodes = nodes_in_use(self._job)
+        nodes = nodes_in_use(self._job) if self._job.protocol < 2 else []  # protocol 2: the scheduler knows them
         if nodes != self._nodes:
             self._nodes = nodes
             updates.append(NODES_KEY.value_set(nodes) if nodes else NODES_KEY.value_unset())

@@ -14,7 +14,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain.nodes import NodeState, NodeStatusEntry, NodeView, node_task_queue
     from workflows.domain.reasons import R, Reason
     from workflows.messages import (
-        CONTROL_TASK_QUEUE,
         SCHEDULER_TASK_QUEUE,
         CordonRequest,
         GpuHealthReport,
@@ -83,7 +82,7 @@ class NodeWorkflow:
         await workflow.execute_activity(
             "machine_lost",
             MachineLostReport(node=self._view.name, removed=removed),
-            task_queue=CONTROL_TASK_QUEUE,
+            task_queue=SCHEDULER_TASK_QUEUE,  # the scheduler knows every worker on the machine
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=PATIENT,
             summary="tell runs the machine is lost",

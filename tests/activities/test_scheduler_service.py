@@ -22,6 +22,7 @@ from workflows.domain.quotas import Quota
 from workflows.domain.requests import Allocation, TaskRequest
 from workflows.domain.status import NodeReasons
 from workflows.messages import (
+    MachineLostReport,
     NodeChangedInput,
     PlaceInput,
     PlacementAnswer,
@@ -94,6 +95,8 @@ class FakeClient:
         return _Handle(self.cluster, workflow_id)
 
     async def list_workflows(self, query: str) -> AsyncIterator[_Listed]:
+        if "AstraeusNodes" in query:
+            return  # no run here predates the scheduler's own record of who is where
         if "NodeWorkflow" in query:
             for name in self.cluster.nodes:
                 yield _Listed(f"node/{name}", TypedSearchAttributes([]))
@@ -417,3 +420,26 @@ async def test_a_worker_waiting_on_quota_is_told_what_its_run_records() -> None:
         )
         for i in range(2)
     ]
+
+
+async def test_a_lost_machine_is_told_to_every_run_holding_room_on_it() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=2), "n1": machine("n1", gpus=2)})
+    svc = await service(cluster)
+    await place(svc, request(run="a", gpus=2))
+    await place(svc, request(run="b", gpus=2))
+    await place(svc, request(run="c", gpus=1))  # waits: told nothing about n0
+    on_n0 = next(job for job, _, node, _ in placements(cluster) if node == "n0")
+    assert await svc.machine_lost(MachineLostReport(node="n0")) == 1
+    assert cluster.sent("machine_lost") == [(on_n0, MachineLostReport(node="n0"))]
+
+
+async def test_a_run_placed_at_once_is_answered_in_the_call_and_not_signalled() -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8, address="10.0.0.5")})
+    svc = await service(cluster)
+    result = await svc.place(PlaceInput(requests=[request(gpus=2), request("w-1", gpus=64)]))
+    await svc.outbox.idle()
+    assert [(a.task_id, a.node, a.address, a.reason) for a in result.answers] == [
+        ("w-0", "n0", "10.0.0.5", ""),
+        ("w-1", None, None, "No machine fits: 1 of 1 machines ready"),
+    ]
+    assert cluster.signals == []

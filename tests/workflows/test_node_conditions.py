@@ -52,8 +52,8 @@ async def test_pressure_reported_by_the_agent_is_kept_recorded_and_told(time_ski
     machine = Machine()
     inventory = NodeInventory(name=name, cpus=8, memory_bytes=2**34, capabilities=["sandbox"])
     async with (
-        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow], activities=[machine.machine_lost]),
-        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed]),
+        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
+        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.machine_lost]),
         Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
     ):
         handle = await client.start_workflow(

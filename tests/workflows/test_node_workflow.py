@@ -55,8 +55,8 @@ async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping:
     )
     settings = Settings(node_lease_ttl_seconds=1)
     async with (
-        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow], activities=[machine.machine_lost]),
-        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed]),
+        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
+        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.machine_lost]),
         Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
     ):
         handle = await client.start_workflow(
@@ -94,8 +94,8 @@ async def test_a_removed_machine_stays_removed_when_its_lease_then_expires(time_
     machine = FakeMachine()
     inventory = NodeInventory(name=name, cpus=8, memory_bytes=2**34)
     async with (
-        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow], activities=[machine.machine_lost]),
-        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed]),
+        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
+        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.machine_lost]),
         Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
     ):
         handle = await client.start_workflow(
