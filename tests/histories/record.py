@@ -1,11 +1,14 @@
 """Record the committed histories that tests/workflows/test_replay.py replays.
 
-Run `.venv/bin/python -m tests.histories.record` after an intended change to JobWorkflow; a replay failure without
-such a change means the workflow code lost determinism, and old runs would break on upgrade.
+Run `.venv/bin/python -m tests.histories.record [--suffix S] [STORY ...]` after an intended change to JobWorkflow; a
+replay failure without such a change means the workflow code lost determinism, and old runs would break on upgrade.
+Histories of an older protocol are kept (and still replay): record the new protocol's beside them with a suffix
+(`hello-p2.json`: a run created by a control plane speaking protocol 2, one activity per worker's life).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import sys
@@ -42,12 +45,13 @@ STORIES: dict[str, tuple[dict[str, Any], Script]] = {
 }
 
 
-async def record() -> None:
+async def record(stories: list[str], suffix: str) -> None:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(BIN / "temporal-test-server"), data_converter=pydantic_data_converter
     )
     await ensure_search_attributes(env.client)
-    for name, (fields, script) in STORIES.items():
+    for name in stories:
+        fields, script = STORIES[name]
         spec = parse_spec({"name": name, **fields})
         async with fake_cluster(env.client, script):
             handle = await env.client.start_workflow(
@@ -67,12 +71,16 @@ async def record() -> None:
                 await handle.execute_update("cancel", result_type=Status)
             await handle.result()
             history = await handle.fetch_history()
-        (HERE / f"{name}.json").write_text(history.to_json())
-        print(f"recorded {name}: {len(history.events)} events")  # noqa: T201
+        (HERE / f"{name}{suffix}.json").write_text(history.to_json())
+        print(f"recorded {name}{suffix}: {len(history.events)} events")  # noqa: T201
     await env.shutdown()
 
 
 if __name__ == "__main__":
-    asyncio.run(record())
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--suffix", default="")
+    parser.add_argument("stories", nargs="*", default=list(STORIES))
+    args = parser.parse_args()
+    asyncio.run(record(args.stories, args.suffix))
     sys.stdout.flush()
     os._exit(0)

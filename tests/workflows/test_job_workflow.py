@@ -161,3 +161,31 @@ async def test_stop_one_worker_and_refuse_bad_stops(time_skipping: WorkflowEnvir
         ("Cancelled", "Stopped on request"),
     ]
     assert (status.state, status.reason) == ("Cancelled", "All workers ended; some were cancelled")
+
+
+async def test_a_one_worker_run_costs_one_activity_per_step_and_one_signal(time_skipping: WorkflowEnvironment) -> None:
+    """The scheduler answers `place` in its result; one activity (run_task) starts and watches the worker, telling
+    the run once that it was started and runs; only the state's search attribute is written, when it changes."""
+    from temporalio.api.enums.v1 import EventType
+
+    job = spec(unique("cheap"))
+    async with fake_cluster(time_skipping.client, Script()):
+        handle = await start(time_skipping, job)
+        await handle.result()
+        history = await handle.fetch_history()
+    events = history.events
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    signals = [
+        e.workflow_execution_signaled_event_attributes.signal_name
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+    ]
+    upserts = [e for e in events if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES]
+    assert scheduled == ["place", "run_task", "release"]
+    assert signals == ["task_running"]
+    assert len(upserts) == 2  # Running, then Completed
+    assert len(events) <= 30
