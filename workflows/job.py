@@ -128,7 +128,8 @@ class JobWorkflow:
                 self._forget_gone_workers()
                 self._publish()
             elif self._settled():
-                self._cancel_background()
+                if self._job.protocol < 2:
+                    self._cancel_background()  # a closing workflow drops its timers: cancelling them writes events
                 return self._job.status
             else:
                 await self._continue_as_new()

@@ -717,3 +717,36 @@ def test_a_run_whose_worker_ends_before_its_running_report_passes_through_runnin
     assert story.run_history()[-2:] == [("Running", "1 of 1 workers running"), ("Completed", "All workers completed")]
     assert story.job.status.started_at == at(4)
     assert story.job.task("w-0").status.started_at == at(4)
+
+
+# ---- protocol 2: one activity starts and watches a worker ---------------------------------------------------------
+
+
+def protocol_2_story(policy: str = "OnFailure") -> Story:
+    story = Story(hello(1, policy))
+    story.job.protocol = 2
+    story.step(1, Created())
+    story.step(2, PlacementUpdate(task_id="w-0", attempt=0, node="n0"))
+    return story
+
+
+def test_one_report_says_a_worker_was_started_and_runs() -> None:
+    story = protocol_2_story()
+    story.step(3, TaskRunning(task_id="w-0", attempt=0, started=True))
+    assert story.history("w-0")[-3:] == [
+        ("Preparing", "Placed on n0"),
+        ("Starting", "Container started"),
+        ("Running", "Container running"),
+    ]
+    assert story.run_history()[-1] == ("Running", "1 of 1 workers running")
+
+
+def test_a_first_attempt_running_arms_no_reset_timer_and_a_restarted_one_does() -> None:
+    story = protocol_2_story()
+    story.step(3, TaskRunning(task_id="w-0", attempt=0, started=True))
+    assert story.resets == []  # a count of 0 has nothing to reset
+    story.step(10, TaskEnded(task_id="w-0", attempt=0, exit_code=1))
+    story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0))
+    story.start(21, "w-0", "n0", attempt=1)
+    story.step(22, TaskRunning(task_id="w-0", attempt=1, started=True))
+    assert story.resets == [ArmTimer(timer=Timer.RESET, task_id="w-0", attempt=1, at=at(622))]

@@ -69,7 +69,8 @@ def _running(step: Step, task: TaskRecord) -> None:
     step.move(task, TaskEvent.CONTAINER_RUNNING, R.ContainerRunning())
     task.running_since = step.now
     task.status.started_at = task.status.started_at or step.now
-    step.arm(Timer.RESET, task, step.now + timedelta(seconds=step.job.settings.restart_reset_seconds))
+    if task.restarts > 0 or step.job.protocol < 2:  # a count of 0 has nothing to reset: no timer (and no event)
+        step.arm(Timer.RESET, task, step.now + timedelta(seconds=step.job.settings.restart_reset_seconds))
     limit = group_of(step.job, task).time_limit_seconds
     if limit is not None:
         step.arm(Timer.TIME_LIMIT, task, step.now + timedelta(seconds=limit))

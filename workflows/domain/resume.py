@@ -58,7 +58,8 @@ def resume(job: JobRecord, now: datetime) -> list[Command]:
             commands.append(Stop(node=node, **ids))
         if task.running_since is not None and task.state in (TaskState.RUNNING, TaskState.STALE):
             reset = task.running_since + timedelta(seconds=job.settings.restart_reset_seconds)
-            commands.append(ArmTimer(timer=Timer.RESET, at=max(reset, now), **ids))
+            if task.restarts > 0 or job.protocol < 2:
+                commands.append(ArmTimer(timer=Timer.RESET, at=max(reset, now), **ids))
             limit = group_of(job, task).time_limit_seconds
             if limit is not None:
                 at = max(task.running_since + timedelta(seconds=limit), now)
