@@ -39,7 +39,7 @@ def control_worker(client: Client, settings: Settings) -> Worker:
         client,
         task_queue=CONTROL_TASK_QUEUE,
         workflows=[JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow],
-        activities=[control.load_settings, control.machine_lost],
+        activities=[control.load_settings, control.machine_lost, control.cancel_run_workflow],
         max_concurrent_workflow_tasks=200,
     )
 

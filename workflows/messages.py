@@ -35,9 +35,22 @@ class JobInput(_Msg):
     record: JobRecord | None = None
 
 
+# The type of the failure a Failed run's workflow ends with; its details carry the run's Status.
+RUN_FAILED = "RunFailed"
+
+
 class StopTaskRequest(_Msg):
     task_id: str
     reason: str | None = None
+
+
+class CancelRunInput(_Msg):
+    """Activity `cancel_run_workflow`: ask Temporal to cancel this execution of a run's workflow (its run ended
+    Cancelled), so that it closes Canceled; `reason` is recorded with the request."""
+
+    workflow_id: str
+    run_id: str
+    reason: str
 
 
 class SchedulerView(_Msg):

@@ -1,7 +1,9 @@
 """Record the committed histories that tests/workflows/test_replay.py replays.
 
 Run `.venv/bin/python -m tests.histories.record` after an intended change to JobWorkflow; a replay failure without
-such a change means the workflow code lost determinism, and old runs would break on upgrade.
+such a change means the workflow code lost determinism, and old runs would break on upgrade. Name stories
+(`... record ui-cancel`) to record only those: a change guarded by `workflow.patched` keeps the old histories, which
+show that runs recorded before it still replay, and adds new ones.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster
+from workers.client import run_result
 from workers.connect import ensure_search_attributes
 from workflows.domain.planning import WorkerPlan
 from workflows.domain.spec import parse_spec
@@ -39,15 +42,23 @@ STORIES: dict[str, tuple[dict[str, Any], Script]] = {
         {"groups": [W | {"total_gpus": 8}, {"name": "after", "command": ["x"], "depends_on": [{"group": "w"}]}]},
         Script(hold={"w-0", "w-1", "after-0"}, plans=[WorkerPlan(workers=2, gpus_per_worker=4)]),
     ),
+    # Recorded since a run's outcome is its workflow's (RUN_OUTCOME_PATCH): a Failed run's workflow fails, ...
+    "fail-outcome": ({"groups": [W | {"restart_policy": "Never"}]}, Script(exits={"w-0": [3]}, log_tail="boom\n")),
+    # ... a run cancelled with the `cancel` update asks the control plane to cancel its workflow, which is Canceled,
+    "cancel-outcome": ({"groups": [W | {"replicas": 2}]}, Script(hold={"w-0"}, no_room={"w-1"})),
+    # ... and Temporal's cancellation request (the UI's button) is the run's cancel (CANCEL_REQUEST_PATCH).
+    "ui-cancel": ({"groups": [W | {"replicas": 2}]}, Script(hold={"w-0"}, no_room={"w-1"})),
 }
 
 
-async def record() -> None:
+async def record(names: list[str]) -> None:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(BIN / "temporal-test-server"), data_converter=pydantic_data_converter
     )
     await ensure_search_attributes(env.client)
     for name, (fields, script) in STORIES.items():
+        if names and name not in names:
+            continue
         spec = parse_spec({"name": name, **fields})
         async with fake_cluster(env.client, script):
             handle = await env.client.start_workflow(
@@ -61,11 +72,14 @@ async def record() -> None:
                 while (await handle.query("status", result_type=Status)).reason != "3 of 3 workers running":
                     await asyncio.sleep(0.05)
                 await handle.execute_update("cancel", result_type=Status)
-            if name == "cancel":
+            if name in ("cancel", "cancel-outcome", "ui-cancel"):
                 while (await handle.query("status", result_type=Status)).state != "Running":
                     await asyncio.sleep(0.05)
-                await handle.execute_update("cancel", result_type=Status)
-            await handle.result()
+                if name == "ui-cancel":
+                    await handle.cancel()
+                else:
+                    await handle.execute_update("cancel", result_type=Status)
+            await run_result(handle)
             history = await handle.fetch_history()
         (HERE / f"{name}.json").write_text(history.to_json())
         print(f"recorded {name}: {len(history.events)} events")  # noqa: T201
@@ -73,6 +87,9 @@ async def record() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(record())
+    unknown = set(sys.argv[1:]) - set(STORIES)
+    if unknown:
+        sys.exit(f"no such story: {', '.join(sorted(unknown))} (stories: {', '.join(STORIES)})")
+    asyncio.run(record(sys.argv[1:]))
     sys.stdout.flush()
     os._exit(0)

@@ -16,7 +16,15 @@ HISTORIES = sorted((Path(__file__).parent.parent / "histories").glob("*.json"))
 
 
 def test_histories_are_committed() -> None:
-    assert {p.stem for p in HISTORIES} >= {"hello", "fail", "restarts", "cancel"}
+    assert {p.stem for p in HISTORIES} >= {
+        "hello",
+        "fail",
+        "restarts",
+        "cancel",
+        "fail-outcome",
+        "cancel-outcome",
+        "ui-cancel",
+    }
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
