@@ -170,7 +170,7 @@ async def agent_worker(client: Client, options: AgentOptions, settings: Settings
     node = inventory(options)
     runtime = make_runtime(options)
     preparer = Preparer(options.data_dir, options.host_paths)
-    activities = AgentActivities(client, node, runtime, preparer, gpu_watch(node), pressure_watch(options))
+    activities = AgentActivities(client, node, runtime, preparer, gpu_watch(node), pressure_watch(options), settings)
     worker = Worker(
         client,
         task_queue=node_task_queue(node.name),

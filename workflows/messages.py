@@ -269,3 +269,12 @@ class PressureReport(_Msg):
     """Update `report_pressure`: the machine's pressure conditions now ("memory", "disk"); empty: none."""
 
     pressure: list[str]
+
+
+class OrphanStoppedReport(_Msg):
+    """Update `report_orphan_stopped`: the agent stopped worker `task` of run `run` ("<namespace>/<name>") because
+    the run's workflow is no longer open; `status` says how Temporal has it ("terminated", "not found", ...)."""
+
+    task: str
+    run: str
+    status: str
