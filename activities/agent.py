@@ -14,8 +14,9 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.gpus import GpuWatch
 from activities.machine import PressureWatch
@@ -30,6 +31,7 @@ from workflows.messages import (
     GpuHealthReport,
     LeaseInput,
     LogText,
+    OrphanStoppedReport,
     PressureReport,
     ReadLogInput,
     RunTaskInput,
@@ -69,6 +71,7 @@ class AgentActivities:
         preparer: Preparer,
         gpu_watch: GpuWatch | None = None,
         pressure_watch: PressureWatch | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self._client = client
         self._inventory = inventory
@@ -79,6 +82,10 @@ class AgentActivities:
         self._pressure = list(inventory.pressure)  # as last reported to the machine's workflow
         self._pressure_read: asyncio.Future[list[str]] | None = None
         self._starter = Starter(runtime, preparer, lambda: self._gpus, self._report_progress)
+        self._settings = settings or Settings()
+        self._orphan_look: asyncio.Task[None] | None = None  # the look for orphaned workers under way
+        self._orphan_look_due = 0.0  # time.monotonic() of the next look
+        self._orphans_untold: list[OrphanStoppedReport] = []  # stopped, not yet written in the machine's history
 
     @activity.defn(name="hold_lease")
     async def hold_lease(self, input: LeaseInput) -> None:
@@ -86,6 +93,7 @@ class AgentActivities:
         GPUs' health and the machine's pressure to the machine's workflow when they change."""
         while True:
             activity.heartbeat()
+            self._look_for_orphans()
             await self._report_gpu_health()
             await self._report_pressure()
             await asyncio.sleep(min(input.renew_seconds, GPU_HEALTH_SECONDS))
@@ -250,6 +258,71 @@ class AgentActivities:
             log.warning("%s: could not report its pressure: %s", self._inventory.name, err)
             return
         self._pressure = pressure
+
+    # ---- orphans: workers whose run's workflow is no longer open ------------------------------------------------
+
+    def _look_for_orphans(self) -> None:
+        """Start a look for orphaned workers when one is due and none is under way. It runs beside the lease's
+        heartbeats (describes, and stops that wait out their grace), never holding them up."""
+        if self._orphan_look is not None and not self._orphan_look.done():
+            return
+        now = time.monotonic()
+        if now < self._orphan_look_due:
+            return
+        self._orphan_look_due = now + self._settings.orphan_check_seconds
+        self._orphan_look = asyncio.ensure_future(self._stop_orphans())
+
+    async def _stop_orphans(self) -> None:
+        """Stop every worker that runs here while its run's workflow is closed, terminated (the Temporal UI's
+        Terminate button) or gone: nothing else would ever stop it. Each stop is written in the machine's history.
+        A run whose workflow cannot be read now (Temporal does not answer) is looked at again next time."""
+        try:
+            running = await asyncio.to_thread(self._runtime.running)
+        except Exception as err:  # the engine does not answer: look again next time
+            log.warning("%s: could not list its workers: %s", self._inventory.name, err)
+            return
+        for namespace, job in sorted({(key.namespace, key.job) for key in running}):
+            try:
+                status = await self._closed_run(namespace, job)
+            except Exception as err:
+                log.warning("%s: could not read run %s/%s: %s", self._inventory.name, namespace, job, err)
+                continue
+            if status is None:
+                continue
+            for key in (key for key in running if (key.namespace, key.job) == (namespace, job)):
+                log.warning("%s: stopping %s: its run is no longer open (%s)", self._inventory.name, key.slug, status)
+                try:
+                    await self._starter.stop(key, self._settings.stop_grace_seconds)
+                except Exception as err:  # tried again at the next look, since it still runs
+                    log.warning("%s: could not stop %s: %s", self._inventory.name, key.slug, err)
+                    continue
+                self._orphans_untold.append(OrphanStoppedReport(task=key.task, run=f"{namespace}/{job}", status=status))
+        await self._tell_orphans_stopped()
+
+    async def _closed_run(self, namespace: str, job: str) -> str | None:
+        """How Temporal has a run's workflow when it is no longer open ("terminated", "completed", "not found",
+        ...); None while it is open (its latest execution, after any continue-as-new, is running)."""
+        try:
+            described = await self._client.get_workflow_handle(job_id(namespace, job)).describe()
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                return "not found"
+            raise
+        if described.status in (None, WorkflowExecutionStatus.RUNNING):
+            return None
+        return described.status.name.lower().replace("_", " ")
+
+    async def _tell_orphans_stopped(self) -> None:
+        """Write each orphan stopped in the machine's history (update `report_orphan_stopped`); what the machine's
+        workflow does not take now is told at the next look."""
+        handle = self._client.get_workflow_handle(node_id(self._inventory.name))
+        while self._orphans_untold:
+            try:
+                await handle.execute_update("report_orphan_stopped", self._orphans_untold[0])
+            except Exception as err:
+                log.warning("%s: could not write a stopped orphan in its history: %s", self._inventory.name, err)
+                return
+            self._orphans_untold.pop(0)
 
 
 def _beat(doing: str) -> None:

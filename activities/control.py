@@ -7,7 +7,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.domain.settings import Settings
-from workflows.messages import PROTOCOL, SA_NODES, LoadSettingsResult, MachineLostReport
+from workflows.messages import PROTOCOL, SA_NODES, CancelRunInput, LoadSettingsResult, MachineLostReport
 
 
 class ControlActivities:
@@ -34,3 +34,14 @@ class ControlActivities:
                 if error.status != RPCStatusCode.NOT_FOUND:  # it closed meanwhile: nothing left to tell
                     raise
         return told
+
+    @activity.defn(name="cancel_run_workflow")
+    async def cancel_run_workflow(self, input: CancelRunInput) -> None:
+        """Ask Temporal to cancel a run's workflow whose run ended Cancelled: the SDK closes a workflow Canceled only
+        after such a request, and a workflow may not ask it of itself. Asking twice is harmless."""
+        handle = self._client.get_workflow_handle(input.workflow_id, run_id=input.run_id)
+        try:
+            await handle.cancel(reason=input.reason)
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:  # it closed meanwhile: nothing left to cancel
+                raise

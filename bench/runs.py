@@ -38,7 +38,6 @@ from workers.devserver import free_port
 from workers.embedded import Embedded
 from workflows.domain.nodes import NodeState
 from workflows.domain.spec import JobSpec, job_id, parse_spec
-from workflows.domain.status import Status
 
 NAMESPACE = "default"
 MACHINE_CPUS = 64.0
@@ -119,7 +118,7 @@ async def submit_and_wait(client: AstraeusClient, run: Run, spec: JobSpec, gate:
             run.error = f"submit: {error}"
             return
     try:
-        status = await client.temporal.get_workflow_handle(spec.job_id, result_type=Status).result()
+        status = await client.result(spec.namespace, spec.name)  # a Failed or Cancelled run's workflow fails
         run.state = status.state
     except Exception as error:
         run.error = f"result: {error}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -14,21 +14,37 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowHistoryEventFilterType,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, WorkflowAlreadyStartedError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    TerminatedError,
+    TimeoutError,
+    WorkflowAlreadyStartedError,
+)
 from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.domain.nodes import NodeView
 from workflows.domain.spec import JobSpec, job_id
 from workflows.domain.status import RunState, Status
-from workflows.domain.views import Event, JobDescription
+from workflows.domain.views import (
+    TERMINATED,
+    Event,
+    JobDescription,
+    terminated_description,
+    terminated_events,
+    terminated_status,
+)
 from workflows.job import JobWorkflow, search_attributes
 from workflows.logs import LogsWorkflow
 from workflows.messages import (
     CONTROL_TASK_QUEUE,
+    RUN_FAILED,
     SA_NAMESPACE,
     SA_STATE,
     JobInput,
@@ -41,6 +57,50 @@ from workflows.messages import (
 
 class AstraeusError(Exception):
     """Bad input or an unknown object: the message names what is wrong; nothing changed."""
+
+
+class Terminated(BaseModel):
+    """How a run's workflow was terminated in Temporal: the reason recorded, and when."""
+
+    why: str
+    at: datetime
+
+
+async def terminated(handle: WorkflowHandle[Any, Any]) -> Terminated | None:
+    """Whether the run's workflow was terminated (the UI's Terminate button): then it decides nothing more, and
+    what its queries answer is what the run last recorded. Raises RPCError NOT_FOUND when there is no such run."""
+    described = await handle.describe()
+    if described.status != WorkflowExecutionStatus.TERMINATED:
+        return None
+    return await _termination(handle, described.close_time)
+
+
+async def _termination(handle: WorkflowHandle[Any, Any], closed: datetime | None) -> Terminated:
+    why = ""
+    async for event in handle.fetch_history_events(event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT):
+        if event.HasField("workflow_execution_terminated_event_attributes"):
+            why = event.workflow_execution_terminated_event_attributes.reason
+            closed = closed or event.event_time.ToDatetime(tzinfo=UTC)
+    return Terminated(why=why, at=closed or datetime.now(UTC))
+
+
+async def run_result(handle: WorkflowHandle[Any, Any]) -> Status:
+    """Wait until the run's workflow closes, and return the run's Status however it closed: a Completed run's
+    workflow returns it; a Failed one's fails (RunFailed) with it as details; a Cancelled one's is Canceled, and the
+    Status is read with the `status` query; a terminated one's is Terminated, with the reason Temporal recorded."""
+    try:
+        return Status.model_validate(await handle.result())  # a dict unless the handle was typed
+    except WorkflowFailureError as error:
+        cause = error.cause
+        if isinstance(cause, ApplicationError) and cause.type == RUN_FAILED and cause.details:
+            return Status.model_validate(cause.details[0])
+        if isinstance(cause, CancelledError):
+            return await handle.query("status", result_type=Status)  # type: ignore[no-any-return]
+        if isinstance(cause, TerminatedError):
+            status: Status = await handle.query("status", result_type=Status)
+            ended = await _termination(handle, (await handle.describe()).close_time)
+            return terminated_status(status, ended.why, ended.at)
+        raise
 
 
 class RunSummary(BaseModel):
@@ -83,14 +143,39 @@ class AstraeusClient:
         except WorkflowQueryFailedError as error:
             raise AstraeusError(f"run {namespace}/{name}: {error}") from None
 
+    async def _terminated(self, namespace: str, name: str) -> Terminated | None:
+        try:
+            return await terminated(self._handle(namespace, name))
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                raise AstraeusError(f"no run named {name} in namespace {namespace}") from None
+            raise
+
     async def status(self, namespace: str, name: str) -> Status:
-        return await self._query(namespace, name, "status", Status)  # type: ignore[no-any-return]
+        """The run's status; Terminated (with Temporal's reason) when its workflow was terminated."""
+        status: Status = await self._query(namespace, name, "status", Status)
+        ended = await self._terminated(namespace, name)
+        return status if ended is None else terminated_status(status, ended.why, ended.at)
 
     async def describe(self, namespace: str, name: str) -> JobDescription:
-        return await self._query(namespace, name, "describe", JobDescription)  # type: ignore[no-any-return]
+        """The run, its workers and why they wait; a run whose workflow was terminated says so (status, history)."""
+        described: JobDescription = await self._query(namespace, name, "describe", JobDescription)
+        ended = await self._terminated(namespace, name)
+        return described if ended is None else terminated_description(described, ended.why, ended.at)
 
     async def events(self, namespace: str, name: str) -> list[Event]:
-        return await self._query(namespace, name, "events", list[Event])  # type: ignore[no-any-return]
+        stream: list[Event] = await self._query(namespace, name, "events", list[Event])
+        ended = await self._terminated(namespace, name)
+        return stream if ended is None else terminated_events(stream, ended.why, ended.at)
+
+    async def result(self, namespace: str, name: str) -> Status:
+        """Wait until the run ends; its final Status (Completed, Failed, Cancelled, or Terminated)."""
+        try:
+            return await run_result(self._handle(namespace, name))
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                raise AstraeusError(f"no run named {name} in namespace {namespace}") from None
+            raise
 
     async def follow(self, namespace: str, name: str, poll_seconds: float = 0.5) -> AsyncIterator[Event]:
         """Every event, then new ones as they come, until the run's workflow closes."""
@@ -157,17 +242,23 @@ class AstraeusClient:
         return result.text
 
     async def ls(self, namespace: str | None = None, state: str | None = None) -> list[RunSummary]:
-        """Runs, newest first, filtered by namespace and state (search attributes)."""
+        """Runs, newest first, filtered by namespace and state (search attributes). A run whose workflow was
+        terminated is Terminated, whatever state it last recorded (its AstraeusState stays that one)."""
         query = 'WorkflowType="JobWorkflow"'
         if namespace:
             query += f' AND {SA_NAMESPACE}="{_quote(namespace)}"'
-        if state:
-            query += f' AND {SA_STATE}="{_quote(state)}"'
+        if state == TERMINATED:
+            query += ' AND ExecutionStatus="Terminated"'
+        elif state:
+            query += f' AND {SA_STATE}="{_quote(state)}" AND ExecutionStatus!="Terminated"'
         runs = []
         async for wf in self.temporal.list_workflows(query):
             _, ns, name = wf.id.split("/", 2)
             try:
-                status = await self.status(ns, name)
+                status = await self._query(ns, name, "status", Status)
+                if wf.status == WorkflowExecutionStatus.TERMINATED:
+                    ended = await _termination(self._handle(ns, name), wf.close_time)
+                    status = terminated_status(status, ended.why, ended.at)
             except AstraeusError:
                 continue
             runs.append(RunSummary(namespace=ns, name=name, state=status.state, reason=status.reason))

@@ -40,7 +40,8 @@ def control_worker(client: Client, settings: Settings) -> Worker:
         client,
         task_queue=CONTROL_TASK_QUEUE,
         workflows=[JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow],
-        activities=[control.load_settings, control.machine_lost],  # machine_lost: for machines that called it here
+        # machine_lost: for machines that called it here (the scheduler tells runs now)
+        activities=[control.load_settings, control.machine_lost, control.cancel_run_workflow],
         max_concurrent_workflow_tasks=200,
     )
 
@@ -180,7 +181,7 @@ async def agent_worker(client: Client, options: AgentOptions, settings: Settings
     node = inventory(options)
     runtime = make_runtime(options)
     preparer = Preparer(options.data_dir, options.host_paths)
-    activities = AgentActivities(client, node, runtime, preparer, gpu_watch(node), pressure_watch(options))
+    activities = AgentActivities(client, node, runtime, preparer, gpu_watch(node), pressure_watch(options), settings)
     worker = Worker(
         client,
         task_queue=node_task_queue(node.name),

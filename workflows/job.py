@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import (
@@ -37,11 +37,14 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain.tasks import allocation, group_of, new_job, nodes_in_use, task_request
     from workflows.domain.views import Event, JobDescription, describe, events
     from workflows.messages import (
+        CONTROL_TASK_QUEUE,
+        RUN_FAILED,
         SA_NAMESPACE,
         SA_NODES,
         SA_PRIORITY,
         SA_STATE,
         SCHEDULER_TASK_QUEUE,
+        CancelRunInput,
         JobInput,
         LoadSettingsResult,
         MachineLostReport,
@@ -76,6 +79,12 @@ PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=ti
 ONCE = RetryPolicy(maximum_attempts=1)
 
 Key = tuple[str, int]
+T = TypeVar("T")
+
+# A change of behaviour that histories recorded before it must not see on replay (workflow.patched): Temporal's
+# cancellation request became the run's cancel (it used to close the workflow at once, its workers running). It
+# may arrive before the run knows its protocol (messages.PROTOCOL), which versions the rest.
+CANCEL_REQUEST_PATCH = "cancel-request-cancels-the-run"
 
 
 def search_attributes(spec: JobSpec, state: str) -> TypedSearchAttributes:
@@ -111,15 +120,19 @@ class JobWorkflow:
             for command in resume(self._job, workflow.now()):
                 self._carry_out(command)
         else:
-            loaded = await workflow.execute_local_activity(
-                "load_settings", result_type=LoadSettingsResult, start_to_close_timeout=timedelta(seconds=10)
+            loaded = await self._despite_cancel(
+                lambda: workflow.execute_local_activity(
+                    "load_settings", result_type=LoadSettingsResult, start_to_close_timeout=timedelta(seconds=10)
+                )
             )
             self._job = new_job(input.spec, loaded.settings, workflow.now())
             self._job.protocol = loaded.protocol
-            self._inbox.append(ev.Created())
+            self._inbox.insert(0, ev.Created())  # before a cancellation that arrived meanwhile
         self._publish()
         while True:
-            await workflow.wait_condition(lambda: bool(self._inbox) or self._settled() or self._continue_now())
+            await self._despite_cancel(
+                lambda: workflow.wait_condition(lambda: bool(self._inbox) or self._settled() or self._continue_now())
+            )
             if self._inbox:
                 batch, self._inbox = self._inbox, []
                 self._job, commands = decide(self._job, batch, workflow.now())
@@ -130,9 +143,63 @@ class JobWorkflow:
             elif self._settled():
                 if self._job.protocol < 2:
                     self._cancel_background()  # a closing workflow drops its timers: cancelling them writes events
-                return self._job.status
+                return await self._close()
             else:
-                await self._continue_as_new()
+                await self._despite_cancel(self._continue_as_new)
+
+    async def _despite_cancel(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Await `operation`; a cancellation request that interrupts it is the run's cancel, and it is done again.
+
+        Temporal's cancellation request (the UI's Request Cancellation, `WorkflowHandle.cancel()`) cancels only this
+        main coroutine: the activities it then starts, and those of the other tasks (stops, releases, supervisors),
+        are not cancelled, so the run goes on deciding until its workers are stopped, as `astraeus cancel` does."""
+        while True:
+            try:
+                return await operation()
+            except (asyncio.CancelledError, ActivityError) as error:
+                if not _cancellation(error) or workflow.cancellation_reason() is None:
+                    raise
+                if not workflow.patched(CANCEL_REQUEST_PATCH):
+                    raise  # recorded when a cancellation request closed the workflow at once
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()  # handled: later awaits must not see it again
+                self._inbox.append(ev.CancelRequested())  # a no-op for a run already cancelling or ended
+
+    async def _close(self) -> Status:
+        """Close the workflow as the run ended, so that the Temporal UI's badge and filters tell the truth: a Completed
+        run's workflow returns its Status, a Failed one's fails (type RunFailed, the Status as details, its reason as
+        message), a Cancelled one's is Canceled (its Status is read with the `status` query)."""
+        assert self._job is not None
+        status = self._job.status
+        if self._job.protocol < 2:
+            return status  # runs created before protocol 2: every run's workflow completed with its Status
+        if status.state == RunState.FAILED:
+            raise ApplicationError(status.reason, status, type=RUN_FAILED, non_retryable=True)
+        if status.state == RunState.CANCELLED:
+            await self._cancel_own_workflow(status.reason)
+            raise CancelledError(status.reason)
+        return status
+
+    async def _cancel_own_workflow(self, reason: str) -> None:
+        """The SDK closes a workflow Canceled only after Temporal was asked to cancel it, and a workflow may not ask it
+        of itself: a run cancelled otherwise (`astraeus cancel`, every worker stopped) asks the control plane to."""
+        if workflow.cancellation_reason() is not None:
+            return
+        info = workflow.info()
+        try:
+            await workflow.execute_activity(
+                "cancel_run_workflow",
+                CancelRunInput(workflow_id=info.workflow_id, run_id=info.run_id, reason=reason),
+                task_queue=CONTROL_TASK_QUEUE,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=PATIENT,
+                summary="close the workflow as cancelled",
+            )
+            await workflow.wait_condition(lambda: workflow.cancellation_reason() is not None)
+        except (asyncio.CancelledError, ActivityError) as error:
+            if not _cancellation(error):
+                raise
 
     def _settled(self) -> bool:
         # Close only once the run ended and every call that must finish (stops, releases) finished.
@@ -459,6 +526,13 @@ class JobWorkflow:
         if self._job is None:
             raise ApplicationError("the run is still being created", type="NotReady")
         return self._job
+
+
+def _cancellation(error: BaseException) -> bool:
+    """Whether `error` is how a cancellation of this coroutine shows: at a timer or condition, or at an activity."""
+    if isinstance(error, asyncio.CancelledError):
+        return True
+    return isinstance(error, ActivityError) and isinstance(error.cause, CancelledError)
 
 
 def _heartbeat_missed(error: ActivityError) -> bool:

@@ -31,7 +31,9 @@ class _Msg(BaseModel):
 
 
 # What a control plane of this version does for the runs it creates. 1: a worker is started by `start_task`, then
-# watched by `supervise_task` (two activities); 2: one activity, `run_task`, starts and watches it.
+# watched by `supervise_task` (two activities), and every run's workflow completes with its Status. 2: one activity,
+# `run_task`, starts and watches a worker; machine loss is told by the scheduler (no AstraeusNodes); no reset timer
+# for a count of 0; a Failed run's workflow fails and a Cancelled one's is Canceled.
 PROTOCOL = 2
 
 
@@ -58,9 +60,22 @@ class JobInput(_Msg):
     record: JobRecord | None = None
 
 
+# The type of the failure a Failed run's workflow ends with; its details carry the run's Status.
+RUN_FAILED = "RunFailed"
+
+
 class StopTaskRequest(_Msg):
     task_id: str
     reason: str | None = None
+
+
+class CancelRunInput(_Msg):
+    """Activity `cancel_run_workflow`: ask Temporal to cancel this execution of a run's workflow (its run ended
+    Cancelled), so that it closes Canceled; `reason` is recorded with the request."""
+
+    workflow_id: str
+    run_id: str
+    reason: str
 
 
 class SchedulerView(_Msg):
@@ -301,3 +316,12 @@ class PressureReport(_Msg):
     """Update `report_pressure`: the machine's pressure conditions now ("memory", "disk"); empty: none."""
 
     pressure: list[str]
+
+
+class OrphanStoppedReport(_Msg):
+    """Update `report_orphan_stopped`: the agent stopped worker `task` of run `run` ("<namespace>/<name>") because
+    the run's workflow is no longer open; `status` says how Temporal has it ("terminated", "not found", ...)."""
+
+    task: str
+    run: str
+    status: str

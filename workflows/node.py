@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
         MachineLostReport,
         NodeChangedInput,
         NodeInput,
+        OrphanStoppedReport,
         PressureReport,
         RegisterRequest,
     )
@@ -158,6 +159,18 @@ class NodeWorkflow:
 
     @report_pressure.validator
     def _validate_report_pressure(self, report: PressureReport) -> None:
+        if self._view.inventory is None:
+            raise ApplicationError(f"machine {self._view.name} has not registered", type="NotRegistered")
+
+    @workflow.update(name="report_orphan_stopped")
+    def report_orphan_stopped(self, report: OrphanStoppedReport) -> NodeView:
+        """The agent stopped a worker whose run's workflow is no longer open (terminated in the Temporal UI, say):
+        the machine's history says which, and why."""
+        self._note(R.OrphanStopped(task=report.task, run=report.run, status=report.status))
+        return self._view
+
+    @report_orphan_stopped.validator
+    def _validate_report_orphan_stopped(self, report: OrphanStoppedReport) -> None:
         if self._view.inventory is None:
             raise ApplicationError(f"machine {self._view.name} has not registered", type="NotRegistered")
 

@@ -123,5 +123,8 @@ class Runtime(Protocol):
     def attempts(self) -> list[TaskKey]:
         """Every attempt this machine knows, running or ended: what an agent that restarts finds."""
 
+    def running(self) -> list[TaskKey]:
+        """The attempts that run now: what the agent checks against their runs' workflows (orphans)."""
+
     def delete(self, key: TaskKey) -> None:
         """Remove an ended attempt and its logs."""

@@ -160,6 +160,11 @@ class DockerRuntime:
         keys = (_key_of(container.labels) for container in self._containers())
         return sorted((key for key in keys if key is not None), key=lambda key: key.slug)
 
+    def running(self) -> list[TaskKey]:
+        """The attempts whose container the engine says runs (or is paused, or restarting), from their labels."""
+        keys = (_key_of(container.labels) for container in self._containers(status=_RUNNING_STATES))
+        return sorted((key for key in keys if key is not None), key=lambda key: key.slug)
+
     def delete(self, key: TaskKey) -> None:
         """Remove an ended attempt's container, and its logs with it. Deleting a missing one does nothing."""
         container = self._find(key)

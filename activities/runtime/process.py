@@ -137,6 +137,10 @@ class ProcessRuntime:
         keys = (_parse_slug(entry.name) for entry in self.root.iterdir() if entry.is_dir())
         return sorted((key for key in keys if key is not None), key=lambda key: key.slug)
 
+    def running(self) -> list[TaskKey]:
+        """The attempts whose shim still lives."""
+        return [key for key in self.attempts() if self.observe(key).running]
+
     def _dir(self, key: TaskKey) -> Path:
         return self.root / key.slug
 

@@ -179,9 +179,12 @@ def test_a_runtime_that_restarts_finds_its_containers_and_their_gpus(
         assert k in again.attempts()
         assert again.gpus_in_use()[k.slug] == []
         assert k not in DockerRuntime("other-node", docker_engine.host).attempts()
+        assert k in again.running()
         again.stop(k, grace_seconds=0)
         assert runtime.observe(k) == Observed(running=False, exit_code=137)
         assert k.slug not in again.gpus_in_use()
+        assert k not in again.running()
+        assert k in again.attempts()
     finally:
         again.close()
 

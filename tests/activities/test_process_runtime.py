@@ -210,6 +210,16 @@ def test_a_restarted_agent_finds_its_running_attempt_and_later_its_exit_code(roo
     assert restarted.gpus_in_use() == {}
 
 
+def test_running_lists_the_attempts_that_run_and_not_those_that_ended(runtime: ProcessRuntime) -> None:
+    runtime.start(key("busy"), Launch(command=["sleep", "30"]))
+    runtime.start(key("done"), Launch(command=["true"]))
+    assert wait_until_ended(runtime, key("done")) == Observed(running=False, exit_code=0)
+    assert runtime.running() == [key("busy")]
+    runtime.stop(key("busy"), grace_seconds=0)
+    assert runtime.running() == []
+    assert runtime.attempts() == [key("busy"), key("done")]
+
+
 def test_a_worker_sees_the_gpus_it_was_given_and_its_names(runtime: ProcessRuntime) -> None:
     show = "env | grep -E '^(CUDA_VISIBLE_DEVICES|ASTRAEUS_|GREETING)' | sort"
     runtime.start(key(), Launch(command=["sh", "-c", show], env={"GREETING": "hi"}, gpu_indices=[2, 5]))

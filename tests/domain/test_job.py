@@ -418,6 +418,23 @@ def test_cancel_of_a_pending_run_ends_it_at_once() -> None:
     assert is_settled(story.job)
 
 
+@pytest.mark.parametrize(
+    ("policy", "event"),
+    [
+        pytest.param("Never", CancelRequested(), id="a second cancel of a run being cancelled"),
+        pytest.param("Never", TaskEnded(task_id="w-0", attempt=0, exit_code=0), id="a cancel of a completed run"),
+        pytest.param("Never", TaskEnded(task_id="w-0", attempt=0, exit_code=3), id="a cancel of a failed run"),
+    ],
+)
+def test_a_cancel_request_to_a_run_being_cancelled_or_ended_changes_nothing(policy: str, event: Event) -> None:
+    # Temporal's cancellation request (the UI's button) may follow `astraeus cancel`, or reach a run that just ended.
+    story = running_story(1, policy)
+    story.step(5, event)
+    before = story.job.model_dump()
+    assert story.step(6, CancelRequested()) == []
+    assert story.job.model_dump() == before
+
+
 def test_a_worker_stopping_ends_cancelled_whatever_its_exit_code() -> None:
     story = running_story(1)
     story.step(5, CancelRequested())

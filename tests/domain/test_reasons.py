@@ -285,6 +285,12 @@ ADDITIONS: list[Row] = [
         {"count": 40, "first": "2026-01-01 00:00:03 UTC", "last": "2026-01-01 00:09:00 UTC"},
         "40 earlier changes summarised, from 2026-01-01 00:00:03 UTC to 2026-01-01 00:09:00 UTC",
     ),
+    ("RunTerminated", {"why": "stuck"}, "Its workflow was terminated in Temporal: stuck"),
+    (
+        "OrphanStopped",
+        {"task": "w-0", "run": "default/sleepy", "status": "terminated"},
+        "Stopped worker w-0 of run default/sleepy: its run is no longer open (terminated)",
+    ),
 ]
 
 ALL_ROWS = [row for rows in SPEC_TABLES.values() for row in rows] + ADDITIONS

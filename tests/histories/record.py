@@ -2,8 +2,8 @@
 
 Run `.venv/bin/python -m tests.histories.record [--suffix S] [STORY ...]` after an intended change to JobWorkflow; a
 replay failure without such a change means the workflow code lost determinism, and old runs would break on upgrade.
-Histories of an older protocol are kept (and still replay): record the new protocol's beside them with a suffix
-(`hello-p2.json`: a run created by a control plane speaking protocol 2, one activity per worker's life).
+Histories of an older protocol (or from before a `workflow.patched` change) are kept, and still replay: record the
+new ones beside them with a suffix (`hello-p2.json`: a run created by a control plane speaking protocol 2).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster
+from workers.client import run_result
 from workers.connect import ensure_search_attributes
 from workflows.domain.planning import WorkerPlan
 from workflows.domain.spec import parse_spec
@@ -42,6 +43,9 @@ STORIES: dict[str, tuple[dict[str, Any], Script]] = {
         {"groups": [W | {"total_gpus": 8}, {"name": "after", "command": ["x"], "depends_on": [{"group": "w"}]}]},
         Script(hold={"w-0", "w-1", "after-0"}, plans=[WorkerPlan(workers=2, gpus_per_worker=4)]),
     ),
+    # Temporal's cancellation request (the UI's button) is the run's cancel (CANCEL_REQUEST_PATCH). Since protocol 2
+    # a run's outcome is its workflow's too: fail-p2 fails, cancel-p2 and ui-cancel-p2 are Canceled.
+    "ui-cancel": ({"groups": [W | {"replicas": 2}]}, Script(hold={"w-0"}, no_room={"w-1"})),
 }
 
 
@@ -65,11 +69,14 @@ async def record(stories: list[str], suffix: str) -> None:
                 while (await handle.query("status", result_type=Status)).reason != "3 of 3 workers running":
                     await asyncio.sleep(0.05)
                 await handle.execute_update("cancel", result_type=Status)
-            if name == "cancel":
+            if name in ("cancel", "ui-cancel"):
                 while (await handle.query("status", result_type=Status)).state != "Running":
                     await asyncio.sleep(0.05)
-                await handle.execute_update("cancel", result_type=Status)
-            await handle.result()
+                if name == "ui-cancel":
+                    await handle.cancel()
+                else:
+                    await handle.execute_update("cancel", result_type=Status)
+            await run_result(handle)
             history = await handle.fetch_history()
         (HERE / f"{name}{suffix}.json").write_text(history.to_json())
         print(f"recorded {name}{suffix}: {len(history.events)} events")  # noqa: T201

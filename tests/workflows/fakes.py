@@ -15,6 +15,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from activities.control import ControlActivities
 from workflows.domain.nodes import node_task_queue
 from workflows.domain.planning import WorkerPlan
 from workflows.domain.settings import Settings
@@ -60,6 +61,7 @@ class Script:
     # tried again, so virtual time still runs.
     late: set[str] = field(default_factory=set)
     plans: list[WorkerPlan] = field(default_factory=list)
+    stop_seconds: float = 0  # how long a stop takes (real seconds, heartbeating): long enough to be cancelled
     healthy: set[str] = field(
         default_factory=set
     )  # these pass their readiness check once running  # plan_workers answers, in order (the last repeats)
@@ -78,6 +80,7 @@ class FakeCluster:
         self.supervisors: list[tuple[str, int, bool]] = []  # (task, attempt, reattach) of every call
         self.starts: list[StartTaskInput] = []
         self.planned: list[PlanInput] = []  # every start_task call that answered, in order
+        self.stops_cancelled: list[str] = []  # stops whose activity was cancelled ("w-0.0")
 
     @activity.defn(name="load_settings")
     async def load_settings(self) -> LoadSettingsResult:
@@ -159,19 +162,29 @@ class FakeCluster:
 
     @activity.defn(name="stop_task")
     async def stop_task(self, input: StopTaskInput) -> None:
-        self.stopped.setdefault(f"{input.ref.task_id}.{input.ref.attempt}", asyncio.Event()).set()
+        key = f"{input.ref.task_id}.{input.ref.attempt}"
+        deadline = asyncio.get_running_loop().time() + self.script.stop_seconds
+        try:
+            while asyncio.get_running_loop().time() < deadline:
+                activity.heartbeat()  # how a cancellation of the activity would reach it
+                await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            self.stops_cancelled.append(key)
+            raise
+        self.stopped.setdefault(key, asyncio.Event()).set()
 
 
 @contextlib.asynccontextmanager
 async def fake_cluster(client: Client, script: Script, settings: Settings | None = None) -> AsyncIterator[FakeCluster]:
     """Workers for the control, scheduler and n0 task queues, serving the fakes."""
     cluster = FakeCluster(client, settings or Settings(), script)
+    control = ControlActivities(cluster.settings, client)  # the real one: it only asks Temporal to cancel a run
     workers = [
         Worker(
             client,
             task_queue=CONTROL_TASK_QUEUE,
             workflows=[JobWorkflow, NodeWorkflow],
-            activities=[cluster.load_settings],
+            activities=[cluster.load_settings, control.cancel_run_workflow],
         ),
         Worker(
             client, task_queue=SCHEDULER_TASK_QUEUE, activities=[cluster.place, cluster.release, cluster.plan_workers]

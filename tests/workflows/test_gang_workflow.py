@@ -9,6 +9,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, unique
 from tests.workflows.test_job_workflow import pairs, start
+from workers.client import run_result
 from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.views import JobDescription
 
@@ -22,7 +23,7 @@ async def test_a_gang_starts_only_once_every_member_is_set_up(time_skipping: Wor
     job = gang(unique("gang"))
     async with fake_cluster(time_skipping.client, Script()) as cluster:
         handle = await start(time_skipping, job)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert (status.state, status.reason) == ("Completed", "All workers completed")
     barrier = [s.barrier for s in cluster.starts]
@@ -47,7 +48,7 @@ async def test_a_barrier_that_waits_too_long_requeues_the_gang(own_time_skipping
     job = gang(unique("late"), replicas=2)
     async with fake_cluster(own_time_skipping.client, Script(late={"w-1.0"})) as cluster:
         handle = await start(own_time_skipping, job)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert (status.state, status.reason) == ("Completed", "All workers completed")
     assert pairs(described.tasks[0].history)[:6] == [
@@ -81,7 +82,7 @@ async def test_a_group_that_cannot_be_planned_is_looked_at_again_every_minute(
     plans = [WorkerPlan(code="PlanNoWay", reason=why), WorkerPlan(workers=2, gpus_per_worker=4)]
     async with fake_cluster(own_time_skipping.client, Script(plans=plans)) as cluster:
         handle = await start(own_time_skipping, job)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert (status.state, status.reason) == ("Completed", "All workers completed")
     history = described.history
@@ -109,7 +110,7 @@ async def test_a_member_failure_restarts_the_whole_gang(time_skipping: WorkflowE
     script = Script(exits={"w-1": [1, 0]}, hold={"w-0.0", "w-2.0"})
     async with fake_cluster(time_skipping.client, script):
         handle = await start(time_skipping, job)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert (status.state, status.reason) == ("Completed", "All workers completed")
     assert [(t.id, t.attempt, t.restarts) for t in described.tasks] == [("w-0", 1, 0), ("w-1", 1, 1), ("w-2", 1, 0)]
@@ -131,13 +132,13 @@ async def test_under_restart_task_a_member_restarts_alone_and_a_leader_restarts_
     all_ = gang(unique("leader"), on_failure="RestartTask")
     async with fake_cluster(time_skipping.client, Script(exits={"w-1": [1, 0]})):
         handle = await start(time_skipping, alone)
-        await handle.result()
+        await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert [(t.id, t.attempt) for t in described.tasks] == [("w-0", 0), ("w-1", 1), ("w-2", 0)]
     assert pairs(described.tasks[1].history)[6] == ("Pending", "Restarted by policy (restart 1/10)")
     async with fake_cluster(time_skipping.client, Script(exits={"w-0": [1, 0]}, hold={"w-1.0", "w-2.0"})):
         handle = await start(time_skipping, all_)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert (status.state, status.reason) == ("Completed", "All workers completed")
     assert [(t.id, t.attempt) for t in described.tasks] == [("w-0", 1), ("w-1", 1), ("w-2", 1)]
@@ -150,7 +151,7 @@ async def test_min_available_runs_the_minimum_while_the_rest_wait(time_skipping:
         handle = await start(time_skipping, job)
         await wait_reason(handle, "2 of 3 workers running")
         await handle.execute_update("cancel")
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert status.state == "Cancelled"
     assert ("Starting", "Starting together: 2 of 2 ready") in pairs(described.history)
@@ -165,7 +166,7 @@ def two_groups(name: str, **top: object) -> JobSpec:
 async def test_complete_with_ends_the_run_when_its_group_completes(time_skipping: WorkflowEnvironment) -> None:
     async with fake_cluster(time_skipping.client, Script(hold={"server-0"})):
         handle = await start(time_skipping, two_groups(unique("cw")))
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert (status.state, status.reason) == ("Completed", "Worker group eval completed")
     assert pairs(described.tasks[1].history)[-2:] == [
@@ -177,7 +178,7 @@ async def test_complete_with_ends_the_run_when_its_group_completes(time_skipping
 async def test_complete_with_fails_when_a_serving_group_fails(time_skipping: WorkflowEnvironment) -> None:
     async with fake_cluster(time_skipping.client, Script(hold={"eval-0"}, exits={"server-0": [2]})):
         handle = await start(time_skipping, two_groups(unique("cw-fail")))
-        status = await handle.result()
+        status = await run_result(handle)
     assert (status.state, status.reason) == (
         "Failed",
         "Worker server-0 failed on n0: Exited with code 2; worker group eval cannot finish without it",
@@ -192,5 +193,5 @@ async def test_a_service_serves_once_its_check_passes(time_skipping: WorkflowEnv
         await wait_reason(handle, "1 of 2 workers serving")
         described = await handle.query("describe", result_type=JobDescription)
         await handle.execute_update("cancel")
-        await handle.result()
+        await run_result(handle)
     assert [t.healthy for t in described.tasks] == [True, False]

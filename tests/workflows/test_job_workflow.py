@@ -10,6 +10,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, unique
+from workers.client import run_result
 from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.status import Status
 from workflows.domain.views import JobDescription
@@ -39,7 +40,7 @@ async def test_two_workers_complete_with_the_specs_reasons(time_skipping: Workfl
     job = spec(unique("hello"), replicas=2)
     async with fake_cluster(time_skipping.client, Script()) as cluster:
         handle = await start(time_skipping, job)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert (status.state, status.reason) == ("Completed", "All workers completed")
     assert pairs(described.history)[:3] == [
@@ -66,7 +67,7 @@ async def test_a_worker_that_exits_3_fails_the_run_and_keeps_its_log(time_skippi
     job = spec(unique("fail"), restart_policy="Never")
     async with fake_cluster(time_skipping.client, Script(exits={"w-0": [3]}, log_tail="boom\n")):
         handle = await start(time_skipping, job)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert (status.state, status.reason) == ("Failed", "Worker w-0 failed on n0: Exited with code 3")
     failure = described.tasks[0].last_failure
@@ -78,7 +79,7 @@ async def test_back_off_ladder_and_budget_in_virtual_time(time_skipping: Workflo
     job = spec(unique("ladder"))
     async with fake_cluster(time_skipping.client, Script(exits={"w-0": [3]})):
         handle = await start(time_skipping, job)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert (status.state, status.reason) == (
         "Failed",
@@ -106,7 +107,7 @@ async def test_restart_at_is_shown_while_a_worker_waits(time_skipping: WorkflowE
         task = described.tasks[0]
         assert task.restart_at is not None
         assert task.restart_at - task.status.finished_at == timedelta(seconds=10)  # type: ignore[operator]
-        status = await handle.result()
+        status = await run_result(handle)
     assert (status.state, status.reason) == ("Completed", "All workers completed")
 
 
@@ -119,7 +120,7 @@ async def test_cancel_stops_running_and_waiting_workers(time_skipping: WorkflowE
             if (await handle.query("status", result_type=Status)).state == "Running":
                 break
         await handle.execute_update("cancel", result_type=Status)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert (status.state, status.reason) == ("Cancelled", "All workers ended; some were cancelled")
     assert pairs(described.tasks[0].history)[-2:] == [
@@ -148,7 +149,7 @@ async def test_stop_one_worker_and_refuse_bad_stops(time_skipping: WorkflowEnvir
         await handle.execute_update(
             "stop_task", StopTaskRequest(task_id="w-1", reason="Making room for a demo"), result_type=Status
         )
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
         with pytest.raises(RPCError):  # the run is closed: its workers ended
             await handle.execute_update("stop_task", StopTaskRequest(task_id="w-0"), result_type=Status)

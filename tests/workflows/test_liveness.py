@@ -13,6 +13,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, unique
+from workers.client import run_result
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.status import Status
@@ -63,7 +64,7 @@ async def test_a_late_heartbeat_makes_a_worker_stale_and_a_heartbeat_brings_it_b
     job = spec(unique("stale"), restart_policy="Never")
     async with fake_cluster(time_skipping.client, Script(silent={"w-0.0": 1}), QUICK) as cluster:
         handle = await start(time_skipping, job)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert pairs(described.tasks[0].history)[-4:] == [
         ("Running", "Container running"),
@@ -81,7 +82,7 @@ async def test_no_heartbeat_for_the_ttl_makes_a_worker_down_and_fails_a_run_that
     job = spec(unique("down"), restart_policy="Never")
     async with fake_cluster(time_skipping.client, Script(silent={"w-0.0": 99}), QUICK):
         handle = await start(time_skipping, job)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert pairs(described.tasks[0].history)[-3:] == [
         ("Running", "Container running"),
@@ -102,7 +103,7 @@ async def test_a_lost_machine_takes_its_workers_down_and_they_restart_by_policy(
         handle = await start(time_skipping, job)
         await until(handle, lambda d: d.status.state == "Running")
         await handle.signal("machine_lost", MachineLostReport(node="n0"))
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     history = pairs(described.tasks[0].history)
     assert history[4:7] == [
@@ -126,7 +127,7 @@ async def test_a_worker_past_its_time_limit_is_stopped_and_fails_the_run(time_sk
     )
     async with fake_cluster(time_skipping.client, Script(hold={"w-0", "v-0"})):
         handle = await start(time_skipping, job)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     first, second = described.tasks
     assert pairs(first.history)[-2:] == [
@@ -149,7 +150,7 @@ async def test_a_preempted_worker_is_queued_again_without_spending_its_budget(
         handle = await start(time_skipping, job)
         await until(handle, lambda d: d.status.state == "Running")
         await handle.signal("preempt", PreemptRequest(task_ids=["w-0"], by="urgent-eval"))
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     task = described.tasks[0]
     assert pairs(task.history)[4:8] == [
@@ -172,7 +173,7 @@ async def test_restart_task_restarts_only_the_failed_worker(time_skipping: Workf
         handle = await start(time_skipping, job)
         await until(handle, lambda d: d.tasks and d.tasks[0].attempt == 1 and d.tasks[0].status.state == "Completed")
         cluster.stopped.setdefault("w-1.0", asyncio.Event()).set()  # w-1 ends on its own, exit 0
-        await handle.result()
+        await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert ("Pending", "Restarted by policy (restart 1/10)") in pairs(described.tasks[0].history)
     assert described.tasks[1].attempt == 0
@@ -182,7 +183,7 @@ async def test_restart_job_requeues_every_worker(time_skipping: WorkflowEnvironm
     job = spec(unique("job"), replicas=2, on_failure="RestartJob")
     async with fake_cluster(time_skipping.client, Script(exits={"w-0": [3, 0]}, hold={"w-1.0"})):
         handle = await start(time_skipping, job)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     failed, other = described.tasks
     assert ("Pending", "Gang restart: w-0 failed") in pairs(failed.history)
@@ -215,7 +216,7 @@ async def test_a_long_lived_run_continues_as_new_and_keeps_its_history_readable(
             if described.tasks and described.tasks[0].attempt >= 200:
                 break
         await handle.execute_update("cancel", result_type=Status)
-        status = await handle.result()
+        status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
         last_run = (await handle.describe()).run_id
         first = await time_skipping.client.get_workflow_handle(job.job_id, run_id=first_run).fetch_history()

@@ -115,3 +115,39 @@ async def test_a_removed_machine_stays_removed_when_its_lease_then_expires(time_
         ]
         assert machine.lost == [MachineLostReport(node=name, removed=True)]
         await handle.terminate()
+
+
+async def test_an_orphan_stopped_by_the_agent_is_written_in_the_machines_history_once_registered(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    from temporalio.client import WorkflowUpdateFailedError
+
+    from workflows.messages import OrphanStoppedReport
+
+    client = time_skipping.client
+    name = unique("m")
+    machine = FakeMachine()
+    report = OrphanStoppedReport(task="w-0", run="default/sleepy", status="terminated")
+    async with (
+        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow], activities=[machine.machine_lost]),
+        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed]),
+        Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
+    ):
+        handle = await client.start_workflow(
+            NodeWorkflow.run, NodeInput(name=name), id=node_id(name), task_queue=CONTROL_TASK_QUEUE
+        )
+        try:
+            await handle.execute_update(NodeWorkflow.report_orphan_stopped, report)
+        except WorkflowUpdateFailedError as refused:
+            assert str(refused.cause) == f"NotRegistered: machine {name} has not registered"
+        else:
+            raise AssertionError("a machine that never registered took a report")
+        await handle.execute_update(
+            NodeWorkflow.register, RegisterRequest(inventory=NodeInventory(name=name, cpus=1, memory_bytes=2**30))
+        )
+        view = await handle.execute_update(NodeWorkflow.report_orphan_stopped, report)
+        assert [(e.state, e.reason) for e in view.history] == [
+            ("Ready", "Registered by its agent"),
+            ("Ready", "Stopped worker w-0 of run default/sleepy: its run is no longer open (terminated)"),
+        ]
+        await handle.terminate()

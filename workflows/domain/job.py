@@ -298,6 +298,8 @@ def _apply(step: Step, event: Event) -> None:
             _timer(step, event)
         case MachineLost():
             _machine_lost(step, event)
+        case CancelRequested() if job.cancel_requested or job.state in RUN_TERMINAL:
+            pass  # Temporal's cancellation after `astraeus cancel`, or one that reached a run that just ended
         case CancelRequested():
             job.cancel_requested = True
             for task in job.tasks:

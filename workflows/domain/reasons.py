@@ -203,6 +203,11 @@ class R:
     NodeRegistered = _t("NodeRegistered", "Registered by its agent")
     # A long history keeps how it began and its latest changes; the middle is counted in one entry.
     HistorySummarised = _t("HistorySummarised", "{count} earlier changes summarised, from {first} to {last}")
+    # A run whose workflow was terminated in Temporal (the UI's Terminate button): its workflow decides nothing more,
+    # so clients show it Terminated with the reason Temporal recorded ("no reason given" when there was none).
+    RunTerminated = _t("RunTerminated", "Its workflow was terminated in Temporal: {why}")
+    # A machine's own history: its agent stopped a worker whose run's workflow is closed, terminated or gone.
+    OrphanStopped = _t("OrphanStopped", "Stopped worker {task} of run {run}: its run is no longer open ({status})")
 
 
 # How reasons name a run of another namespace (spec: "Runs from another workspace are never named").

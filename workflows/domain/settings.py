@@ -20,6 +20,9 @@ class Settings(BaseModel):
     replan_interval_seconds: float = Field(60, gt=0, description="Re-look at runs that cannot be planned.")
     node_lease_ttl_seconds: float = Field(30, gt=0, description="A machine is Down after this long unheard.")
     stop_grace_seconds: float = Field(10, ge=0, description="Between the stop signal and the kill.")
+    orphan_check_seconds: float = Field(
+        5, gt=0, description="How often an agent looks for workers whose run's workflow is no longer open."
+    )
     log_tail_lines: int = Field(50, gt=0, description="Lines of log kept in last_failure.")
     log_tail_bytes: int = Field(16 * 1024, gt=0, description="Bytes of log kept in last_failure.")
     continue_as_new_events: int = Field(4000, ge=50, description="A run's workflow continues as new past this.")

@@ -7,7 +7,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from workflows.domain.reasons import R
 from workflows.domain.status import JobRecord, LastFailure, Placement, Status, StatusEntry
+
+# What clients show for a run whose workflow was terminated in Temporal (the UI's Terminate button). No workflow
+# holds this state: a terminated workflow decides nothing more, so the client adds it to what the run last recorded.
+TERMINATED = "Terminated"
 
 
 class TaskView(BaseModel):
@@ -86,3 +91,34 @@ def events(job: JobRecord) -> list[Event]:
         stream += [Event(at=e.at, object=task.id, state=e.state, reason=e.reason, code=e.code) for e in task.history]
     order = {id(e): i for i, e in enumerate(stream)}
     return sorted(stream, key=lambda e: (e.at, order[id(e)]))
+
+
+def terminated_entry(why: str, at: datetime) -> StatusEntry:
+    """The last entry of a run whose workflow was terminated at `at`, with the reason Temporal recorded."""
+    reason = R.RunTerminated(why=why or "no reason given")
+    return StatusEntry(state=TERMINATED, reason=reason.text, code=reason.code, at=at)
+
+
+def terminated_status(status: Status, why: str, at: datetime) -> Status:
+    """The run's status once its workflow was terminated: Terminated, and why, since `at`."""
+    entry = terminated_entry(why, at)
+    return status.model_copy(
+        update={"state": entry.state, "reason": entry.reason, "code": entry.code, "finished_at": at}
+    )
+
+
+def terminated_description(described: JobDescription, why: str, at: datetime) -> JobDescription:
+    """`describe` of a run whose workflow was terminated: its status and a last history entry say so; its workers
+    show what the run last knew of them (their machines' agents stop what still runs)."""
+    return described.model_copy(
+        update={
+            "status": terminated_status(described.status, why, at),
+            "history": [*described.history, terminated_entry(why, at)],
+        }
+    )
+
+
+def terminated_events(stream: list[Event], why: str, at: datetime) -> list[Event]:
+    """The run's events, then the termination."""
+    entry = terminated_entry(why, at)
+    return [*stream, Event(at=at, object="run", state=entry.state, reason=entry.reason, code=entry.code)]

@@ -1,0 +1,173 @@
+"""The lease holder stops orphaned workers: those still running on the machine while their run's workflow is
+closed, terminated (the Temporal UI's Terminate button) or gone, and writes each stop in the machine's history. Real
+processes (the process runtime); the runs' and the machine's workflows are a scripted stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.testing import ActivityEnvironment
+
+from activities.agent import AgentActivities
+from activities.prepare import Preparer
+from activities.runtime.base import Launch, TaskKey
+from activities.runtime.process import ProcessRuntime
+from workflows.domain.nodes import NodeInventory
+from workflows.domain.settings import Settings
+from workflows.messages import LeaseInput, OrphanStoppedReport
+
+
+class Temporal:
+    """What the agent's client reaches: each run's workflow as described (a status, or an RPCStatusCode it fails
+    with), and the machine's workflow, which records the updates it takes (none while `refuse`)."""
+
+    def __init__(self, runs: dict[str, WorkflowExecutionStatus | RPCStatusCode]) -> None:
+        self.runs = runs
+        self.updates: list[tuple[str, str, Any]] = []
+        self.refuse = False
+        self.described: list[str] = []
+
+    def get_workflow_handle(self, workflow_id: str) -> Temporal._Handle:
+        return Temporal._Handle(self, workflow_id)
+
+    class _Handle:
+        def __init__(self, owner: Temporal, workflow_id: str) -> None:
+            self._owner, self._id = owner, workflow_id
+
+        async def describe(self) -> SimpleNamespace:
+            self._owner.described.append(self._id)
+            answer = self._owner.runs.get(self._id, RPCStatusCode.NOT_FOUND)
+            if isinstance(answer, RPCStatusCode):
+                raise RPCError(f"workflow {self._id}: {answer.name}", answer, b"")
+            return SimpleNamespace(status=answer)
+
+        async def execute_update(self, name: str, message: Any) -> None:
+            if self._owner.refuse:
+                raise RuntimeError("control plane unreachable")
+            self._owner.updates.append((self._id, name, message))
+
+
+class Machine:
+    def __init__(self, root: Path, temporal: Temporal, settings: Settings) -> None:
+        self.temporal = temporal
+        self.runtime = ProcessRuntime(root / "tasks")
+        inventory = NodeInventory(name="n0", cpus=8, memory_bytes=2**34)
+        self.agent = AgentActivities(
+            cast(Client, temporal), inventory, self.runtime, Preparer(root), None, None, settings=settings
+        )
+        self.beats: list[float] = []
+        self._holding: asyncio.Future[None] | None = None
+
+    def run(self, key: TaskKey, command: list[str] | None = None) -> TaskKey:
+        self.runtime.start(key, Launch(command=command or ["sleep", "60"]))
+        return key
+
+    def runs(self, key: TaskKey) -> bool:
+        return self.runtime.observe(key).running
+
+    def hold_lease(self) -> None:
+        environment = ActivityEnvironment()
+        environment.on_heartbeat = lambda *_: self.beats.append(time.monotonic())
+        self._holding = asyncio.ensure_future(
+            environment.run(self.agent.hold_lease, LeaseInput(node="n0", renew_seconds=0.05))
+        )
+
+    async def release(self) -> None:
+        if self._holding is not None:
+            self._holding.cancel()
+            with suppress(BaseException):
+                await self._holding
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    runtime = ProcessRuntime(tmp_path / "tasks")
+    for key in runtime.attempts():
+        runtime.stop(key, grace_seconds=0)
+
+
+async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.02)
+
+
+def key(job: str, task: str = "w-0", attempt: int = 0, namespace: str = "default") -> TaskKey:
+    return TaskKey(namespace=namespace, job=job, task=task, attempt=attempt)
+
+
+async def test_the_lease_holder_stops_workers_of_runs_no_longer_open_and_writes_why_in_the_machines_history(
+    root: Path,
+) -> None:
+    temporal = Temporal(
+        {
+            "job/default/gone": WorkflowExecutionStatus.TERMINATED,
+            "job/default/over": WorkflowExecutionStatus.COMPLETED,
+            "job/team-a/alive": WorkflowExecutionStatus.RUNNING,
+            "job/default/unread": RPCStatusCode.UNAVAILABLE,  # Temporal does not answer: looked at again later
+        }
+    )
+    machine = Machine(root, temporal, Settings(orphan_check_seconds=0.1, stop_grace_seconds=0.5))
+    gone = [machine.run(key("gone", "w-0")), machine.run(key("gone", "w-1", attempt=3))]
+    over = machine.run(key("over"))
+    deleted = machine.run(key("deleted"))  # its workflow does not exist (any more)
+    alive = machine.run(key("alive", namespace="team-a"))
+    unread = machine.run(key("unread"))
+    temporal.refuse = True  # the machine's workflow does not take the first reports
+    machine.hold_lease()
+    try:
+        await until(lambda: not any(machine.runs(k) for k in [*gone, over, deleted]))
+        assert machine.runs(alive) and machine.runs(unread)
+        await asyncio.sleep(0.3)
+        assert temporal.updates == []
+        temporal.refuse = False
+        await until(lambda: len(temporal.updates) == 4)
+        await asyncio.sleep(0.3)  # later looks find nothing more to stop, and tell nothing twice
+        assert machine.runs(alive) and machine.runs(unread)
+        assert temporal.described.count("job/default/unread") >= 2
+    finally:
+        await machine.release()
+    assert temporal.updates == [
+        ("node/n0", "report_orphan_stopped", OrphanStoppedReport(task=task, run=run, status=status))
+        for task, run, status in [
+            ("w-0", "default/deleted", "not found"),
+            ("w-0", "default/gone", "terminated"),
+            ("w-1", "default/gone", "terminated"),
+            ("w-0", "default/over", "completed"),
+        ]
+    ]
+
+
+async def test_a_stop_that_waits_out_its_grace_never_holds_up_the_leases_heartbeats(root: Path) -> None:
+    temporal = Temporal({"job/default/stubborn": WorkflowExecutionStatus.TERMINATED})
+    machine = Machine(root, temporal, Settings(orphan_check_seconds=0.1, stop_grace_seconds=2))
+    stubborn = machine.run(key("stubborn"), ["sh", "-c", "trap '' TERM; sleep 60"])  # ignores the stop signal
+    machine.hold_lease()
+    try:
+        began = time.monotonic()
+        await until(lambda: not machine.runs(stubborn))
+        assert time.monotonic() - began >= 2  # killed once its grace ran out
+        await until(lambda: len(temporal.updates) == 1)
+    finally:
+        await machine.release()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(machine.beats)]
+    assert len(machine.beats) >= 20 and max(gaps) < 0.5
+    assert temporal.updates == [
+        (
+            "node/n0",
+            "report_orphan_stopped",
+            OrphanStoppedReport(task="w-0", run="default/stubborn", status="terminated"),
+        )
+    ]
