@@ -97,13 +97,13 @@ def pid_cpu_seconds(pid: int | None, children: bool = False) -> float:
 
 
 def children_of(parents: set[int]) -> list[int]:
-    """The live processes whose parent is one of `parents`."""
+    """The live processes (not zombies) whose parent is one of `parents`."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         fields = proc_stat(int(entry.name))
-        if fields is not None and len(fields) > 1 and int(fields[1]) in parents:
+        if fields is not None and len(fields) > 1 and fields[0] != "Z" and int(fields[1]) in parents:
             found.append(int(entry.name))
     return found
 

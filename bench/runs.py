@@ -76,12 +76,16 @@ class Run:
     run_history: list[str] = field(default_factory=list)
 
 
-def spec_for(name: str, workers: int, sleep: float, gang: bool = False) -> JobSpec:
+def spec_for(
+    name: str, workers: int, sleep: float, gang: bool = False, namespace: str = NAMESPACE, gpus: int = 0
+) -> JobSpec:
+    """One group of `workers` replicas running `true` (or `sleep S`), restart policy Never, 0.1 CPU and no memory
+    each (so that only GPUs can make a run wait)."""
     command = ["true"] if sleep <= 0 else ["sleep", f"{sleep:g}"]
     return parse_spec(
         {
             "name": name,
-            "namespace": NAMESPACE,
+            "namespace": namespace,
             "gang": gang,
             "groups": [
                 {
@@ -90,6 +94,7 @@ def spec_for(name: str, workers: int, sleep: float, gang: bool = False) -> JobSp
                     "command": command,
                     "cpu": WORKER_CPU,
                     "memory_bytes": 0,
+                    "gpus": gpus,
                     "restart_policy": "Never",
                 }
             ],
