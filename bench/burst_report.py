@@ -46,6 +46,7 @@ def figures(b: Burst) -> dict[str, Any]:
     by_claim = sorted((r for r in submitted if r.created_at), key=lambda r: (r.created_at, r.name))[: o.target]
     idle = [v for r in b.idle if (v := ms(r.running_at, r.submitted)) is not None]
     cpu_per_run = {k: v * 1000 / max(len(submitted), 1) for k, v in b.cpu.items()}
+    cpu_per_run["ours"] = sum(v for k, v in cpu_per_run.items() if k != "server")
     return {
         "options": {k: str(v) if k in ("json_path", "data_dir") else v for k, v in vars(o).items()},
         "machines": o.machines,
@@ -114,13 +115,11 @@ def lines(b: Burst) -> list[str]:
             "activity timeouts+failures: runs / machines",
             f"{problems['runs_activity']} / {problems['machines_activity']}",
         ),
-        (
-            "CPU ms per run: this process / agents / dev server",
-            f"{cpu['this']:.0f} / {cpu['agents']:.0f} / {cpu['server']:.0f}",
-        ),
+        ("CPU ms per run: ours / dev server", f"{cpu['ours']:.0f} / {cpu['server']:.0f}"),
+        ("  ours: this process / agents", f"{cpu['this']:.0f} / {cpu['agents']:.0f}"),
     ]
     if o.services_apart:
-        rows.append(("CPU ms per run: control plane + scheduler processes", f"{cpu['services']:.0f}"))
+        rows.append(("  ours: control plane + scheduler processes", f"{cpu['services']:.0f}"))
     rows += [
         (
             "CPU ms per worker process (shim + sleep)",
@@ -140,7 +139,8 @@ def lines(b: Burst) -> list[str]:
     out = table(rows)
     out += _reason_lines("reasons of the waiting runs now", f["reasons_now"])
     out += _reason_lines("reasons their worker had while Pending (runs)", f["reasons_seen_while_waiting"])
-    out += [f"{n:5d} x {kind}" for kind, n in problems["kinds"].items()]
+    if problems["kinds"]:
+        out += ["timeouts, failures and retries by kind:", *(f"{n:5d} x {k}" for k, n in problems["kinds"].items())]
     out += [f"error: {e}" for e in f["errors"]]
     if b.floor is not None:
         out += ["", *table(b.floor.rows())]

@@ -35,6 +35,7 @@ from workflows.domain.settings import Settings
 from workflows.messages import SCHEDULER_TASK_QUEUE
 
 PR_SET_CHILD_SUBREAPER = 36
+ROOT = Path(__file__).resolve().parents[1]  # the repository: `python -m bench.agents` runs from here
 STOP_WAIT_SECONDS = 10.0
 
 
@@ -109,7 +110,7 @@ class Cluster:
     def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         with (self.root / f"{name}.log").open("ab") as log:
             return subprocess.Popen(
-                [sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                [sys.executable, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
 
     def _run(self, worker: Worker) -> None:

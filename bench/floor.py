@@ -88,6 +88,8 @@ class Floor:
         rows += [(f"floor: {count} x", problem) for problem, count in f["problems"].items()]
         rows += [("floor: not completed", e) for e in f["errors"]]
         rows += latency_rows("floor: start -> complete", [("workflow", v) for v in _present(self.completed)])
+        phases = (p for b in self.completed if b.history for p in b.history.phases)
+        rows += latency_rows("floor: history: activities and workflow tasks", phases)
         return rows
 
 
