@@ -143,9 +143,9 @@ def lines(b: Burst) -> list[str]:
         out += ["timeouts, failures and retries by kind:", *(f"{n:5d} x {k}" for k, n in problems["kinds"].items())]
     out += [f"error: {e}" for e in f["errors"]]
     if b.floor is not None:
-        out += ["", *table(b.floor.rows())]
         ratio = f["burst_over_floor"]
-        out += table([("burst all-Running / floor all-complete", f"{ratio:.2f}" if ratio is not None else "n/a")])
+        ratio_row = ("burst all-Running / floor all-complete", f"{ratio:.2f}" if ratio is not None else "n/a")
+        out += ["", *table([*b.floor.rows(), ratio_row])]
     return out
 
 
