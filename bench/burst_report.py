@@ -23,6 +23,7 @@ RUN_NAME = re.compile(r"\b(?:[a-z0-9-]+/)?(?:run-\d{4}|idle-\d{3})\b")
 WHEN = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d(?::\d\d(?:\.\d+)?)?")
 NUMBER = re.compile(r"\b\d+(?:\.\d+)?\b")
 EXAMPLES = 3
+ENDED = ("Completed", "Failed", "Cancelled")
 
 
 def pattern(reason: str) -> str:
@@ -73,7 +74,8 @@ def figures(b: Burst) -> dict[str, Any]:
         "cpu_seconds": b.cpu,
         "workers_cpu_ms_per_worker": b.workers_cpu[0] * 1000 / max(b.workers_cpu[1], 1),
         "workers_alive": b.workers_cpu[1],
-        "reasons_now": _reasons([[r.reason] for r in waiting]),
+        "reasons_now": _reasons([[r.reason] for r in waiting if r.state not in ENDED]),
+        "reasons_ended": _reasons([[r.reason] for r in submitted if r.state in ENDED]),
         "reasons_seen_while_waiting": _reasons([r.reasons_waited for r in submitted]),
         "floor": floor,
         "burst_over_floor": all_running / 1000 / floor_wall if all_running is not None and floor_wall else None,
@@ -92,9 +94,12 @@ def lines(b: Burst) -> list[str]:
         ("machines x GPUs", f"{o.machines} x {o.gpus} = {f['gpus']} GPUs"),
         ("agents", f"{o.machines} in {f['agent_processes']} process(es) ({per})"),
         ("control plane and scheduler", where),
-        ("runs: submitted / Running / waiting", f"{f['submitted']} / {f['running']} / {f['submitted'] - f['running']}"),
-        ("run states", ", ".join(f"{k} {v}" for k, v in sorted(f["states"].items()))),
-        ("first submit -> all Running", _seconds(f["all_running_seconds"], f"(the first {o.target} Running)")),
+        ("runs: submitted / reached Running", f"{f['submitted']} / {f['running']}"),
+        ("run states when read back", ", ".join(f"{k} {v}" for k, v in sorted(f["states"].items()))),
+        (
+            "first submit -> all Running",
+            _seconds(f["all_running_seconds"], f"(when {o.target} runs had reached Running)"),
+        ),
         ("first to last submit", _seconds(f["submit_span_seconds"])),
         ("submit call, median / p99 / max (ms)", _triple(f["submit_rpc_ms"])),
         (
@@ -139,6 +144,7 @@ def lines(b: Burst) -> list[str]:
     out = table(rows)
     out += _reason_lines("reasons of the waiting runs now", f["reasons_now"])
     out += _reason_lines("reasons their worker had while Pending (runs)", f["reasons_seen_while_waiting"])
+    out += _reason_lines("reasons of the runs that ended", f["reasons_ended"])
     if problems["kinds"]:
         out += ["timeouts, failures and retries by kind:", *(f"{n:5d} x {k}" for k, n in problems["kinds"].items())]
     out += [f"error: {e}" for e in f["errors"]]
