@@ -85,7 +85,7 @@ class Floor:
             ),
             ("floor: CPU ms per workflow, this process / dev server", f"{cpu['this']:.0f} / {cpu['server']:.0f}"),
         ]
-        rows += [(f"floor: {count} x", problem) for problem, count in f["problems"].items()]
+        rows += [("floor: problems", f"{count} x {problem}") for problem, count in f["problems"].items()]
         rows += [("floor: not completed", e) for e in f["errors"]]
         rows += latency_rows("floor: start -> complete", [("workflow", v) for v in _present(self.completed)])
         phases = (p for b in self.completed if b.history for p in b.history.phases)
