@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit integration bench bench-containers dev clean engine
+.PHONY: demo test lint typecheck unit integration bench bench-burst bench-containers dev clean engine
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ integration: $(STAMP) engine
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.runs
+
+# A burst of one-GPU runs on machines of 8 GPUs, each a real agent, against the Temporal floor (bench/README.md).
+bench-burst: $(STAMP)
+	$(BIN)/python -m bench.burst $(ARGS)
 
 bench-containers: $(STAMP) engine
 	$(BIN)/python -m bench.containers

@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import itertools
 import logging
-import math
 import os
 import signal
 import statistics
@@ -27,16 +25,22 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
-from temporalio.api.enums.v1 import EventType, TimeoutType, WorkflowTaskFailedCause
-from temporalio.api.history.v1 import HistoryEvent
-
+from bench.common import (
+    fmt_latency,
+    latency_rows,
+    ms,
+    now,
+    pid_cpu_seconds,
+    read_history,
+    table,
+    wait_for_machines,
+)
 from workers.client import AstraeusClient, AstraeusError
 from workers.devserver import free_port
 from workers.embedded import Embedded
-from workflows.domain.nodes import NodeState
 from workflows.domain.spec import JobSpec, job_id, parse_spec
 
 NAMESPACE = "default"
@@ -51,7 +55,6 @@ COUNTED = (
     "WORKFLOW_EXECUTION_SIGNALED",
     "UPSERT_WORKFLOW_SEARCH_ATTRIBUTES",
 )
-WORKFLOW_TASK_PROBLEMS = (EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED, EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT)
 
 
 @dataclass
@@ -72,12 +75,16 @@ class Run:
     run_history: list[str] = field(default_factory=list)
 
 
-def spec_for(name: str, workers: int, sleep: float, gang: bool = False) -> JobSpec:
+def spec_for(
+    name: str, workers: int, sleep: float, gang: bool = False, namespace: str = NAMESPACE, gpus: int = 0
+) -> JobSpec:
+    """One group of `workers` replicas running `true` (or `sleep S`), restart policy Never, 0.1 CPU and no memory
+    each (so that only GPUs can make a run wait)."""
     command = ["true"] if sleep <= 0 else ["sleep", f"{sleep:g}"]
     return parse_spec(
         {
             "name": name,
-            "namespace": NAMESPACE,
+            "namespace": namespace,
             "gang": gang,
             "groups": [
                 {
@@ -86,27 +93,12 @@ def spec_for(name: str, workers: int, sleep: float, gang: bool = False) -> JobSp
                     "command": command,
                     "cpu": WORKER_CPU,
                     "memory_bytes": 0,
+                    "gpus": gpus,
                     "restart_policy": "Never",
                 }
             ],
         }
     )
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
-
-
-async def wait_for_machines(client: AstraeusClient, count: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        nodes = await client.nodes()
-        ready = [n for n in nodes if n.state == NodeState.READY and n.inventory is not None]
-        if len(ready) >= count:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(ready)} of {count} machines registered in {timeout} s")
-        await asyncio.sleep(0.2)
 
 
 async def submit_and_wait(client: AstraeusClient, run: Run, spec: JobSpec, gate: asyncio.Semaphore) -> None:
@@ -143,76 +135,16 @@ async def read_back(client: AstraeusClient, run: Run, gate: asyncio.Semaphore) -
                 for before, after in itertools.pairwise(task.history):
                     run.steps.append((f"{before.state} -> {after.state}", ms(after.at, before.at) or 0.0))
         history = await client.temporal.get_workflow_handle(job_id(NAMESPACE, run.name)).fetch_history()
-        run.history_events = len(history.events)
-        scheduled: dict[int, tuple[str, datetime]] = {}  # activities and workflow tasks, by scheduled event id
-        started: dict[int, datetime] = {}
-        for event in history.events:
-            at = event.event_time.ToDatetime(tzinfo=UTC)
-            run.counts[EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")] += 1
-            if event.HasField("activity_task_scheduled_event_attributes"):
-                scheduled[event.event_id] = (event.activity_task_scheduled_event_attributes.activity_type.name, at)
-            elif event.HasField("workflow_task_scheduled_event_attributes"):
-                scheduled[event.event_id] = ("workflow task", at)
-            elif event.HasField("activity_task_started_event_attributes"):
-                activity = event.activity_task_started_event_attributes
-                name, when = scheduled.get(activity.scheduled_event_id, ("?", at))
-                started[activity.scheduled_event_id] = at
-                run.phases.append((f"{name}: queued", ms(at, when) or 0.0))
-                if activity.attempt > 1:
-                    why = activity.last_failure.message[:200] or "no failure recorded"
-                    run.activity_retries.append(f"{name} retried ({why})")
-            elif event.HasField("workflow_task_started_event_attributes"):
-                wft = event.workflow_task_started_event_attributes
-                started[wft.scheduled_event_id] = at
-                run.phases.append(("workflow task: queued", ms(at, scheduled[wft.scheduled_event_id][1]) or 0.0))
-            elif event.HasField("activity_task_completed_event_attributes"):
-                done = event.activity_task_completed_event_attributes.scheduled_event_id
-                if done in started:
-                    run.phases.append((f"{scheduled[done][0]}: ran", ms(at, started[done]) or 0.0))
-            elif event.HasField("workflow_task_completed_event_attributes"):
-                done = event.workflow_task_completed_event_attributes.scheduled_event_id
-                if done in started:
-                    run.phases.append(("workflow task: ran", ms(at, started[done]) or 0.0))
-            if event.event_type in WORKFLOW_TASK_PROBLEMS:
-                run.workflow_task_problems.append(describe_problem(event))
-
-
-def describe_problem(event: HistoryEvent) -> str:
-    """`workflow task TIMED_OUT (START_TO_CLOSE)` or `workflow task FAILED (cause: message)`."""
-    text = f"workflow task {EventType.Name(event.event_type).removeprefix('EVENT_TYPE_WORKFLOW_TASK_')}"
-    if event.HasField("workflow_task_timed_out_event_attributes"):
-        kind = event.workflow_task_timed_out_event_attributes.timeout_type
-        text += f" ({TimeoutType.Name(kind).removeprefix('TIMEOUT_TYPE_')})"
-    if event.HasField("workflow_task_failed_event_attributes"):
-        attributes = event.workflow_task_failed_event_attributes
-        cause = WorkflowTaskFailedCause.Name(attributes.cause).removeprefix("WORKFLOW_TASK_FAILED_CAUSE_")
-        text += f" ({cause}: {attributes.failure.message[:200]})"
-    return text
-
-
-def ms(later: datetime | None, earlier: datetime | None) -> float | None:
-    if later is None or earlier is None:
-        return None
-    return (later - earlier).total_seconds() * 1000
-
-
-def percentile(values: list[float], p: float) -> float:
-    """Nearest rank: the smallest value at or above p percent of the values."""
-    ordered = sorted(values)
-    return ordered[max(math.ceil(p / 100 * len(ordered)) - 1, 0)]
+        figures = read_history(history.events)
+        run.history_events = figures.events
+        run.counts = figures.counts
+        run.phases = figures.phases
+        run.activity_retries = [f"{name} retried ({why})" for name, why in figures.activity_retries]
+        run.workflow_task_problems = figures.workflow_task_problems
 
 
 def mean_count(runs: list[Run], kind: str) -> float:
     return statistics.mean(r.counts[kind] for r in runs) if runs else float("nan")
-
-
-def fmt_latency(values: list[float | None]) -> str:
-    present = [v for v in values if v is not None]
-    if not present:
-        return "n/a"
-    text = f"{statistics.median(present):7.0f} / {percentile(present, 99):7.0f} / {max(present):7.0f}"
-    missing = len(values) - len(present)
-    return text + (f"  ({missing} runs without one)" if missing else "")
 
 
 async def bench(runs: int, machines: int, workers: int, sleep: float, timeout: float, gang: bool = False) -> list[str]:
@@ -260,11 +192,7 @@ def cpu_seconds(server_pid: int | None) -> dict[str, float]:
     """CPU time so far of this process (control plane, scheduler, agents, client: every thread) and of the dev
     server; and the load average, for a shared machine. (The shims are left out: they are reaped late.)"""
     times = os.times()
-    server = 0.0
-    if server_pid is not None:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{server_pid}/stat").read_text().rsplit(")", 1)[1].split()
-            server = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    server = pid_cpu_seconds(server_pid)
     return {
         "process": times.user + times.system,
         "server": server,
@@ -324,15 +252,8 @@ def report(batch: list[Run], machines: int, workers: int, sleep: float, cpu: dic
         ("worker state changes", "steps"),
         ("history: activities and workflow tasks, queued and ran", "phases"),
     ):
-        groups: dict[str, list[float]] = {}
-        for r in completed:
-            for label, value in getattr(r, attribute):
-                groups.setdefault(label, []).append(value)
-        if groups:
-            rows.append((f"{title}, median / p99 / max (ms):", ""))
-            rows += [(f"  {label}", fmt_latency(list(values))) for label, values in groups.items()]
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+        rows += latency_rows(title, (item for r in completed for item in getattr(r, attribute)))
+    lines = table(rows)
     if never_running:
         lines.append(f"note: {len(never_running)} completed runs never recorded Running, e.g. {never_running[0].name}:")
         lines += [f"  {entry}" for entry in never_running[0].run_history]

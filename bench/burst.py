@@ -1,0 +1,334 @@
+"""A burst of one-GPU runs on M machines of G GPUs, against the Temporal floor: `python -m bench.burst [--runs N]
+[--machines M] [--gpus G] [--idle K] [--agents-per-process A] [--services-apart] [--no-floor] [--json FILE]`.
+
+Starts the embedded default's Temporal dev server (file database, headless, free ports, a temporary directory),
+the control plane and the scheduler in this process (`--services-apart`: as `astraeus control` and `astraeus
+scheduler` processes), and M machines, each a real agent declaring G GPUs (`bench.agents`: all in one process by
+default, `--agents-per-process`). Submits K runs one at a time on the idle cluster (each waits until Running, then
+they are cancelled), then N runs of one worker of one GPU (`sleep 3000`, restart policy Never) at once, at most 50
+submits in flight, and waits until min(N, M x G) of them are Running (the search attribute `AstraeusState`). Then
+it reads each run (`describe`, its Temporal event history, its pending activities) and the machines' workflows,
+ends every process it started, and runs the floor: a fresh dev server completing min(N, M x G) bare workflows of 3
+no-op activities in one burst. Prints figures only: it asserts no timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from bench.burst_report import figures, lines
+from bench.cluster import Cluster, Machines
+from bench.common import HistoryFigures, ms, now, read_history
+from bench.floor import Floor, run_floor
+from bench.runs import spec_for
+from workers.client import AstraeusClient, AstraeusError
+from workflows.domain.spec import job_id
+from workflows.messages import SA_NAMESPACE, SA_STATE
+
+NAMESPACE = "burst"
+IDLE_NAMESPACE = "idle"
+SUBMIT_CONCURRENCY = 50
+READ_CONCURRENCY = 20
+POLL_SECONDS = 0.5
+IDLE_POLL_SECONDS = 0.05
+
+
+@dataclass
+class Run:
+    name: str
+    namespace: str = NAMESPACE
+    submitted: datetime | None = None  # the client's clock, just before start_workflow
+    submit_ms: float | None = None  # the start_workflow call's round trip
+    error: str | None = None
+    state: str = "Unknown"
+    reason: str = ""
+    worker_reason: str = ""
+    created_at: datetime | None = None
+    running_at: datetime | None = None  # the first run-history entry in state Running
+    steps: list[tuple[str, float]] = field(default_factory=list)  # its worker's `A -> B` state changes, in ms
+    reasons_waited: list[str] = field(default_factory=list)  # its worker's distinct reasons while Pending
+    history: HistoryFigures | None = None
+    pending_retries: list[tuple[str, str]] = field(default_factory=list)  # activities in flight, attempt > 1
+
+
+@dataclass
+class Options:
+    runs: int
+    machines: int
+    gpus: int
+    sleep: float
+    idle: int
+    agents_per_process: int
+    services_apart: bool
+    floor: bool
+    floor_runs: int | None
+    timeout: float
+    json_path: Path | None
+    data_dir: Path | None
+
+    @property
+    def target(self) -> int:
+        """Runs that can be Running at once: every other one waits."""
+        return min(self.runs, self.machines * self.gpus)
+
+
+# ---- the burst ---------------------------------------------------------------------------------------------------
+
+
+async def submit(client: AstraeusClient, run: Run, sleep: float, gate: asyncio.Semaphore) -> None:
+    spec = spec_for(run.name, 1, sleep, namespace=run.namespace, gpus=1)
+    async with gate:
+        run.submitted = now()
+        began = time.monotonic()
+        try:
+            await client.submit(spec)
+        except Exception as error:  # reported, not raised: one bad submit must not hide the others' figures
+            run.error = f"submit: {error}"
+        run.submit_ms = (time.monotonic() - began) * 1000
+
+
+async def count(client: AstraeusClient, query: str) -> int:
+    return (await client.temporal.count_workflows(query)).count
+
+
+async def wait_running(client: AstraeusClient, target: int, timeout: float) -> int:
+    """Until `target` burst runs are Running (or Running and ended, should some fail), polling the visibility
+    store only; returns how many are Running."""
+    deadline = time.monotonic() + timeout
+    reported = time.monotonic()
+    ours = f'{SA_NAMESPACE}="{NAMESPACE}"'
+    while True:
+        running = await count(client, f'{ours} AND {SA_STATE}="Running"')
+        ended = await count(client, f'{ours} AND ExecutionStatus!="Running"')
+        if running + ended >= target or time.monotonic() > deadline:
+            return running
+        if time.monotonic() - reported > 10:
+            reported = time.monotonic()
+            print(f"  {running} of {target} Running", file=sys.stderr)
+        await asyncio.sleep(POLL_SECONDS)
+
+
+async def read_back(client: AstraeusClient, run: Run, gate: asyncio.Semaphore) -> None:
+    """Its `describe` (run and worker histories, reasons), its event history, and its activities in flight."""
+    if run.submitted is None or run.error:
+        return
+    handle = client.temporal.get_workflow_handle(job_id(run.namespace, run.name))
+    async with gate:
+        try:
+            described = await client.describe(run.namespace, run.name)
+        except AstraeusError as error:
+            run.error = f"describe: {error}"
+            return
+        history = await handle.fetch_history()
+        execution = await handle.describe()
+    run.state, run.reason = described.status.state, described.status.reason
+    run.created_at = described.status.created_at
+    run.running_at = next((e.at for e in described.history if e.state == "Running"), None)
+    for task in described.tasks:
+        run.worker_reason = task.status.reason
+        run.reasons_waited = list(dict.fromkeys(e.reason for e in task.history if e.state == "Pending"))
+        for before, after in itertools.pairwise(task.history):
+            run.steps.append((f"{before.state} -> {after.state}", ms(after.at, before.at) or 0.0))
+    run.history = read_history(history.events)
+    run.pending_retries = [
+        (a.activity_type.name, a.last_failure.message[:200] or "no failure recorded")
+        for a in execution.raw_description.pending_activities
+        if a.attempt > 1
+    ]
+
+
+async def idle_runs(client: AstraeusClient, count_: int, sleep: float) -> list[Run]:
+    """Runs submitted one at a time on the idle cluster, each once the one before is Running; then cancelled
+    (each waits for its workflow to end), so that the burst finds every GPU free."""
+    runs = [Run(name=f"idle-{i:03d}", namespace=IDLE_NAMESPACE) for i in range(count_)]
+    gate = asyncio.Semaphore(1)
+    for run in runs:
+        await submit(client, run, sleep, gate)
+        query = f'WorkflowId="{job_id(run.namespace, run.name)}" AND {SA_STATE}="Running"'
+        deadline = time.monotonic() + 60
+        while not run.error and await count(client, query) == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(IDLE_POLL_SECONDS)
+    await asyncio.gather(*(read_back(client, r, gate) for r in runs))
+    await asyncio.gather(*(cancel(client, r) for r in runs))
+    return runs
+
+
+async def cancel(client: AstraeusClient, run: Run) -> None:
+    try:
+        await client.cancel(run.namespace, run.name)
+        await asyncio.wait_for(client.temporal.get_workflow_handle(job_id(run.namespace, run.name)).result(), 60)
+    except Exception as error:  # figures first; a run that will not end is stopped with everything else
+        print(f"  could not cancel {run.name}: {error}", file=sys.stderr)
+
+
+async def machine_workflows(client: AstraeusClient) -> dict[str, int]:
+    """History length of every workflow that is not a run (the machines', the quotas')."""
+    lengths = {}
+    async for execution in client.temporal.list_workflows('WorkflowType!="JobWorkflow"'):
+        lengths[execution.id] = (await client.temporal.get_workflow_handle(execution.id).describe()).history_length
+    return lengths
+
+
+async def machine_histories(client: AstraeusClient, ids: Sequence[str]) -> list[HistoryFigures]:
+    figures = []
+    for workflow_id in ids:
+        history = await client.temporal.get_workflow_handle(workflow_id).fetch_history()
+        figures.append(read_history(history.events))
+    return figures
+
+
+@dataclass
+class Burst:
+    options: Options
+    idle: list[Run]
+    runs: list[Run]
+    running_seen: int  # Running in the visibility store when the wait ended
+    cpu: dict[str, float]  # seconds during the burst, by process
+    window: float  # seconds from just before the first submit to all Running seen
+    workers_cpu: tuple[float, int]  # the workers' live processes: CPU seconds, how many
+    load: tuple[float, float]  # 1-minute load average at the start and end of the burst
+    machine_events: int  # history events the machines' workflows gained during the burst
+    machine_histories: list[HistoryFigures]
+    agent_processes: int
+    floor: Floor | None = None
+
+
+async def measure(options: Options, root: Path) -> Burst:
+    machines = Machines(count=options.machines, gpus=options.gpus)
+    cluster = Cluster(root, machines, options.agents_per_process, options.services_apart)
+    started = time.monotonic()
+    try:
+        client = await cluster.start()
+        print(
+            f"cluster up in {time.monotonic() - started:.1f} s ({cluster.agent_processes} agent processes)",
+            file=sys.stderr,
+        )
+        idle = await idle_runs(client, options.idle, options.sleep)
+        print(f"idle runs done; submitting {options.runs} runs", file=sys.stderr)
+        before_machines = await machine_workflows(client)
+        runs = [Run(name=f"run-{i:04d}") for i in range(options.runs)]
+        load_start, cpu_start, window = os.getloadavg()[0], cluster.cpu(), time.monotonic()
+        gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
+        submits = asyncio.gather(*(submit(client, r, options.sleep, gate) for r in runs))
+        running = await wait_running(client, options.target, options.timeout)
+        await submits
+        cpu_end, window = cluster.cpu(), time.monotonic() - window
+        cpu = {k: cpu_end[k] - cpu_start[k] for k in cpu_end}
+        workers_cpu, load_end = cluster.workers_cpu(), os.getloadavg()[0]
+        print(f"{running} Running; reading back", file=sys.stderr)
+        read_gate = asyncio.Semaphore(READ_CONCURRENCY)
+        await asyncio.gather(*(read_back(client, r, read_gate) for r in runs))
+        after_machines = await machine_workflows(client)
+        gained = sum(after_machines[k] - before_machines.get(k, 0) for k in after_machines)
+        histories = await machine_histories(client, sorted(after_machines))
+    except BaseException:
+        print(cluster.logs_tail(), file=sys.stderr)
+        raise
+    finally:
+        await cluster.stop()
+    return Burst(
+        options,
+        idle,
+        runs,
+        running,
+        cpu,
+        window,
+        workers_cpu,
+        (load_start, load_end),
+        gained,
+        histories,
+        cluster.agent_processes,
+    )
+
+
+async def bench(options: Options) -> list[str]:
+    # SIGTERM (timeout, kill) cancels the benchmark, so that every process it started is ended.
+    this = asyncio.current_task()
+    assert this is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, this.cancel)
+    if options.data_dir is not None:
+        options.data_dir.mkdir(parents=True, exist_ok=True)
+        result = await measure(options, options.data_dir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="astraeus-burst-") as root:
+            result = await measure(options, Path(root))
+    if options.floor:
+        floor_runs = options.floor_runs if options.floor_runs is not None else options.target
+        print(f"the floor: {floor_runs} bare workflows on a fresh dev server", file=sys.stderr)
+        result.floor = await run_floor(options.data_dir, floor_runs, SUBMIT_CONCURRENCY, options.timeout)
+    if options.json_path is not None:
+        options.json_path.write_text(json.dumps(figures(result), indent=2, default=str) + "\n")
+    return lines(result)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.burst", description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, help="runs in the burst (default 200; with --overload 2 x machines x gpus)")
+    p.add_argument("--machines", type=int, default=32, help="machines, each a real agent (default 32)")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs each machine declares (default 8)")
+    p.add_argument("--overload", action="store_true", help="twice as many runs as GPUs, unless --runs says")
+    p.add_argument("--sleep", type=float, default=3000, help="seconds each worker sleeps (default 3000)")
+    p.add_argument("--idle", type=int, default=5, help="runs submitted one at a time on the idle cluster first (5)")
+    p.add_argument(
+        "--agents-per-process", type=int, help="agents in each agent process (default: all in one; 1: one each)"
+    )
+    p.add_argument("--services-apart", action="store_true", help="control plane and scheduler in their own processes")
+    p.add_argument("--no-floor", dest="floor", action="store_false", help="skip the floor")
+    p.add_argument("--floor-runs", type=int, help="bare workflows in the floor (default: min(runs, machines x gpus))")
+    p.add_argument("--timeout", type=float, default=900, help="give up waiting for all Running after this (900 s)")
+    p.add_argument("--json", dest="json_path", type=Path, help="also write the figures to this file")
+    p.add_argument("--data-dir", type=Path, help="keep the cluster's files and logs here (default: a temporary dir)")
+    return p
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    runs = args.runs if args.runs is not None else (2 * args.machines * args.gpus if args.overload else 200)
+    return Options(
+        runs=runs,
+        machines=args.machines,
+        gpus=args.gpus,
+        sleep=args.sleep,
+        idle=args.idle,
+        agents_per_process=args.agents_per_process or args.machines,
+        services_apart=args.services_apart,
+        floor=args.floor,
+        floor_runs=args.floor_runs,
+        timeout=args.timeout,
+        json_path=args.json_path,
+        data_dir=args.data_dir,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    options = options_from(parser().parse_args(argv))
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    print(f"load average at the start: {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    code = 0
+    try:
+        print("\n".join(asyncio.run(bench(options))))
+    except asyncio.CancelledError:
+        print("bench: stopped by SIGTERM", file=sys.stderr)
+        code = 143
+    except Exception as error:
+        print(f"bench: {type(error).__name__}: {error}", file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter finalization: see workers/cli.py main()
+
+
+if __name__ == "__main__":
+    main()
