@@ -8,11 +8,14 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+from temporalio.client import WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster
+from workers.client import run_result
 from workers.connect import ensure_search_attributes
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
@@ -39,12 +42,12 @@ async def measure(restarts: int, continue_as_new_events: int) -> None:
             task_queue=CONTROL_TASK_QUEUE,
             search_attributes=search_attributes(spec, "Pending"),
         )
-        handle = env.client.get_workflow_handle_for(JobWorkflow.run, spec.job_id)
+        handle: WorkflowHandle[Any, Any] = env.client.get_workflow_handle(spec.job_id)
         first_run = (await handle.describe()).run_id
         while (await handle.query("describe", result_type=JobDescription)).tasks[0].attempt < restarts:
             await env.sleep(10)
         await handle.execute_update("cancel", result_type=Status)
-        await handle.result()
+        await run_result(handle)  # Canceled since protocol 2
         runs, run_id, events = 0, first_run, []
         while run_id:
             history = await env.client.get_workflow_handle(spec.job_id, run_id=run_id).fetch_history()
