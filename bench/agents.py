@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
-import sys
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
+from bench.common import run_and_exit
 from workers.connect import connect
 from workers.services import AgentOptions, agent_worker
 from workflows.domain.settings import Settings
@@ -69,15 +68,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    code = 0
-    try:
-        asyncio.run(serve(args))
-    except Exception as error:
-        print(f"bench.agents: {type(error).__name__}: {error}", file=sys.stderr)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # skip interpreter finalization: see workers/cli.py main()
+    run_and_exit(serve(args), "bench.agents")
 
 
 if __name__ == "__main__":

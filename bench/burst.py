@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bench.burst_report import figures, lines
 from bench.cluster import Cluster, Machines
-from bench.common import HistoryFigures, ms, now, read_history
+from bench.common import HistoryFigures, ms, now, read_history, run_and_exit
 from bench.floor import Floor, run_floor
 from bench.runs import spec_for
 from workers.client import AstraeusClient, AstraeusError
@@ -316,18 +316,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     options = options_from(parser().parse_args(argv))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     print(f"load average at the start: {os.getloadavg()[0]:.2f}", file=sys.stderr)
-    code = 0
-    try:
-        print("\n".join(asyncio.run(bench(options))))
-    except asyncio.CancelledError:
-        print("bench: stopped by SIGTERM", file=sys.stderr)
-        code = 143
-    except Exception as error:
-        print(f"bench: {type(error).__name__}: {error}", file=sys.stderr)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # skip interpreter finalization: see workers/cli.py main()
+    run_and_exit(bench(options))
 
 
 if __name__ == "__main__":

@@ -10,11 +10,13 @@ import math
 import os
 import resource
 import statistics
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, NoReturn
 
 from temporalio.api.enums.v1 import EventType, TimeoutType, WorkflowTaskFailedCause
 from temporalio.api.history.v1 import HistoryEvent
@@ -23,6 +25,25 @@ from workers.client import AstraeusClient
 from workflows.domain.nodes import NodeState
 
 WORKFLOW_TASK_PROBLEMS = (EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED, EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT)
+
+
+def run_and_exit(work: Coroutine[Any, Any, list[str] | None], name: str = "bench") -> NoReturn:
+    """Run a benchmark's coroutine, print the lines it returns, and exit: 143 when SIGTERM stopped it, 1 on an
+    error (said on stderr), skipping interpreter finalization (see workers/cli.py main())."""
+    code = 0
+    try:
+        lines = asyncio.run(work)
+        if lines is not None:
+            print("\n".join(lines))
+    except asyncio.CancelledError:
+        print(f"{name}: stopped by SIGTERM", file=sys.stderr)
+        code = 143
+    except Exception as error:
+        print(f"{name}: {type(error).__name__}: {error}", file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def now() -> datetime:

@@ -35,6 +35,7 @@ from bench.common import (
     now,
     pid_cpu_seconds,
     read_history,
+    run_and_exit,
     table,
     wait_for_machines,
 )
@@ -283,19 +284,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    code = 0
-    try:
-        lines = asyncio.run(bench(args.runs, args.machines, args.workers_per_run, args.sleep, args.timeout, args.gang))
-        print("\n".join(lines))
-    except asyncio.CancelledError:
-        print("bench: stopped by SIGTERM", file=sys.stderr)
-        code = 143
-    except Exception as error:
-        print(f"bench: {type(error).__name__}: {error}", file=sys.stderr)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # skip interpreter finalization: see workers/cli.py main()
+    run_and_exit(bench(args.runs, args.machines, args.workers_per_run, args.sleep, args.timeout, args.gang))
 
 
 if __name__ == "__main__":
