@@ -285,6 +285,12 @@ ADDITIONS: list[Row] = [
         {"count": 40, "first": "2026-01-01 00:00:03 UTC", "last": "2026-01-01 00:09:00 UTC"},
         "40 earlier changes summarised, from 2026-01-01 00:00:03 UTC to 2026-01-01 00:09:00 UTC",
     ),
+    (
+        "CannotBeScheduled",
+        {"error": "OverflowError: date value out of range"},
+        "Cannot be scheduled: OverflowError: date value out of range",
+    ),
+    ("CannotBeDecided", {"error": "KeyError: 'w-9'"}, "Cannot be decided: KeyError: 'w-9'"),
 ]
 
 ALL_ROWS = [row for rows in SPEC_TABLES.values() for row in rows] + ADDITIONS

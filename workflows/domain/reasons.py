@@ -203,10 +203,24 @@ class R:
     NodeRegistered = _t("NodeRegistered", "Registered by its agent")
     # A long history keeps how it began and its latest changes; the middle is counted in one entry.
     HistorySummarised = _t("HistorySummarised", "{count} earlier changes summarised, from {first} to {last}")
+    # A waiting worker whose scheduling decision raised: set aside, so that the pass goes on for every other one.
+    CannotBeScheduled = _t("CannotBeScheduled", "Cannot be scheduled: {error}")
+    # A run whose next decision raised: it fails (its workers stopped) rather than wedge its workflow.
+    CannotBeDecided = _t("CannotBeDecided", "Cannot be decided: {error}")
 
 
 # How reasons name a run of another namespace (spec: "Runs from another workspace are never named").
 ANOTHER_NAMESPACE = "(a job in another namespace)"
+
+
+ERROR_MAX_CHARS = 500  # an error in a reason: enough to find the bug, never a history's worth
+
+
+def error_text(error: BaseException) -> str:
+    """An unexpected error as a reason shows it: its kind and message, cut to ERROR_MAX_CHARS."""
+    message = str(error)
+    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    return text if len(text) <= ERROR_MAX_CHARS else text[: ERROR_MAX_CHARS - 3] + "..."
 
 
 def duration(seconds: float) -> str:
