@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 from temporalio.api.enums.v1 import IndexedValueType
 
@@ -54,6 +56,7 @@ class DevServer:
         self.ui_port = ui_port
         self.log = log or data_dir / "temporal.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self._lock: IO[str] | None = None  # held while it runs: one server per database
 
     @property
     def address(self) -> str:
@@ -74,6 +77,7 @@ class DevServer:
                 "`astraeus dev` or Temporal server perhaps: stop it, or choose other ports with --port and --ui-port"
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_data_dir()
         args = [
             temporal_binary(), "server", "start-dev",
             "--ip", "127.0.0.1",
@@ -89,6 +93,7 @@ class DevServer:
         deadline = time.monotonic() + timeout
         while not _listening(self.port):
             if self.process.poll() is not None:
+                self.stop()
                 raise DevServerError(
                     f"the Temporal dev server exited with code {self.process.returncode}: {_last_line(self.log)} "
                     f"(its log: {self.log})"
@@ -104,16 +109,35 @@ class DevServer:
                 "(another `astraeus dev` perhaps): stop it, or choose other ports with --port and --ui-port"
             )
 
-    def stop(self) -> None:
-        """SIGTERM by PID, then SIGKILL if it lingers."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
+    def _lock_data_dir(self) -> None:
+        """Two servers on one file database would corrupt it: the data dir is locked while the server runs."""
+        lock = (self.data_dir / "lock").open("a+")
         try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            lock.close()
+            raise DevServerError(
+                f"{self.data_dir} is in use by {holder}: stop it, or choose another --data-dir"
+            ) from None
+        lock.truncate(0)
+        lock.write(f"astraeus dev (pid {os.getpid()})\n")
+        lock.flush()
+        self._lock = lock
+
+    def stop(self) -> None:
+        """SIGTERM by PID, then SIGKILL if it lingers; then the data dir is free again."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._lock is not None:
+            self._lock.close()  # closing releases the lock
+            self._lock = None
 
 
 def port_free(port: int) -> bool:
