@@ -72,9 +72,15 @@ class AgentActivities:
         gpu_watch: GpuWatch | None = None,
         pressure_watch: PressureWatch | None = None,
         settings: Settings | None = None,
+        instance: str = "",
     ) -> None:
         self._client = client
         self._inventory = inventory
+        self.node_name = inventory.name
+        self.instance = instance  # this agent process ("host:pid:token"), as its machine's lease names it
+        self.lost = asyncio.Event()  # set once its lease is lost: the agent then stops its workers and exits
+        self.lost_why = ""
+        self._attempts: set[TaskKey] = set()  # attempts this agent started or watched: its workers
         self._runtime = runtime
         self._gpus = list(inventory.gpus)  # with their health as last reported to the machine's workflow
         self._gpu_watch = gpu_watch
@@ -91,12 +97,22 @@ class AgentActivities:
     async def hold_lease(self, input: LeaseInput) -> None:
         """Renew the machine's lease by heartbeating until the control plane cancels it; meanwhile report the
         GPUs' health and the machine's pressure to the machine's workflow when they change."""
-        while True:
-            activity.heartbeat()
-            self._look_for_orphans()
-            await self._report_gpu_health()
-            await self._report_pressure()
-            await asyncio.sleep(min(input.renew_seconds, GPU_HEALTH_SECONDS))
+        try:
+            while True:
+                activity.heartbeat()
+                self._look_for_orphans()
+                await self._report_gpu_health()
+                await self._report_pressure()
+                await asyncio.sleep(min(input.renew_seconds, GPU_HEALTH_SECONDS))
+        except asyncio.CancelledError:
+            details = activity.cancellation_details()
+            if details is None or not details.worker_shutdown:
+                # Cancelled by the machine's workflow (another agent took it over), or unknown to the server (it
+                # expired while this agent was away): either way this agent no longer holds the machine.
+                expired = details is not None and (details.not_found or details.timed_out)
+                self.lost_why = "its lease expired" if expired else "its lease was taken over"
+                self.lost.set()
+            raise
 
     @activity.defn(name="start_task")
     async def start_task(self, input: StartTaskInput) -> StartTaskResult:
@@ -116,6 +132,7 @@ class AgentActivities:
 
     async def _start(self, input: StartTaskInput) -> tuple[list[int], bool]:
         key = task_key(input.ref)
+        self._attempts.add(key)
         env = {
             **input.group.env,
             **input.env,
@@ -146,6 +163,7 @@ class AgentActivities:
         self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskReport
     ) -> TaskExit:
         key = task_key(ref)
+        self._attempts.add(key)
         observed = await asyncio.to_thread(self._runtime.observe, key)
         if observed.not_found:
             return TaskExit(not_found=True)
@@ -176,6 +194,20 @@ class AgentActivities:
         being set up stops there."""
         key = task_key(input.ref)
         await _heartbeating(self._starter.stop(key, input.grace_seconds))
+
+    async def stop_own_workers(self, grace_seconds: float) -> int:
+        """Stop every attempt this agent started or watched that still runs (its lease is lost: the runs count
+        them lost and start them again elsewhere); returns how many it stopped."""
+        keys = sorted(self._attempts, key=lambda k: k.slug)
+        observed = await asyncio.gather(*(asyncio.to_thread(self._runtime.observe, key) for key in keys))
+        running = [key for key, seen in zip(keys, observed, strict=True) if seen.running]
+        results = await asyncio.gather(
+            *(self._starter.stop(key, grace_seconds) for key in running), return_exceptions=True
+        )
+        for key, result in zip(running, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("%s: could not stop %s: %s", self._inventory.name, key.slug, result)
+        return len(running)
 
     @activity.defn(name="read_log")
     async def read_log(self, input: ReadLogInput) -> LogText:

@@ -1,7 +1,7 @@
 """Several node agents in one process, for benchmarks: `python -m bench.agents --temporal HOST:PORT --data-dir DIR
 --first I --count K [--gpus 8xH100-80GB] [--cpus C] [--memory-bytes B]`.
 
-Each agent is what `astraeus agent` runs (`workers.services.agent_worker`: its own inventory, process runtime,
+Each agent is what `astraeus agent` runs (`workers.services.start_agent`: its own inventory, process runtime,
 task queue and registration), named `<prefix>-<i>` with its files under `DIR/<name>`; they share this process's
 event loop and its one Temporal client. SIGTERM or SIGINT shuts every agent's worker down; the workers' processes
 (each attempt's shim) outlive it, as they outlive a real agent.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench.common import run_and_exit
 from workers.connect import connect
-from workers.services import AgentOptions, agent_worker
+from workers.services import AgentOptions, start_agent
 from workflows.domain.settings import Settings
 
 
@@ -40,7 +40,7 @@ async def serve(args: argparse.Namespace) -> None:
         )
         for i in range(args.first, args.first + args.count)
     ]
-    workers = await asyncio.gather(*(agent_worker(client, o, settings) for o in options))
+    workers = await asyncio.gather(*(start_agent(client, o, settings) for o in options))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

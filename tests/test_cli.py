@@ -39,6 +39,17 @@ def test_a_settings_file_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
     assert str(error.value) == f"--settings {path}:\nbackof_cap_seconds: unknown field"
 
 
+def test_a_settings_file_whose_timer_would_overflow_a_date_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("backoff_cap_seconds: 1.0e+300\nrestart_reset_seconds: .inf\n")
+    with pytest.raises(AstraeusError) as error:
+        load_settings(str(path))
+    assert str(error.value) == (
+        f"--settings {path}:\nbackoff_cap_seconds: Input should be less than or equal to 86400\n"
+        "restart_reset_seconds: Input should be less than or equal to 31536000"
+    )
+
+
 def test_submit_of_an_invalid_spec_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("name: bad\ngroups: [{name: w, command: [x], gpus: -1}]\n")

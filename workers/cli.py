@@ -28,12 +28,18 @@ from workflows.domain.spec import JobSpec, format_errors, parse_spec
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
+def given_path(value: str) -> Path:
+    """A path given on the command line, made absolute where it enters: the processes it is handed to (a worker's
+    shim, the Temporal server) start in other directories."""
+    return Path(value).expanduser().resolve()
+
+
 def load_settings(path: str | None) -> Settings:
     """`--settings FILE`: YAML overriding the settings model; unknown keys are errors."""
     if path is None:
         return Settings()
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = yaml.safe_load(given_path(path).read_text()) or {}
         return Settings.model_validate(data)
     except (OSError, yaml.YAMLError) as error:
         raise AstraeusError(f"--settings {path}: {error}") from None
@@ -81,11 +87,13 @@ def _jsonable(value: Any) -> Any:
 
 
 async def cmd_dev(args: argparse.Namespace) -> int:
+    from workers.devserver import DevServerError
     from workers.embedded import Embedded
+    from workers.services import RegistrationRefused
 
     settings = load_settings(args.settings)
     embedded = Embedded(
-        data_dir=Path(args.data_dir),
+        data_dir=given_path(args.data_dir),
         port=args.port,
         ui_port=args.ui_port,
         nodes=args.nodes,
@@ -96,11 +104,14 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         docker_host=args.docker_host,
     )
-    async with embedded:
-        print(f"Temporal frontend: {embedded.server.address}")
-        print(f"Temporal UI: {embedded.server.ui_address}")
-        print(f"{args.nodes} local machine(s) ready. Submit with: astraeus submit examples/hello.yaml")
-        await _until_signalled()
+    try:
+        async with embedded:
+            print(f"Temporal frontend: {embedded.server.address}")
+            print(f"Temporal UI: {embedded.server.ui_address}")
+            print(f"{args.nodes} local machine(s) ready. Submit with: astraeus submit examples/hello.yaml", flush=True)
+            await _until_signalled()
+    except (DevServerError, RegistrationRefused) as error:  # nothing runs, nothing joined another cluster
+        raise AstraeusError(f"dev: cannot start: {error}") from None
     return 0
 
 
@@ -125,19 +136,19 @@ async def cmd_scheduler(args: argparse.Namespace) -> int:
 
 async def cmd_agent(args: argparse.Namespace) -> int:
     from activities.machine import MachineReadError, parse_port
-    from workers.services import AgentOptions, agent_worker
+    from workers.services import AgentOptions, LeaseLost, RegistrationRefused, start_agent
 
     capabilities, notes = _capabilities(args.capability, args.capability_note)
     try:
         ports = [parse_port(item) for item in args.rdma_port] if args.rdma_port else None
     except MachineReadError as error:
         raise AstraeusError(str(error)) from None
-    location = Path(args.data_location) if args.data_location else None
+    location = given_path(args.data_location) if args.data_location else None
     if location is not None and not location.is_dir():
         raise AstraeusError(f"--data-location {location}: no such directory")
     options = AgentOptions(
         name=args.name,
-        data_dir=Path(args.data_dir),
+        data_dir=given_path(args.data_dir),
         gpus=args.gpus,
         cpus=args.cpus,
         memory_bytes=args.memory_bytes,
@@ -148,21 +159,26 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         address=args.address,
         runtime=args.runtime,
         docker_host=args.docker_host,
-        host_paths=args.host_path,
+        host_paths=[str(given_path(prefix)) for prefix in args.host_path],
         rdma_ports=ports,
         ib_fabric=args.ib_fabric,
         capabilities=capabilities,
         capability_notes=notes,
         data_location=location,
-        sysfs=Path(args.sysfs),
-        procfs=Path(args.procfs),
+        sysfs=given_path(args.sysfs),
+        procfs=given_path(args.procfs),
     )
     client = await connect(address(args.temporal))
     try:
-        worker = await agent_worker(client, options, load_settings(args.settings))
+        agent = await start_agent(client, options, load_settings(args.settings))
     except RuntimeUnavailable as error:
         raise AstraeusError(f"--runtime {args.runtime}: {error}") from None
-    await worker.run()
+    except RegistrationRefused as error:
+        raise AstraeusError(str(error)) from None
+    try:
+        await agent.run()
+    except LeaseLost as error:
+        raise AstraeusError(str(error)) from None
     return 0
 
 

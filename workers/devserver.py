@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 import signal
 import socket
@@ -9,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 from temporalio.api.enums.v1 import IndexedValueType
 
@@ -43,8 +46,14 @@ def free_port() -> int:
 SQLITE_PRAGMAS = ("journal_mode=wal", "synchronous=NORMAL")
 
 
+class DevServerError(RuntimeError):
+    """The dev server could not be started, or is not the one serving its port; the message says why."""
+
+
 class DevServer:
-    """`temporal server start-dev` on loopback with a file database and our search attributes."""
+    """`temporal server start-dev` on loopback with a file database and our search attributes. It refuses to start
+    when its ports are taken, and makes sure the process it started is the one that listens: a second server on
+    the same ports exits at once (saying so only in its log) while the first one answers its port."""
 
     def __init__(
         self,
@@ -60,6 +69,7 @@ class DevServer:
         self.log = log or data_dir / "temporal.log"
         self.sqlite_pragmas = sqlite_pragmas
         self.process: subprocess.Popen[bytes] | None = None
+        self._lock: IO[str] | None = None  # held while it runs: one server per database
 
     @property
     def address(self) -> str:
@@ -69,8 +79,18 @@ class DevServer:
     def ui_address(self) -> str | None:
         return f"http://127.0.0.1:{self.ui_port}" if self.ui_port else None
 
+    def ports(self) -> list[tuple[int, str]]:
+        return [(self.port, "Temporal frontend")] + ([(self.ui_port, "Temporal UI")] if self.ui_port else [])
+
     def start(self, timeout: float = 30) -> None:
+        taken = [f"{port} ({what})" for port, what in self.ports() if not port_free(port)]
+        if taken:
+            raise DevServerError(
+                f"port {' and '.join(taken)} on 127.0.0.1 {'is' if len(taken) == 1 else 'are'} in use, by another "
+                "`astraeus dev` or Temporal server perhaps: stop it, or choose other ports with --port and --ui-port"
+            )
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_data_dir()
         args = [
             temporal_binary(), "server", "start-dev",
             "--ip", "127.0.0.1",
@@ -88,22 +108,99 @@ class DevServer:
         deadline = time.monotonic() + timeout
         while not _listening(self.port):
             if self.process.poll() is not None:
-                raise RuntimeError(f"the Temporal dev server exited with {self.process.returncode}; see {self.log}")
+                self.stop()
+                raise DevServerError(
+                    f"the Temporal dev server exited with code {self.process.returncode}: {_last_line(self.log)} "
+                    f"(its log: {self.log})"
+                )
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"the Temporal dev server did not listen on {self.port} in {timeout} s")
+                raise DevServerError(f"the Temporal dev server did not listen on {self.port} in {timeout} s")
             time.sleep(0.1)
+        if owns_listener(self.process.pid, self.port) is False:
+            self.stop()
+            raise DevServerError(
+                f"port {self.port} is served by another process, not by the Temporal dev server this started "
+                "(another `astraeus dev` perhaps): stop it, or choose other ports with --port and --ui-port"
+            )
+
+    def _lock_data_dir(self) -> None:
+        """Two servers on one file database would corrupt it: the data dir is locked while the server runs."""
+        lock = (self.data_dir / "lock").open("a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            lock.close()
+            raise DevServerError(
+                f"{self.data_dir} is in use by {holder}: stop it, or choose another --data-dir"
+            ) from None
+        lock.truncate(0)
+        lock.write(f"astraeus dev (pid {os.getpid()})\n")
+        lock.flush()
+        self._lock = lock
 
     def stop(self) -> None:
-        """SIGTERM by PID, then SIGKILL if it lingers."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
+        """SIGTERM by PID, then SIGKILL if it lingers; then the data dir is free again."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._lock is not None:
+            self._lock.close()  # closing releases the lock
+            self._lock = None
+
+
+def port_free(port: int) -> bool:
+    """Nothing listens on 127.0.0.1:`port` (nor on every address): binding it works. A connection in TIME_WAIT
+    does not count, as the server itself would reuse the address."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def owns_listener(pid: int, port: int) -> bool | None:
+    """Whether process `pid` holds a socket listening on TCP `port`; None where /proc cannot tell (not Linux)."""
+    listening: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                listening.add(f"socket:[{inode}]")
+    try:
+        descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return None
+    if not listening:
+        return None
+    held = set()
+    for descriptor in descriptors:
+        try:
+            held.add(os.readlink(descriptor))
+        except OSError:
+            continue  # closed meanwhile
+    return bool(listening & held)
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1].strip() if lines else "(an empty log)"
 
 
 def _listening(port: int) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -13,8 +14,10 @@ from temporalio.worker import Worker
 
 from workers.connect import connect
 from workers.devserver import DevServer
-from workers.services import AgentOptions, agent_worker, control_worker, scheduler_worker
+from workers.services import Agent, AgentOptions, control_worker, scheduler_worker, start_agent
 from workflows.domain.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 class Embedded:
@@ -33,6 +36,7 @@ class Embedded:
         runtime: str = "process",
         docker_host: str | None = None,
     ) -> None:
+        data_dir = data_dir.resolve()  # handed to the server and to every worker's shim, which start elsewhere
         self.server = DevServer(data_dir, port=port, ui_port=ui_port)
         self.data_dir = data_dir
         self.node_count = nodes
@@ -44,7 +48,7 @@ class Embedded:
             "docker_host": docker_host,
         }
         self.settings = settings or Settings()
-        self.workers: list[Worker] = []
+        self.workers: list[Worker | Agent] = []
         self._running: list[asyncio.Task[None]] = []
         self.client: Client | None = None
 
@@ -60,15 +64,17 @@ class Embedded:
                     data_dir=self.data_dir / "nodes" / f"local-{i}",
                     **self.machine,  # type: ignore[arg-type]
                 )
-                self._run(await agent_worker(self.client, options, self.settings))
+                self._run(await start_agent(self.client, options, self.settings))
         except BaseException:
             await self.__aexit__(None, None, None)
             raise
         return self
 
-    def _run(self, worker: Worker) -> None:
+    def _run(self, worker: Worker | Agent) -> None:
         self.workers.append(worker)
-        self._running.append(asyncio.ensure_future(worker.run()))
+        running = asyncio.ensure_future(worker.run())
+        running.add_done_callback(_log_end)
+        self._running.append(running)
 
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
@@ -80,3 +86,9 @@ class Embedded:
             with contextlib.suppress(BaseException):
                 await task
         await asyncio.to_thread(self.server.stop)
+
+
+def _log_end(running: asyncio.Task[None]) -> None:
+    """A part that ends before the whole (an agent that lost its lease, say) says why in the log."""
+    if not running.cancelled() and running.exception() is not None:
+        log.error("%s", running.exception())

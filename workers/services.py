@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import secrets
+import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from activities.agent import AgentActivities
@@ -22,7 +26,7 @@ from activities.runtime.base import Runtime
 from activities.runtime.docker import DockerRuntime
 from activities.runtime.process import ProcessRuntime
 from activities.scheduler import SchedulerService
-from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView, node_id, node_task_queue
+from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView, lease_task_queue, node_id, node_task_queue
 from workflows.domain.settings import Settings
 from workflows.job import JobWorkflow
 from workflows.logs import LogsWorkflow
@@ -161,8 +165,39 @@ def gpu_watch(node: NodeInventory) -> GpuWatch | None:
         return None
 
 
-async def register(client: Client, node: NodeInventory, settings: Settings) -> NodeView:
-    """Start the machine's NodeWorkflow if it is new, and register this agent with it."""
+class RegistrationRefused(Exception):
+    """The machine's workflow refused this agent (another live agent holds the machine); the message says why."""
+
+
+class LeaseLost(Exception):
+    """The agent lost its machine's lease (it expired while the agent was away, or another agent took over): it
+    stopped its workers and ends; the message says why."""
+
+
+def new_instance() -> str:
+    """This agent process, as the machine's lease names it: host, process id and a token of its own."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def gone(holder: str) -> bool:
+    """Whether the agent `holder` ("host:pid:token") was a process of this host that no longer runs."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # it runs, as another user
+    return False
+
+
+async def register(client: Client, node: NodeInventory, settings: Settings, instance: str = "") -> NodeView:
+    """Start the machine's NodeWorkflow if it is new, and register this agent with it. An agent of this host that
+    is gone (killed, crashed) is taken over at once; a live one, or one of another host, refuses this agent until
+    its lease expires."""
     handle = await client.start_workflow(
         NodeWorkflow.run,
         NodeInput(name=node.name, settings=settings),
@@ -170,31 +205,100 @@ async def register(client: Client, node: NodeInventory, settings: Settings) -> N
         task_queue=CONTROL_TASK_QUEUE,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
     )
-    try:
-        return await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=node))
-    except WorkflowUpdateFailedError as error:
-        raise RuntimeError(f"machine {node.name} could not register: {error.cause}") from None
+    request = RegisterRequest(inventory=node, instance=instance)
+    for _ in range(2):
+        try:
+            return await handle.execute_update(NodeWorkflow.register, request)
+        except WorkflowUpdateFailedError as error:
+            cause = error.cause
+            holder = str(cause.details[0]) if isinstance(cause, ApplicationError) and cause.details else ""
+            if request.take_over or not (isinstance(cause, ApplicationError) and cause.type == "LeaseHeld"):
+                raise RegistrationRefused(f"machine {node.name} could not register: {cause}") from None
+            if not gone(holder):
+                raise RegistrationRefused(str(cause.message)) from None
+            log.info("%s: its agent %s is gone: taking the machine over", node.name, holder)
+            request = request.model_copy(update={"take_over": holder})
+    raise AssertionError("unreachable")
 
 
-async def agent_worker(client: Client, options: AgentOptions, settings: Settings) -> Worker:
-    """A node agent: polls the machine's own task queue; registered before it polls."""
+class Agent:
+    """A node agent: one Temporal worker on the machine's task queue (its workers' activities) and one on its own
+    lease queue. It runs until shut down, or until it loses the lease: then it stops its workers and raises
+    LeaseLost, rather than run beside the agent that holds the machine now."""
+
+    def __init__(self, client: Client, activities: AgentActivities, grace_seconds: float) -> None:
+        self.name = activities.node_name
+        self.activities = activities
+        self._client = client
+        self._grace = grace_seconds
+        self.machine = Worker(
+            client,
+            task_queue=node_task_queue(self.name),
+            activities=[
+                activities.start_task,
+                activities.run_task,
+                activities.supervise_task,
+                activities.stop_task,
+                activities.read_log,
+            ],
+            max_concurrent_activities=1000,
+            graceful_shutdown_timeout=timedelta(seconds=1),
+        )
+        self.lease = Worker(
+            client,
+            task_queue=lease_task_queue(self.name, activities.instance),
+            activities=[activities.hold_lease],
+            graceful_shutdown_timeout=timedelta(seconds=1),
+        )
+
+    async def run(self) -> None:
+        runs = [asyncio.ensure_future(self.machine.run()), asyncio.ensure_future(self.lease.run())]
+        lost = asyncio.ensure_future(self.activities.lost.wait())
+        stopped = 0
+        try:
+            await asyncio.wait([*runs, lost], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if self.activities.lost.is_set():
+                stopped = await self.activities.stop_own_workers(self._grace)
+            await self.shutdown()
+            results = await asyncio.gather(*runs, return_exceptions=True)
+        if self.activities.lost.is_set():
+            holder = await self._holder()
+            now = f"; the machine is now held by agent {holder}" if holder else ""
+            raise LeaseLost(
+                f"agent {self.activities.instance} of machine {self.name}: {self.activities.lost_why}{now}. "
+                f"It stopped its {stopped} running worker(s) and exits rather than run beside another agent"
+            )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def shutdown(self) -> None:
+        for worker in (self.machine, self.lease):
+            with contextlib.suppress(Exception):
+                await worker.shutdown()
+
+    async def _holder(self) -> str | None:
+        try:
+            handle = self._client.get_workflow_handle(node_id(self.name))
+            view = await asyncio.wait_for(handle.query(NodeWorkflow.view), 10)
+        except Exception as err:  # a message without the new holder is still the right message
+            log.warning("%s: could not read who holds the machine now: %s", self.name, err)
+            return None
+        return view.holder if view.holder != self.activities.instance else None
+
+
+async def start_agent(client: Client, options: AgentOptions, settings: Settings) -> Agent:
+    """A node agent, registered (its machine's lease taken) before it polls; raises RegistrationRefused while
+    another live agent holds the machine."""
     node = inventory(options)
     runtime = make_runtime(options)
     preparer = Preparer(options.data_dir, options.host_paths)
-    activities = AgentActivities(client, node, runtime, preparer, gpu_watch(node), pressure_watch(options), settings)
-    worker = Worker(
-        client,
-        task_queue=node_task_queue(node.name),
-        activities=[
-            activities.hold_lease,
-            activities.start_task,
-            activities.run_task,
-            activities.supervise_task,
-            activities.stop_task,
-            activities.read_log,
-        ],
-        max_concurrent_activities=1000,
-        graceful_shutdown_timeout=timedelta(seconds=1),
+    instance = new_instance()
+    activities = AgentActivities(
+        client, node, runtime, preparer, gpu_watch(node), pressure_watch(options), settings, instance=instance
     )
-    await register(client, node, settings)
-    return worker
+    agent = Agent(client, activities, settings.stop_grace_seconds)
+    await register(client, node, settings, instance)
+    return agent

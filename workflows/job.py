@@ -19,10 +19,10 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 
 with workflow.unsafe.imports_passed_through():
     from workflows.domain import events as ev
-    from workflows.domain.job import decide, is_settled
+    from workflows.domain.job import decide, fail_undecided, is_settled
     from workflows.domain.nodes import node_task_queue
     from workflows.domain.planning import WorkerPlan
-    from workflows.domain.reasons import R
+    from workflows.domain.reasons import R, error_text
     from workflows.domain.resume import resume
     from workflows.domain.spec import JobSpec
     from workflows.domain.status import (
@@ -135,7 +135,13 @@ class JobWorkflow:
             )
             if self._inbox:
                 batch, self._inbox = self._inbox, []
-                self._job, commands = decide(self._job, batch, workflow.now())
+                try:
+                    self._job, commands = decide(self._job, batch, workflow.now())
+                except workflow.NondeterminismError:
+                    raise
+                except Exception as error:  # a bug of the core fails this run, never its workflow task for ever
+                    workflow.logger.exception("cannot decide %s", [type(event).__name__ for event in batch])
+                    self._job, commands = fail_undecided(self._job, error_text(error), workflow.now())
                 for command in commands:
                     self._carry_out(command)
                 self._forget_gone_workers()

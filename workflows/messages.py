@@ -297,7 +297,13 @@ class NodeInput(_Msg):
 
 
 class RegisterRequest(_Msg):
+    """An agent registers its machine. `instance` ("host:pid:token") names this agent process: while another
+    instance holds the machine's lease, a registration is refused, naming it, unless it takes over from that one
+    (`take_over`: an agent of the same host whose process is gone)."""
+
     inventory: NodeInventory
+    instance: str = ""
+    take_over: str = ""
 
 
 class CordonRequest(_Msg):

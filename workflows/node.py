@@ -11,7 +11,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.domain.nodes import NodeState, NodeStatusEntry, NodeView, node_task_queue
+    from workflows.domain.nodes import NodeState, NodeStatusEntry, NodeView, lease_task_queue
     from workflows.domain.reasons import R, Reason
     from workflows.messages import (
         SCHEDULER_TASK_QUEUE,
@@ -52,10 +52,12 @@ class NodeWorkflow:
             held = self._held = self._registrations
             await self._notify()
             expired = await self._hold_lease(settings.node_lease_ttl_seconds)
-            if expired and self._registrations == held and self._view.state is not NodeState.REMOVED:
-                self._change(NodeState.DOWN, R.MachineLost())
-                await self._notify()
-                await self._tell_runs(removed=False)
+            if expired and self._registrations == held:
+                self._view = self._view.model_copy(update={"holder": None})  # the lease is no one's any more
+                if self._view.state is not NodeState.REMOVED:
+                    self._change(NodeState.DOWN, R.MachineLost())
+                    await self._notify()
+                    await self._tell_runs(removed=False)
 
     async def _hold_lease(self, ttl: float) -> bool:
         """Hold the lease until it expires (True) or a new registration replaces it (False)."""
@@ -63,7 +65,7 @@ class NodeWorkflow:
             workflow.execute_activity(
                 "hold_lease",
                 LeaseInput(node=self._view.name, renew_seconds=max(ttl / 3, 0.2)),
-                task_queue=node_task_queue(self._view.name),
+                task_queue=lease_task_queue(self._view.name, self._view.holder),
                 start_to_close_timeout=timedelta(days=3650),
                 heartbeat_timeout=timedelta(seconds=ttl),
                 retry_policy=RetryPolicy(maximum_attempts=1),
@@ -110,7 +112,7 @@ class NodeWorkflow:
     @workflow.update(name="register")
     def register(self, request: RegisterRequest) -> NodeView:
         """The agent (re)starts: record what the machine has, and take a new lease."""
-        self._view = self._view.model_copy(update={"inventory": request.inventory})
+        self._view = self._view.model_copy(update={"inventory": request.inventory, "holder": request.instance or None})
         self._change(NodeState.READY, R.NodeRegistered())
         self._registrations += 1
         if self._lease is not None and not self._lease.done():
@@ -121,6 +123,15 @@ class NodeWorkflow:
     def _validate_register(self, request: RegisterRequest) -> None:
         if request.inventory.name != self._view.name:
             raise ApplicationError(f"inventory of {request.inventory.name} sent to machine {self._view.name}")
+        holder = self._view.holder
+        if holder and request.instance != holder and request.take_over != holder:
+            # Two agents of one machine would both take its workers' activities: the second one is refused.
+            raise ApplicationError(
+                f"machine {self._view.name} is held by agent {holder}, whose lease is live: stop that agent first, "
+                "or give this one another --name",
+                holder,
+                type="LeaseHeld",
+            )
 
     @workflow.update(name="report_gpus")
     async def report_gpus(self, report: GpuHealthReport) -> NodeView:

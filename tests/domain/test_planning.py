@@ -92,3 +92,11 @@ def test_the_largest_free_counts_only_machines_that_could_host_a_worker() -> Non
 @pytest.mark.parametrize(("n", "expected"), [(0, False), (1, True), (2, True), (6, False), (8, True), (12, False)])
 def test_powers_of_two(n: int, expected: bool) -> None:
     assert power_of_two(n) is expected
+
+
+def test_a_group_is_never_split_into_more_workers_than_a_run_may_have() -> None:
+    ones = [machine(f"n{i}", gpus=1) for i in range(1024)]
+    plan = plan_workers(request(group="train"), 1024, None, ones, [], T0)
+    assert (
+        plan.reason == "Cannot plan workers: no way to run 1024 GPUs on these machines: 1 free on the largest one now"
+    )

@@ -291,6 +291,12 @@ ADDITIONS: list[Row] = [
         {"task": "w-0", "run": "default/sleepy", "status": "terminated"},
         "Stopped worker w-0 of run default/sleepy: its run is no longer open (terminated)",
     ),
+    (
+        "CannotBeScheduled",
+        {"error": "OverflowError: date value out of range"},
+        "Cannot be scheduled: OverflowError: date value out of range",
+    ),
+    ("CannotBeDecided", {"error": "KeyError: 'w-9'"}, "Cannot be decided: KeyError: 'w-9'"),
 ]
 
 ALL_ROWS = [row for rows in SPEC_TABLES.values() for row in rows] + ADDITIONS

@@ -292,6 +292,159 @@ def test_an_invalid_spec_raises_one_line_per_problem(data: Any, message: str) ->
     assert str(raised.value) == message
 
 
+# ---- bounds: every number, string and list has one, so nothing a user writes overflows a date or a timer ----------
+
+
+def groups(count: int, **fields: Any) -> list[dict[str, Any]]:
+    return [{"name": f"g{i}", "command": ["x"], **fields} for i in range(count)]
+
+
+def labels(count: int, prefix: str = "k") -> dict[str, str]:
+    return {f"{prefix}{i}": "v" for i in range(count)}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(with_group(time_limit_seconds=365 * 86400), id="a time limit of a year is accepted"),
+        pytest.param(with_group(heartbeat_ttl_seconds=86400), id="a heartbeat ttl of a day is accepted"),
+        pytest.param(with_group(memory_bytes=4 * 2**50), id="4 PiB of memory per worker is accepted"),
+        pytest.param(with_top(priority=1_000_000), id="priority 1000000 is accepted"),
+        pytest.param(with_top(groups=groups(2, replicas=500)), id="a run of 1000 workers is accepted"),
+        pytest.param(with_group(command=["x"] * 1024), id="a command of 1024 arguments is accepted"),
+        pytest.param(with_group(env={"A": "x" * 32768, "B": "y" * 32762}), id="an env of 64 KiB is accepted"),
+        pytest.param(with_top(topology={"patience_seconds": 86400}), id="a patience of a day is accepted"),
+        pytest.param(with_top(node_selection={"labels": labels(256)}), id="256 selected labels are accepted"),
+    ],
+)
+def test_values_at_their_bounds_are_accepted(data: dict[str, Any]) -> None:
+    parse_spec(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        pytest.param(
+            with_group(time_limit_seconds=1e300),
+            "groups.0.time_limit_seconds: Input should be less than or equal to 31536000",
+            id="a time limit past a year is refused (it would overflow a date)",
+        ),
+        pytest.param(
+            with_group(time_limit_seconds=float("inf")),
+            "groups.0.time_limit_seconds: Input should be less than or equal to 31536000",
+            id="an infinite time limit is refused",
+        ),
+        pytest.param(
+            with_group(time_limit_seconds=float("nan")),
+            "groups.0.time_limit_seconds: Input should be less than or equal to 31536000",
+            id="a time limit that is not a number is refused",
+        ),
+        pytest.param(
+            with_group(heartbeat_ttl_seconds=86401),
+            "groups.0.heartbeat_ttl_seconds: Input should be less than or equal to 86400",
+            id="a heartbeat ttl past a day is refused",
+        ),
+        pytest.param(
+            with_group(memory_bytes=10**400),
+            "groups.0.memory_bytes: Input should be less than or equal to 4503599627370496",
+            id="memory past 4 PiB is refused",
+        ),
+        pytest.param(
+            with_group(gpu_requests=[{"min_memory_bytes": 2**60}]),
+            "groups.0.gpu_requests.0.min_memory_bytes: Input should be less than or equal to 4503599627370496",
+            id="GPU memory past 4 PiB is refused",
+        ),
+        pytest.param(
+            with_top(priority=1_000_001),
+            "priority: Input should be less than or equal to 1000000",
+            id="a priority past a million is refused",
+        ),
+        pytest.param(
+            with_top(groups=groups(2, replicas=501)),
+            "groups: 1002 workers in all, at most 1000 in one run",
+            id="a run of more than 1000 workers is refused",
+        ),
+        pytest.param(
+            with_group(total_gpus=8, machines=1001),
+            "groups.0.machines: Input should be less than or equal to 1000",
+            id="a group split across more than 1000 machines is refused",
+        ),
+        pytest.param(
+            with_group(command=["x"] * 1025),
+            "groups.0.command: List should have at most 1024 items after validation, not 1025",
+            id="a command of more than 1024 arguments is refused",
+        ),
+        pytest.param(
+            with_group(command=["x", "y" * (32 * 1024 + 1)]),
+            "groups.0.command.1: String should have at most 32768 characters",
+            id="an argument past 32 KiB is refused",
+        ),
+        pytest.param(
+            with_group(env={"A": "x" * 32768, "B": "y" * 32763}),
+            "groups.0.env: 65537 bytes in all (names and values), at most 65536",
+            id="an env past 64 KiB is refused",
+        ),
+        pytest.param(
+            with_group(env={"": "x"}),
+            "groups.0.env key '': String should have at least 1 character",
+            id="an empty variable name is refused",
+        ),
+        pytest.param(
+            with_group(image="x" * 513),
+            "groups.0.image: String should have at most 512 characters",
+            id="an image name past 512 characters is refused",
+        ),
+        pytest.param(
+            with_group(drives=[{"name": "d", "host_path": "/" + "x" * 4096, "mount_path": "/d"}]),
+            "groups.0.drives.0.host_path: String should have at most 4096 characters",
+            id="a path past PATH_MAX is refused",
+        ),
+        pytest.param(
+            with_top(topology={"patience_seconds": 1e300}),
+            "topology.patience_seconds: Input should be less than or equal to 86400",
+            id="a patience past a day is refused",
+        ),
+        pytest.param(
+            with_top(topology={"max_machines": 1001}),
+            "topology.max_machines: Input should be less than or equal to 1000",
+            id="max_machines past the workers of a run is refused",
+        ),
+        pytest.param(
+            with_top(gang=True, min_available=1001),
+            "min_available: Input should be less than or equal to 1000",
+            id="min_available past the workers of a run is refused",
+        ),
+        pytest.param(
+            with_top(node_selection={"labels": labels(257)}),
+            "node_selection.labels: Dictionary should have at most 256 items after validation, not more",
+            id="more than 256 selected labels are refused",
+        ),
+        pytest.param(
+            with_top(
+                node_selection={"labels": labels(200)},
+                groups=[{"name": "w", "command": ["x"], "node_selection": {"labels": labels(100, "j")}}],
+            ),
+            "groups.0.node_selection: with the run's node_selection, labels: Dictionary should have at most 256 "
+            "items after validation, not more",
+            id="a group's selection that with the run's selects more than 256 labels is refused",
+        ),
+    ],
+)
+def test_values_past_their_bounds_are_refused_naming_the_field(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        parse_spec(data)
+    assert str(raised.value) == message
+
+
+def test_a_spec_larger_than_128_kib_is_refused_naming_its_largest_part() -> None:
+    data = with_top(groups=[{"name": f"g{i}", "command": ["x" * (30000 + i)]} for i in range(5)])
+    with pytest.raises(ValueError) as raised:
+        parse_spec(data)
+    assert str(raised.value) == (
+        "groups.4: the run spec is 152236 bytes as JSON, at most 131072; this is its largest part (30407 bytes)"
+    )
+
+
 def test_duplicate_group_names_are_refused_naming_groups() -> None:
     data = with_top(groups=[{"name": "a", "command": ["x"]}, {"name": "a", "command": ["y"]}])
     with pytest.raises(ValueError) as raised:

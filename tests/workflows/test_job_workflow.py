@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import asyncio
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
@@ -11,8 +12,12 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, unique
 from workers.client import run_result
+from workflows.domain.events import Created, PlacementUpdate, TaskStarted
+from workflows.domain.job import decide
+from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.status import Status
+from workflows.domain.tasks import new_job
 from workflows.domain.views import JobDescription
 from workflows.job import JobWorkflow, search_attributes
 from workflows.messages import CONTROL_TASK_QUEUE, JobInput, StopTaskRequest
@@ -190,3 +195,46 @@ async def test_a_one_worker_run_costs_one_activity_per_step_and_one_signal(time_
     assert signals == ["task_running"]
     assert len(upserts) == 2  # Running, then Completed
     assert len(events) <= 30
+
+
+async def test_a_run_whose_events_cannot_be_decided_fails_and_stops_its_workers(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    """A record the core cannot decide (here: a worker of a group its spec no longer has, as a record carried
+    across a change of the core might be) fails its run instead of failing the workflow task for ever."""
+    name = unique("undecidable")
+    both = parse_spec(
+        {
+            "name": name,
+            "groups": [
+                {"name": "w", "command": ["x"], "readiness": {"command": ["true"]}},
+                {"name": "after", "command": ["x"], "depends_on": [{"group": "w", "condition": "healthy"}]},
+            ],
+        }
+    )
+    record = new_job(both, Settings(), datetime(2025, 1, 1, tzinfo=UTC))
+    for events in (
+        [Created()],
+        [PlacementUpdate(task_id="w-0", attempt=0, node="n0")],
+        [TaskStarted(task_id="w-0", attempt=0)],
+    ):
+        record, _ = decide(record, list(events), record.status.created_at)
+    job = parse_spec({"name": name, "groups": [both.groups[0].model_dump()]})
+    record = record.model_copy(update={"spec": job})  # after-0 waits, gated, for a group that is gone
+    async with fake_cluster(time_skipping.client, Script(hold={"w-0"})):
+        handle = await time_skipping.client.start_workflow(
+            JobWorkflow.run,
+            JobInput(spec=job, record=record),
+            id=job.job_id,
+            task_queue=CONTROL_TASK_QUEUE,
+            search_attributes=search_attributes(job, "Pending"),
+        )
+        status = await asyncio.wait_for(handle.result(), 30)  # a failing workflow task would retry for ever
+        described = await handle.query("describe", result_type=JobDescription)
+    assert (status.state, status.reason, status.code) == (
+        "Failed",
+        "Cannot be decided: StopIteration",
+        "CannotBeDecided",
+    )
+    assert pairs(described.tasks[0].history)[-2:] == [("Stopping", "Run failed"), ("Cancelled", "Stopped on request")]
+    assert pairs(described.tasks[1].history)[-1] == ("Cancelled", "Run failed")

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
+import pytest
 from temporalio import activity
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from tests.workflows.fakes import unique
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView, node_id, node_task_queue
+from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView, lease_task_queue, node_id, node_task_queue
 from workflows.domain.settings import Settings
 from workflows.messages import (
     CONTROL_TASK_QUEUE,
@@ -150,4 +154,85 @@ async def test_an_orphan_stopped_by_the_agent_is_written_in_the_machines_history
             ("Ready", "Registered by its agent"),
             ("Ready", "Stopped worker w-0 of run default/sleepy: its run is no longer open (terminated)"),
         ]
+        await handle.terminate()
+
+
+class FakeAgent(FakeMachine):
+    """One agent process: it holds the lease on its own queue, and sees it cancelled when another takes over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled = False
+
+    @activity.defn(name="hold_lease")
+    async def hold_lease(self, input: LeaseInput) -> None:
+        try:
+            await super().hold_lease(input)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
+async def test_a_second_agent_is_refused_while_the_first_holds_the_lease(time_skipping: WorkflowEnvironment) -> None:
+    client = time_skipping.client
+    name = unique("m")
+    first, second, third = "host-a:101:aaaa", "host-a:202:bbbb", "host-b:303:cccc"
+    agents = {instance: FakeAgent() for instance in (first, second)}
+    control = FakeMachine()
+    inventory = NodeInventory(name=name, cpus=8, memory_bytes=2**34)
+    async with contextlib.AsyncExitStack() as stack:
+        workers = [
+            Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow], activities=[control.machine_lost]),
+            Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[control.node_changed]),
+        ] + [
+            Worker(client, task_queue=lease_task_queue(name, instance), activities=[agent.hold_lease])
+            for instance, agent in agents.items()
+        ]
+        for worker in workers:
+            await stack.enter_async_context(worker)
+        handle = await client.start_workflow(
+            NodeWorkflow.run,
+            NodeInput(name=name, settings=Settings(node_lease_ttl_seconds=1)),
+            id=node_id(name),
+            task_queue=CONTROL_TASK_QUEUE,
+        )
+        view = await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory, instance=first))
+        assert (view.state, view.holder) == ("Ready", first)
+
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory, instance=second))
+        cause = refused.value.cause
+        assert isinstance(cause, ApplicationError)
+        assert (cause.type, cause.details, cause.message) == (
+            "LeaseHeld",
+            (first,),
+            f"machine {name} is held by agent {first}, whose lease is live: stop that agent first, or give this one "
+            "another --name",
+        )
+        view = await handle.query(NodeWorkflow.view)
+        assert (view.holder, [(e.state, e.reason) for e in view.history]) == (
+            first,
+            [("Ready", "Registered by its agent")],
+        )
+
+        # An agent of the same host whose process is gone is taken over: its lease is cancelled.
+        request = RegisterRequest(inventory=inventory, instance=second, take_over=first)
+        view = await handle.execute_update(NodeWorkflow.register, request)
+        assert view.holder == second
+        for _ in range(50):
+            if agents[first].cancelled:
+                break
+            await asyncio.sleep(0.1)
+        assert agents[first].cancelled
+
+        # Once the holder's lease expires the machine is no one's: any agent registers.
+        agents[second].alive = False
+        for _ in range(100):
+            view = await handle.query(NodeWorkflow.view)
+            if view.state == "Down":
+                break
+            await asyncio.sleep(0.1)
+        assert (view.state, view.holder) == ("Down", None)
+        view = await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory, instance=third))
+        assert (view.state, view.holder) == ("Ready", third)
         await handle.terminate()

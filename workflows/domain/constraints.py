@@ -10,6 +10,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workflows.domain.bounds import (
+    GPU_MODELS_MAX,
+    LABEL_MAX_CHARS,
+    MAX_BYTES,
+    MAX_PATIENCE_SECONDS,
+    MAX_WORKERS,
+    SELECTED_MAX,
+    Label,
+    Pool,
+)
+
 # The label a machine's rack is read from (spec: "no rack set on this machine (topology.astraeus.io/rack)").
 RACK_LABEL = "topology.astraeus.io/rack"
 # Pools are shown as this label in "machine lacks label <k>=<v>" (the spec counts pools as node_selection labels).
@@ -31,9 +42,11 @@ class GpuRequest(_Frozen):
     `min_memory_bytes` each. Models match the GPU's name as a word, case-insensitively ("H100" matches
     "NVIDIA H100 80GB HBM3")."""
 
-    vendor: str | None = Field(None, description="e.g. nvidia")
-    models: tuple[str, ...] = Field((), description="Accepted models, e.g. [H100, H200]; empty accepts any.")
-    min_memory_bytes: int | None = Field(None, ge=0, description="Memory each GPU must have at least.")
+    vendor: str | None = Field(None, max_length=LABEL_MAX_CHARS, description="e.g. nvidia")
+    models: tuple[Label, ...] = Field(
+        (), max_length=GPU_MODELS_MAX, description="Accepted models, e.g. [H100, H200]; empty accepts any."
+    )
+    min_memory_bytes: int | None = Field(None, ge=0, le=MAX_BYTES, description="Memory each GPU must have at least.")
 
     @model_validator(mode="before")
     @classmethod
@@ -59,9 +72,11 @@ class GpuRequest(_Frozen):
 class NodeSelection(_Frozen):
     """node_selection: the machines a worker may use, by name, by label and by pool (all must hold)."""
 
-    names: tuple[str, ...] = Field((), description="Only these machines (empty: any).")
-    labels: dict[str, str] = Field(default_factory=dict, description="Labels the machine must carry.")
-    pools: tuple[str, ...] = Field((), description="Pools the machine must belong to.")
+    names: tuple[Label, ...] = Field((), max_length=SELECTED_MAX, description="Only these machines (empty: any).")
+    labels: dict[Label, Label] = Field(
+        default_factory=dict, max_length=SELECTED_MAX, description="Labels the machine must carry."
+    )
+    pools: tuple[Pool, ...] = Field((), max_length=SELECTED_MAX, description="Pools the machine must belong to.")
 
     def key(self) -> tuple[object, ...]:
         return (self.names, tuple(sorted(self.labels.items())), self.pools)
@@ -82,7 +97,9 @@ class Network(_Frozen):
     """What the worker needs from the machine's fabric: any active RDMA port, or InfiniBand at a speed."""
 
     rdma: bool = Field(False, description="Needs an active RDMA port (InfiniBand or RoCE).")
-    infiniband_gbps: int | None = Field(None, gt=0, description="Needs an active InfiniBand port this fast.")
+    infiniband_gbps: int | None = Field(
+        None, gt=0, le=100_000, description="Needs an active InfiniBand port this fast."
+    )
 
 
 class Topology(_Frozen):
@@ -92,9 +109,12 @@ class Topology(_Frozen):
     same_rack: bool = Field(False, description="Every worker within one rack (label topology.astraeus.io/rack).")
     one_per_rack: bool = Field(False, description="At most one worker of the run per rack.")
     one_per_machine: bool = Field(False, description="At most one worker of the run per machine.")
-    max_machines: int | None = Field(None, ge=1, description="The run uses at most this many machines.")
+    max_machines: int | None = Field(None, ge=1, le=MAX_WORKERS, description="The run uses at most this many machines.")
     patience_seconds: float | None = Field(
-        None, gt=0, description="Wait this long for machines on one InfiniBand fabric before starting on Ethernet."
+        None,
+        gt=0,
+        le=MAX_PATIENCE_SECONDS,
+        description="Wait this long for machines on one InfiniBand fabric before starting on Ethernet.",
     )
 
     @model_validator(mode="after")

@@ -365,3 +365,21 @@ def decide(job: JobRecord, events: list[Event], now: datetime) -> tuple[JobRecor
 def is_settled(job: JobRecord) -> bool:
     """The run ended and none of its workers is still on a machine: its workflow may close."""
     return job.state in RUN_TERMINAL and all(t.final for t in job.tasks)
+
+
+def fail_undecided(job: JobRecord, error: str, now: datetime) -> tuple[JobRecord, list[Command]]:
+    """A run whose events `decide` could not decide (it raised `error`): the run fails ("Cannot be decided: <error>")
+    and stops every worker ("Run failed"), so that a bug of the core ends one run instead of wedging its workflow;
+    the events are dropped. A run that had already ended keeps its state, and its workers still stopping count as
+    final: their stops are in flight, and the reports of their ends might not be decidable either."""
+    step = Step(job.model_copy(deep=True), now)
+    failed = step.job
+    ended_before = failed.state in RUN_TERMINAL
+    if not ended_before:
+        record(failed.status, failed.history, RunState.FAILED, R.CannotBeDecided(error=error), now)
+        failed.status.finished_at = now
+    for task in failed.tasks:
+        step.stop(task, R.RunFailed())
+        if ended_before and task.state is TaskState.STOPPING:
+            task.final = True
+    return failed, step.commands

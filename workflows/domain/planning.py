@@ -9,6 +9,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
+from workflows.domain.bounds import MAX_WORKERS
 from workflows.domain.machines import Cluster
 from workflows.domain.nodes import NodeView
 from workflows.domain.placement import Ask, explain, usable_gpus
@@ -80,7 +81,8 @@ def plan_workers(
         counts = [machines]
     else:
         most = template.topology.max_machines if template.topology and template.topology.max_machines else total_gpus
-        counts = [w for w in range(1, min(most, total_gpus) + 1) if total_gpus % w == 0]
+        # A run has at most MAX_WORKERS workers (workflows/domain/bounds.py): a split into more is no way to run it.
+        counts = [w for w in range(1, min(most, total_gpus, MAX_WORKERS) + 1) if total_gpus % w == 0]
     for workers in counts:
         per = total_gpus // workers
         if power_of_two(per) and sum(r >= per for r in room) >= workers:

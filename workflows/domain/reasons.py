@@ -208,10 +208,24 @@ class R:
     RunTerminated = _t("RunTerminated", "Its workflow was terminated in Temporal: {why}")
     # A machine's own history: its agent stopped a worker whose run's workflow is closed, terminated or gone.
     OrphanStopped = _t("OrphanStopped", "Stopped worker {task} of run {run}: its run is no longer open ({status})")
+    # A waiting worker whose scheduling decision raised: set aside, so that the pass goes on for every other one.
+    CannotBeScheduled = _t("CannotBeScheduled", "Cannot be scheduled: {error}")
+    # A run whose next decision raised: it fails (its workers stopped) rather than wedge its workflow.
+    CannotBeDecided = _t("CannotBeDecided", "Cannot be decided: {error}")
 
 
 # How reasons name a run of another namespace (spec: "Runs from another workspace are never named").
 ANOTHER_NAMESPACE = "(a job in another namespace)"
+
+
+ERROR_MAX_CHARS = 500  # an error in a reason: enough to find the bug, never a history's worth
+
+
+def error_text(error: BaseException) -> str:
+    """An unexpected error as a reason shows it: its kind and message, cut to ERROR_MAX_CHARS."""
+    message = str(error)
+    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    return text if len(text) <= ERROR_MAX_CHARS else text[: ERROR_MAX_CHARS - 3] + "..."
 
 
 def duration(seconds: float) -> str:

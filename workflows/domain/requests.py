@@ -126,7 +126,16 @@ class Allocation(BaseModel):
         """When its time limit stops it at the latest; None when it has no limit."""
         if self.time_limit_seconds is None:
             return None
-        return (self.started_at or now) + timedelta(seconds=self.time_limit_seconds)
+        return later(self.started_at or now, self.time_limit_seconds)
+
+
+def later(at: datetime, seconds: float) -> datetime | None:
+    """`seconds` after `at`; None when that is no date: a limit from before limits were bounded (past the year
+    9999), which counts as no limit, so that one run's record never stops a scheduling pass."""
+    try:
+        return at + timedelta(seconds=seconds)
+    except (OverflowError, ValueError):
+        return None
 
 
 def allocation_for(request: TaskRequest, node: str, now: datetime) -> Allocation:

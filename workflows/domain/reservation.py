@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from workflows.domain.machines import Cluster, Free
 from workflows.domain.placement import Ask, ask_key, fits, fits_empty
-from workflows.domain.requests import TaskRequest
+from workflows.domain.requests import TaskRequest, later
 
 
 @dataclass(frozen=True)
@@ -138,10 +138,26 @@ class Reservations:
     by_node: dict[str, list[Reservation]] = field(default_factory=dict)
     count: int = 0
     _refusals: dict[tuple[object, ...], _Refusals] = field(default_factory=dict)
+    _added: list[Reservation] = field(default_factory=list)  # in order, for `rollback`
 
     def add(self, reservation: Reservation) -> None:
         self.by_node.setdefault(reservation.node, []).append(reservation)
         self.count += 1
+        self._added.append(reservation)
+
+    def mark(self) -> int:
+        """A savepoint: `rollback(mark)` takes back every reservation added after it."""
+        return len(self._added)
+
+    def rollback(self, mark: int) -> None:
+        while len(self._added) > mark:
+            reservation = self._added.pop()
+            held = self.by_node[reservation.node]
+            held.pop()  # the latest of its machine: reservations are taken back latest first
+            if not held:
+                del self.by_node[reservation.node]
+            self.count -= 1
+        self._refusals.clear()  # counted by `count`, which may come back to a value it had with other holds
 
     def refusing(self, cluster: Cluster, ask: Ask) -> set[str]:
         """The held machines where the worker may not start now (see `allows`). Remembered per size of worker and
@@ -188,8 +204,8 @@ class Reservations:
         for reservation in held:
             if reservation.at is None:
                 return False  # no start time known: nothing can be shown not to delay it
-            ends = request.time_limit_seconds
-            if ends is not None and cluster.now + timedelta(seconds=ends) <= reservation.at:
+            ends = later(cluster.now, request.time_limit_seconds) if request.time_limit_seconds is not None else None
+            if ends is not None and ends <= reservation.at:
                 continue  # backfill: it is gone before the head starts
             room = _free_at(cluster, node, reservation.at)
             for other in held:

@@ -10,8 +10,10 @@ at the place of the first of them (`gang_placement`). Pure: the result is a Plan
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import NamedTuple, TypeVar
 
 from workflows.domain import gang_placement
 from workflows.domain.constraints import Drive
@@ -24,9 +26,11 @@ from workflows.domain.plans import Decision, Key, Plan, Preemption
 __all__ = ["Decision", "Key", "Plan", "Preemption", "queue_order", "schedule", "shown_to"]
 from workflows.domain.preemption import choose_victims, freed
 from workflows.domain.quotas import Quota, Usage, check_quota, usage_by_namespace
-from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Reason
+from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Reason, error_text
 from workflows.domain.requests import Allocation, TaskRequest, namespace_of, run_name
 from workflows.domain.reservation import Reservation, Reservations, minutes_left, reserve, show_time
+
+_A = TypeVar("_A")
 
 
 def queue_order(request: TaskRequest) -> tuple[int, datetime, str, int]:
@@ -94,10 +98,26 @@ class _Pass:
             if request.key in promised:
                 continue
             if not request.gang:
-                self.plan.decisions.append(self.decide(request))
+                self.plan.decisions.extend(self._guarded([request], self._single, request))
             elif (members := gangs.pop(request.job_id, None)) is not None:  # at its first member's place
-                self.plan.decisions.extend(self.gangs.decide(members))
+                self.plan.decisions.extend(self._guarded(members, self.gangs.decide, members))
         return self.plan
+
+    def _single(self, request: TaskRequest) -> list[Decision]:
+        return [self.decide(request)]
+
+    def _guarded(
+        self, requests: list[TaskRequest], decide: Callable[[_A], list[Decision]], argument: _A
+    ) -> list[Decision]:
+        """`decide(argument)`, for `requests`; should it raise, whatever it began is undone and each request is set
+        aside ("Cannot be scheduled: <error>"), so that one bad request never stops the pass for everyone else."""
+        savepoint = _Savepoint.of(self, requests[0].namespace)
+        try:
+            return decide(argument)
+        except Exception as error:
+            savepoint.restore(self)
+            reason = R.CannotBeScheduled(error=error_text(error))
+            return [Decision(request, None, reason) for request in requests]
 
     def _keep_promises(self, waiting: dict[Key, TaskRequest]) -> set[Key]:
         """Heads whose victims are still stopping keep the room those victims free ("Starting: waiting for k
@@ -109,32 +129,40 @@ class _Pass:
             if alloc is not None and head in waiting:
                 victims.setdefault(head, []).append(alloc)
         promised: set[Key] = set()
-        for head, allocs in sorted(victims.items(), key=lambda item: queue_order(waiting[item[0]])):
-            request = waiting[head]
+        for head in sorted(victims, key=lambda key: queue_order(waiting[key])):
             if head in promised:
                 continue  # a gang already kept with all its victims
-            members = [request]
-            required: list[TaskRequest] = []
-            if request.gang:
-                members = sorted((r for r in waiting.values() if r.job_id == request.job_id), key=queue_order)
-                # Once a gang's minimum runs, its members beyond it preempt as single workers do.
-                required = gang_placement.required_members(members, self.cluster.placed_count(request.job_id))
-            if required:
-                allocs = [a for h, found in victims.items() if h[0] == request.job_id for a in found]
-                places = self.gangs.promise(required, allocs)
-            else:
-                members, places = [request], self._single_promise(request, allocs)
-            if places is None:
-                continue
-            # The victims hold their room until they are gone; the head takes the rest now, so nothing else does.
-            for member, node in places:
-                self.take(member, node)
-                self.kept.add(member.key)
-            self.head = self.head or request
-            for member in members:
-                promised.add(member.key)
-                self.plan.decisions.append(Decision(member, None, R.WaitingForPreempted(k=len(allocs))))
+            request = waiting[head]
+            members = [r for r in waiting.values() if r.job_id == request.job_id] if request.gang else [request]
+            kept = self._guarded(members, self._keep_promise, _Promise(request, waiting, victims))
+            for decision in kept:
+                promised.add(decision.request.key)
+                self.plan.decisions.append(decision)
         return promised
+
+    def _keep_promise(self, head: _Promise) -> list[Decision]:
+        """One head (a gang: the members it needs) keeping its victims' room; no decision when it no longer fits."""
+        request, waiting, victims = head
+        allocs = victims[request.key]
+        members = [request]
+        required: list[TaskRequest] = []
+        if request.gang:
+            members = sorted((r for r in waiting.values() if r.job_id == request.job_id), key=queue_order)
+            # Once a gang's minimum runs, its members beyond it preempt as single workers do.
+            required = gang_placement.required_members(members, self.cluster.placed_count(request.job_id))
+        if required:
+            allocs = [a for h, found in victims.items() if h[0] == request.job_id for a in found]
+            places = self.gangs.promise(required, allocs)
+        else:
+            members, places = [request], self._single_promise(request, allocs)
+        if places is None:
+            return []
+        # The victims hold their room until they are gone; the head takes the rest now, so nothing else does.
+        for member, node in places:
+            self.take(member, node)
+            self.kept.add(member.key)
+        self.head = self.head or request
+        return [Decision(member, None, R.WaitingForPreempted(k=len(allocs))) for member in members]
 
     def _single_promise(self, request: TaskRequest, victims: list[Allocation]) -> list[tuple[TaskRequest, str]] | None:
         node = victims[0].node
@@ -289,6 +317,66 @@ class _Pass:
         if starts and None not in starts:
             return fill(R.QueuedBehindStartsBy, run=who, time=show_time(max(s for s in starts if s is not None)))
         return fill(R.QueuedBehind, run=who)
+
+
+class _Promise(NamedTuple):
+    """A head whose victims are still stopping, with what the pass knows of every waiting worker and victim."""
+
+    request: TaskRequest
+    waiting: dict[Key, TaskRequest]
+    victims: dict[Key, list[Allocation]]
+
+
+@dataclass(frozen=True)
+class _Savepoint:
+    """What one decision may change in a pass, to be undone should the decision raise. The plan's holds and the
+    victims being stopped only gain new keys during a decision, so their lengths mark them. A machine a decision
+    closed stays closed for the rest of the pass: that keeps others off it, never puts two workers on one GPU."""
+
+    placed: int
+    reserved: int
+    preemptions: int
+    holds: int
+    preempting: int
+    kept: frozenset[Key]
+    head: TaskRequest | None
+    head_starts: int
+    wake_at: datetime | None
+    namespace: str
+    usage: Usage
+
+    @classmethod
+    def of(cls, pass_: _Pass, namespace: str) -> _Savepoint:
+        plan = pass_.plan
+        return cls(
+            pass_.cluster.mark(),
+            pass_.reservations.mark(),
+            len(plan.preemptions),
+            len(plan.holds),
+            len(pass_.preempting),
+            frozenset(pass_.kept),
+            pass_.head,
+            len(pass_.head_starts),
+            plan.wake_at,
+            namespace,
+            replace(pass_.usage(namespace)),
+        )
+
+    def restore(self, pass_: _Pass) -> None:
+        plan = pass_.plan
+        pass_.cluster.rollback(self.placed)
+        pass_.reservations.rollback(self.reserved)
+        del plan.preemptions[self.preemptions :]
+        for key in list(plan.holds)[self.holds :]:
+            del plan.holds[key]
+        for key in list(pass_.preempting)[self.preempting :]:
+            del pass_.preempting[key]
+        pass_.kept.intersection_update(self.kept)
+        pass_.head = self.head
+        del pass_.head_starts[self.head_starts :]
+        plan.wake_at = self.wake_at
+        used = pass_.usage(self.namespace)
+        used.gpus, used.cpu, used.memory_bytes = self.usage.gpus, self.usage.cpu, self.usage.memory_bytes
 
 
 def _asked(request: TaskRequest) -> Usage:

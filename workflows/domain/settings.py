@@ -4,26 +4,42 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workflows.domain.bounds import DAY_SECONDS, YEAR_SECONDS
+
+# Bounded like a run spec's fields (workflows/domain/bounds.py): they feed dates and timers, which must not overflow.
+
 
 class Settings(BaseModel):
     """The spec's timers and defaults; `--settings FILE` overrides them (unknown keys are errors)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    backoff_base_seconds: float = Field(10, gt=0, description="Back-off before the first restart.")
-    backoff_cap_seconds: float = Field(300, gt=0, description="Longest back-off between restarts.")
-    restart_budget: int = Field(10, ge=0, description="Restarts allowed before a failure is final.")
-    restart_reset_seconds: float = Field(600, gt=0, description="Running this long resets the restart count.")
-    stale_grace_seconds: float = Field(15, gt=0, description="Grace after a missed heartbeat before Stale.")
-    heartbeat_ttl_seconds: float = Field(60, gt=0, description="Default heartbeat_ttl_seconds of a worker.")
-    barrier_timeout_seconds: float = Field(900, gt=0, description="Gang barrier timeout.")
-    replan_interval_seconds: float = Field(60, gt=0, description="Re-look at runs that cannot be planned.")
-    node_lease_ttl_seconds: float = Field(30, gt=0, description="A machine is Down after this long unheard.")
-    stop_grace_seconds: float = Field(10, ge=0, description="Between the stop signal and the kill.")
-    orphan_check_seconds: float = Field(
-        5, gt=0, description="How often an agent looks for workers whose run's workflow is no longer open."
+    backoff_base_seconds: float = Field(10, gt=0, le=DAY_SECONDS, description="Back-off before the first restart.")
+    backoff_cap_seconds: float = Field(300, gt=0, le=DAY_SECONDS, description="Longest back-off between restarts.")
+    restart_budget: int = Field(10, ge=0, le=10_000, description="Restarts allowed before a failure is final.")
+    restart_reset_seconds: float = Field(
+        600, gt=0, le=YEAR_SECONDS, description="Running this long resets the restart count."
     )
-    log_tail_lines: int = Field(50, gt=0, description="Lines of log kept in last_failure.")
-    log_tail_bytes: int = Field(16 * 1024, gt=0, description="Bytes of log kept in last_failure.")
-    continue_as_new_events: int = Field(4000, ge=50, description="A run's workflow continues as new past this.")
-    history_keep: int = Field(200, ge=10, description="Entries kept per history; older ones are summarised.")
+    stale_grace_seconds: float = Field(
+        15, gt=0, le=DAY_SECONDS, description="Grace after a missed heartbeat before Stale."
+    )
+    heartbeat_ttl_seconds: float = Field(
+        60, gt=0, le=DAY_SECONDS, description="Default heartbeat_ttl_seconds of a worker."
+    )
+    barrier_timeout_seconds: float = Field(900, gt=0, le=YEAR_SECONDS, description="Gang barrier timeout.")
+    replan_interval_seconds: float = Field(
+        60, gt=0, le=DAY_SECONDS, description="Re-look at runs that cannot be planned."
+    )
+    node_lease_ttl_seconds: float = Field(
+        30, gt=0, le=DAY_SECONDS, description="A machine is Down after this long unheard."
+    )
+    stop_grace_seconds: float = Field(10, ge=0, le=DAY_SECONDS, description="Between the stop signal and the kill.")
+    orphan_check_seconds: float = Field(
+        5, gt=0, le=DAY_SECONDS, description="How often an agent looks for workers of runs no longer open."
+    )
+    log_tail_lines: int = Field(50, gt=0, le=100_000, description="Lines of log kept in last_failure.")
+    log_tail_bytes: int = Field(16 * 1024, gt=0, le=1024 * 1024, description="Bytes of log kept in last_failure.")
+    continue_as_new_events: int = Field(
+        4000, ge=50, le=40_000, description="A run's workflow continues as new past this."
+    )
+    history_keep: int = Field(200, ge=10, le=10_000, description="Entries kept per history; older ones are summarised.")

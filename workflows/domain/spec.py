@@ -12,6 +12,22 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from workflows.domain.bounds import (
+    ENV_MAX_BYTES,
+    ENV_MAX_VARIABLES,
+    IMAGE_MAX_CHARS,
+    LEADER_MAX_CHARS,
+    MAX_BYTES,
+    MAX_HEARTBEAT_TTL_SECONDS,
+    MAX_PRIORITY,
+    MAX_TIME_LIMIT_SECONDS,
+    MAX_WORKERS,
+    SPEC_MAX_BYTES,
+    Arguments,
+    EnvName,
+    EnvValue,
+    PathText,
+)
 from workflows.domain.constraints import GpuRequest, NodeSelection, Topology
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -72,11 +88,16 @@ class DriveSpec(_Frozen):
     """A drive mounted into each worker: a path of the machine (`host_path`) or an engine's named `volume`."""
 
     name: Name = Field(description="The drive's name, as reasons show it.")
-    host_path: str | None = Field(None, description="A directory of the machine; the worker waits until it exists.")
-    volume: str | None = Field(
-        None, pattern=VOLUME_PATTERN, description="A named volume of the engine (created empty on first use)."
+    host_path: PathText | None = Field(
+        None, description="A directory of the machine; the worker waits until it exists."
     )
-    mount_path: str = Field(description="Where the worker sees it.")
+    volume: str | None = Field(
+        None,
+        pattern=VOLUME_PATTERN,
+        max_length=255,
+        description="A named volume of the engine (created empty on first use).",
+    )
+    mount_path: PathText = Field(description="Where the worker sees it.")
     read_only: bool = False
 
     @field_validator("host_path", "mount_path")
@@ -95,9 +116,9 @@ class SecretSpec(_Frozen):
     """One key of a secret synced to the machine, given to each worker as an environment variable or a file."""
 
     name: Name = Field(description="The secret, on the machine under <agent data dir>/secrets/<name>/.")
-    key: str = Field(pattern=KEY_PATTERN, description="The key: the file <name>/<key> holds its value.")
-    env: str | None = Field(None, pattern=ENV_PATTERN, description="Given as this environment variable.")
-    path: str | None = Field(None, description="Given as a read-only file at this path (docker runtime).")
+    key: str = Field(pattern=KEY_PATTERN, max_length=253, description="The key: the file <name>/<key> holds its value.")
+    env: EnvName | None = Field(None, pattern=ENV_PATTERN, description="Given as this environment variable.")
+    path: PathText | None = Field(None, description="Given as a read-only file at this path (docker runtime).")
 
     @field_validator("path")
     @classmethod
@@ -115,13 +136,13 @@ class HttpGet(_Frozen):
     """A readiness check that GETs http://<the worker's address>:<port><path>; a 2xx or 3xx answer passes."""
 
     port: int = Field(ge=1, le=65535)
-    path: str = Field("/", pattern=r"^/[^\s]*$")
+    path: str = Field("/", pattern=r"^/[^\s]*$", max_length=2048)
 
 
 class Readiness(_Frozen):
     """How a worker of the group shows it is healthy (serving): a command that exits 0, or an HTTP GET."""
 
-    command: list[str] | None = Field(None, min_length=1, description="Run in the worker's environment.")
+    command: Arguments | None = Field(None, description="Run in the worker's environment.")
     http_get: HttpGet | None = None
     period_seconds: float = Field(5, gt=0, le=3600, description="How often the machine checks.")
     timeout_seconds: float = Field(2, gt=0, le=600, description="A check that takes longer fails.")
@@ -143,19 +164,26 @@ class Dependency(_Frozen):
 class ArraySpec(_Frozen):
     """The group is an array of `replicas` independent workers, at most `max_parallel` placed at once."""
 
-    max_parallel: int = Field(ge=1, le=1000)
+    max_parallel: int = Field(ge=1, le=MAX_WORKERS)
 
 
 class GroupSpec(_Frozen):
     """A worker group: `replicas` identical workers (tasks) of one kind."""
 
     name: Name
-    replicas: int = Field(1, ge=1, le=1000, description="How many workers of this group.")
-    command: list[str] = Field(min_length=1, description="The program and its arguments.")
-    image: str | None = Field(None, description="Container image (docker runtime); ignored by the process runtime.")
-    env: dict[str, str] = Field(default_factory=dict, description="Environment variables of each worker.")
+    replicas: int = Field(1, ge=1, le=MAX_WORKERS, description="How many workers of this group.")
+    command: Arguments = Field(description="The program and its arguments.")
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=IMAGE_MAX_CHARS,
+        description="Container image (docker runtime); ignored by the process runtime.",
+    )
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict, max_length=ENV_MAX_VARIABLES, description="Environment variables of each worker."
+    )
     cpu: float = Field(1.0, ge=0, le=4096, description="CPU cores per worker.")
-    memory_bytes: int = Field(0, ge=0, description="Memory per worker, in bytes.")
+    memory_bytes: int = Field(0, ge=0, le=MAX_BYTES, description="Memory per worker, in bytes.")
     gpus: int = Field(0, ge=0, le=64, description="GPUs per worker.")
     total_gpus: int | None = Field(
         None,
@@ -164,14 +192,22 @@ class GroupSpec(_Frozen):
         description="GPUs of the whole group, split by the scheduler into workers of equal power-of-2 size, one "
         "per machine (instead of replicas and gpus).",
     )
-    machines: int | None = Field(None, ge=1, le=4096, description="With total_gpus: split across exactly this many.")
+    machines: int | None = Field(
+        None, ge=1, le=MAX_WORKERS, description="With total_gpus: split across exactly this many."
+    )
     restart_policy: RestartPolicy = Field("OnFailure", description="When an ended worker starts again.")
 
     time_limit_seconds: float | None = Field(
-        None, gt=0, description="Stop the worker after this long Running; it then fails for good."
+        None,
+        gt=0,
+        le=MAX_TIME_LIMIT_SECONDS,
+        description="Stop the worker after this long Running; it then fails for good.",
     )
     heartbeat_ttl_seconds: float | None = Field(
-        None, gt=0, description="Stale past the grace, Down after this long unheard (default 60)."
+        None,
+        gt=0,
+        le=MAX_HEARTBEAT_TTL_SECONDS,
+        description="Stale past the grace, Down after this long unheard (default 60).",
     )
     pull_policy: PullPolicy = Field("IfNotPresent", description="Always, IfNotPresent or None (never pull).")
     registry_secret: Name | None = Field(
@@ -181,7 +217,7 @@ class GroupSpec(_Frozen):
     secrets: list[SecretSpec] = Field(default_factory=list, max_length=256, description="Secrets given to each worker.")
 
     gpu_requests: list[GpuRequest] | None = Field(
-        None, description="GPUs its workers accept (any of these); default: any GPU."
+        None, max_length=16, description="GPUs its workers accept (any of these); default: any GPU."
     )
     healthy_only: bool = Field(False, description="Only GPUs with no fault and none at risk.")
     node_selection: NodeSelection | None = Field(
@@ -208,6 +244,14 @@ class GroupSpec(_Frozen):
         if not command[0].strip():
             raise ValueError("the program (first item) is empty")
         return command
+
+    @field_validator("env")
+    @classmethod
+    def _env_fits(cls, env: dict[str, str]) -> dict[str, str]:
+        size = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in env.items())  # NAME=VALUE and its NUL
+        if size > ENV_MAX_BYTES:
+            raise ValueError(f"{size} bytes in all (names and values), at most {ENV_MAX_BYTES}")
+        return env
 
     @model_validator(mode="after")
     def _planned_or_counted(self) -> GroupSpec:
@@ -252,7 +296,7 @@ class JobSpec(_Frozen):
 
     name: Name
     namespace: Name = "default"
-    priority: int = Field(0, ge=0, le=1_000_000, description="Higher runs first.")
+    priority: int = Field(0, ge=0, le=MAX_PRIORITY, description="Higher runs first.")
     lifetime: Literal["Batch", "Service"] = Field(
         "Batch", description="Batch runs end; a Service's workers serve until stopped ('r of n workers serving')."
     )
@@ -260,10 +304,15 @@ class JobSpec(_Frozen):
 
     gang: bool = Field(False, description="Place every worker together or none, and start them together.")
     leader: str | None = Field(
-        None, description="A gang's leader worker (default: the first worker); its failure restarts the gang."
+        None,
+        max_length=LEADER_MAX_CHARS,
+        description="A gang's leader worker (default: the first worker); its failure restarts the gang.",
     )
     min_available: int | None = Field(
-        None, ge=1, description="A gang may start once this many of its first workers are placed together."
+        None,
+        ge=1,
+        le=MAX_WORKERS,
+        description="A gang may start once this many of its first workers are placed together.",
     )
     complete_with: Name | None = Field(
         None, description="The run completes when this group completes; the other groups serve it."
@@ -279,6 +328,33 @@ class JobSpec(_Frozen):
     node_selection: NodeSelection | None = Field(
         None, description="Machines every worker may use, by names, labels and pools."
     )
+
+    @model_validator(mode="after")
+    def _within_bounds(self) -> JobSpec:
+        """A run's workers and its whole spec stay within what one run's workflow carries."""
+        workers = sum(g.machines or 1 if g.planned else g.replicas for g in self.groups)
+        if workers > MAX_WORKERS:
+            raise ValueError(f"groups: {workers} workers in all, at most {MAX_WORKERS} in one run")
+        for i, group in enumerate(self.groups):
+            if self.node_selection is None or group.node_selection is None:
+                continue
+            try:  # what its workers ask of the scheduler: the run's selection with the group's
+                self.node_selection.merged(group.node_selection)
+            except ValidationError as error:
+                raise ValueError(
+                    f"groups.{i}.node_selection: with the run's node_selection, {format_errors(error)}"
+                ) from None
+        size = len(self.model_dump_json())
+        if size > SPEC_MAX_BYTES:
+            parts = {f"groups.{i}": len(g.model_dump_json()) for i, g in enumerate(self.groups)}
+            if self.node_selection is not None:
+                parts["node_selection"] = len(self.node_selection.model_dump_json())
+            largest = max(parts, key=lambda part: parts[part])
+            raise ValueError(
+                f"{largest}: the run spec is {size} bytes as JSON, at most {SPEC_MAX_BYTES}; "
+                f"this is its largest part ({parts[largest]} bytes)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _unique_groups(self) -> JobSpec:
@@ -377,7 +453,11 @@ def format_errors(error: ValidationError) -> str:
     """One line per problem, each naming the field: `groups.0.gpus: Input should be ...`."""
     lines = []
     for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"])
+        parts = [str(part) for part in item["loc"]]
+        if parts[-1:] == ["[key]"]:  # a mapping's key: (..., "env", "<key>", "[key]")
+            *parts, key, _ = parts
+            parts[-1] += f" key {key!r}"
+        where = ".".join(parts)
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown field"

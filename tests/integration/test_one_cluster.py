@@ -1,0 +1,213 @@
+"""Nothing a user does wedges the cluster: the README's tour as written, a second `astraeus dev` on the same ports,
+a second agent of a live machine, and an agent that comes back after losing its lease. Every process is started
+here and ended by its PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from activities.runtime.base import TaskKey
+from activities.runtime.process import ProcessRuntime
+from tests.integration.harness import ASTRAEUS, SETTINGS, Cluster
+from workers.devserver import free_port, port_free
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {k: v for k, v in os.environ.items() if k != "ASTRAEUS_TEMPORAL"}  # the CLI's own default: 127.0.0.1:7233
+
+
+class Dev:
+    """`astraeus dev ...` started in `cwd`, its output in a log; ended by its PID (SIGTERM, as Ctrl-C would)."""
+
+    def __init__(self, cwd: Path, *args: str) -> None:
+        self.log = cwd / f"dev-{time.monotonic_ns()}.log"
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [ASTRAEUS, "dev", *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=ENV
+            )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while "local machine(s) ready" not in self.output():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"astraeus dev did not get ready (exit {self.process.poll()}):\n{self.output()}")
+            time.sleep(0.25)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def cli(*args: str, cwd: Path = ROOT, temporal: str | None = None) -> subprocess.CompletedProcess[str]:
+    where = ["--temporal", temporal] if temporal else []
+    return subprocess.run([ASTRAEUS, *args, *where], cwd=cwd, capture_output=True, text=True, timeout=60, env=ENV)
+
+
+def wait_for(check: Any, what: str, timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.25)
+
+
+# ---- the tour --------------------------------------------------------------------------------------------------
+
+
+def test_the_readme_tour_runs_as_written_with_the_defaults(tmp_path: Path) -> None:
+    """`astraeus dev --nodes 2 --gpus 2xL4-24GB` with its default data dir (.astraeus, relative to where it starts)
+    and its default ports, then `astraeus submit examples/hello.yaml` from the checkout: hello completes."""
+    taken = [port for port in (7233, 8233) if not port_free(port)]
+    if taken:  # the tour is about the defaults: another port would not test it
+        pytest.fail(f"ports {taken} are in use on this machine: the tour needs 7233 and 8233 free")
+    dev = Dev(tmp_path, "--nodes", "2", "--gpus", "2xL4-24GB")
+    try:
+        dev.wait_ready()
+        assert "Temporal frontend: 127.0.0.1:7233\nTemporal UI: http://127.0.0.1:8233\n" in dev.output()
+        submitted = cli("submit", "examples/hello.yaml")
+        assert (submitted.returncode, submitted.stdout) == (0, "submitted job/default/hello\n"), submitted.stderr
+        wait_for(lambda: cli("status", "hello").stdout.split(":")[0] in ("Completed", "Failed"), "hello to end")
+        assert cli("status", "hello").stdout == "Completed: All workers completed\n", cli("describe", "hello").stdout
+        assert (tmp_path / ".astraeus" / "temporal.db").is_file()
+    finally:
+        dev.stop()
+    assert dev.process.returncode == 0, dev.output()
+
+
+# ---- a second `astraeus dev` -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def first_dev(tmp_path: Path) -> Iterator[tuple[Dev, int, int]]:
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(yaml.safe_dump(SETTINGS))
+    port, ui = free_port(), free_port()
+    (tmp_path / "first").mkdir()
+    dev = Dev(tmp_path / "first", "--port", str(port), "--ui-port", str(ui), "--gpus", "2xL4-24GB",
+              "--settings", str(settings))  # fmt: skip
+    try:
+        dev.wait_ready()
+        yield dev, port, ui
+    finally:
+        dev.stop()
+
+
+def test_a_second_dev_on_the_same_ports_refuses_to_start_and_leaves_the_first_cluster_alone(
+    tmp_path: Path, first_dev: tuple[Dev, int, int]
+) -> None:
+    _, port, ui = first_dev
+    temporal = f"127.0.0.1:{port}"
+    before = cli("nodes", "--json", temporal=temporal).stdout
+    (tmp_path / "second").mkdir()
+    second = subprocess.run(
+        [ASTRAEUS, "dev", "--port", str(port), "--ui-port", str(ui)],
+        cwd=tmp_path / "second",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+    )
+    assert (second.returncode, second.stdout) == (2, "")
+    assert second.stderr.endswith(
+        f"astraeus: dev: cannot start: port {port} (Temporal frontend) and {ui} (Temporal UI) on 127.0.0.1 are in "
+        "use, by another `astraeus dev` or Temporal server perhaps: stop it, or choose other ports with --port and "
+        "--ui-port\n"
+    )
+    assert not (tmp_path / "second" / ".astraeus").exists()  # nothing was started there
+    time.sleep(SETTINGS["node_lease_ttl_seconds"] + 2)  # long enough for a lost lease to show
+    assert cli("nodes", "--json", temporal=temporal).stdout == before
+
+
+# ---- a second agent, and an agent that comes back ------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        c.start({"x": ["--cpus", "4"]})
+        yield c
+    finally:
+        c.stop()
+
+
+def node(cluster: Cluster, name: str) -> dict[str, Any]:
+    return next(n for n in cluster.json("nodes") if n["name"] == name)  # type: ignore[no-any-return]
+
+
+def test_a_second_agent_of_a_live_machine_is_refused_naming_the_agent_that_holds_it(cluster: Cluster) -> None:
+    before = node(cluster, "x")
+    holder = before["holder"]
+    pid = cluster.processes["x"].pid
+    assert holder.split(":")[1] == str(pid)
+    second = subprocess.run(
+        [ASTRAEUS, "agent", "--name", "x", "--data-dir", str(cluster.root / "second"), "--temporal", cluster.address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+    )
+    assert (second.returncode, second.stderr.splitlines()[-1]) == (
+        2,
+        f"astraeus: machine x is held by agent {holder}, whose lease is live: stop that agent first, or give this "
+        "one another --name",
+    )
+    assert node(cluster, "x") == before
+
+
+def test_a_killed_agent_started_again_takes_its_machine_over_at_once(cluster: Cluster) -> None:
+    old = node(cluster, "x")["holder"]
+    cluster.kill("x")
+    cluster.spawn_agent("x", "--cpus", "4")
+    view = cluster.wait_for(lambda: (n := node(cluster, "x"))["holder"] != old and n, "the new agent to hold x")
+    assert (view["state"], view["holder"].split(":")[1]) == ("Ready", str(cluster.processes["x"].pid))
+
+
+def test_an_agent_back_after_losing_its_lease_stops_its_workers_and_exits(cluster: Cluster, tmp_path: Path) -> None:
+    run = tmp_path / "sleepy.yaml"
+    run.write_text("name: sleepy\ngroups: [{name: w, command: [sleep, '600'], cpu: 1, restart_policy: Never}]\n")
+    cluster.cli("submit", str(run))
+    cluster.wait_state("sleepy", "Running")
+    old = cluster.processes["x"]
+    old.send_signal(signal.SIGSTOP)  # away for longer than its lease
+    try:
+        cluster.wait_for(lambda: node(cluster, "x")["state"] == "Down", "x to go Down", timeout=60)
+        again = tmp_path / "x-again"
+        cluster.agent_dirs.append(again)
+        cluster.spawn("x-again", "agent", "--name", "x", "--cpus", "4", "--data-dir", str(again))
+        new = cluster.wait_for(lambda: (n := node(cluster, "x"))["state"] == "Ready" and n, "x registered again")
+    finally:
+        old.send_signal(signal.SIGCONT)
+    assert old.wait(timeout=60) == 2
+    log = (cluster.root / "x.log").read_text()
+    assert (
+        f"astraeus: agent {socket.gethostname()}:{old.pid}:" in log
+        and f" of machine x: its lease expired; the machine is now held by agent {new['holder']}. It stopped its 1 "
+        "running worker(s) and exits rather than run beside another agent"
+        in log
+    ), log
+    runtime = ProcessRuntime(cluster.agent_dir("x") / "tasks")
+    assert not runtime.observe(TaskKey(namespace="default", job="sleepy", task="w-0", attempt=0)).running
+    assert node(cluster, "x")["holder"] == new["holder"]

@@ -1,0 +1,59 @@
+"""The embedded Temporal server's guards: taken ports refuse the start, and a port is known to be served by the
+process that listens on it, not by whoever else answers there."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workers.devserver import DevServer, DevServerError, free_port, owns_listener, port_free
+
+
+def test_a_taken_port_refuses_the_start_before_anything_is_made(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ui = free_port()
+        assert (port_free(port), port_free(ui)) == (False, True)
+        with pytest.raises(DevServerError) as refused:
+            DevServer(tmp_path / "data", port=port, ui_port=ui).start()
+    assert str(refused.value) == (
+        f"port {port} (Temporal frontend) on 127.0.0.1 is in use, by another `astraeus dev` or Temporal server "
+        "perhaps: stop it, or choose other ports with --port and --ui-port"
+    )
+    assert not (tmp_path / "data").exists()
+
+
+def test_the_listener_of_a_port_is_told_from_another_process() -> None:
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert (owns_listener(os.getpid(), port), owns_listener(other.pid, port)) == (True, False)
+        finally:
+            other.kill()
+            other.wait()
+
+
+def test_a_data_dir_in_use_by_a_running_server_refuses_a_second_one(tmp_path: Path) -> None:
+    first = DevServer(tmp_path, port=free_port(), ui_port=None)
+    first._lock_data_dir()
+    try:
+        with pytest.raises(DevServerError) as refused:
+            DevServer(tmp_path, port=free_port(), ui_port=None).start()
+        assert str(refused.value) == (
+            f"{tmp_path} is in use by astraeus dev (pid {os.getpid()}): stop it, or choose another --data-dir"
+        )
+    finally:
+        first.stop()
+    again = DevServer(tmp_path, port=free_port(), ui_port=None)
+    again._lock_data_dir()  # free again once the first stopped
+    again.stop()
