@@ -77,13 +77,33 @@ def control_worker(client: Client, settings: Settings) -> Worker:
     )
 
 
-async def scheduler_worker(client: Client) -> Worker:
+class SchedulerWorker:
+    """The scheduler service's Temporal worker (place, release, node_changed, ...) and its sweep, which runs only
+    while the worker does."""
+
+    def __init__(self, service: SchedulerService, worker: Worker) -> None:
+        self.service = service
+        self.worker = worker
+
+    async def run(self) -> None:
+        self.service.sweeping = asyncio.ensure_future(self.service.sweep_forever())
+        try:
+            await self.worker.run()
+        finally:
+            self.service.sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.service.sweeping
+
+    async def shutdown(self) -> None:
+        await self.worker.shutdown()
+
+
+async def scheduler_worker(client: Client) -> SchedulerWorker:
     """Rebuilds the scheduler's view from the durable truth, then serves place / release / node_changed, and
     sweeps away runs that closed without giving their room back."""
     service = SchedulerService(client)
     await service.rebuild()
-    service.sweeping = asyncio.ensure_future(service.sweep_forever())
-    return Worker(
+    worker = Worker(
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
         activities=[
@@ -96,6 +116,7 @@ async def scheduler_worker(client: Client) -> Worker:
         ],
         max_concurrent_activities=100,
     )
+    return SchedulerWorker(service, worker)
 
 
 @dataclass
