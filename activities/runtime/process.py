@@ -87,6 +87,17 @@ class ProcessRuntime:
             return Observed(running=False, not_found=True)
         return Observed(running=False, exit_code=code)
 
+    def ended_fd(self, key: TaskKey) -> int | None:
+        """A pidfd of the attempt's shim, readable once it exited (its worker ended and the exit file is written);
+        None for a shim this instance did not spawn (an agent that restarted polls those) or one already gone."""
+        shim = self._spawned.get(key.slug)
+        if shim is None or shim.poll() is not None:
+            return None
+        try:
+            return os.pidfd_open(shim.pid)
+        except (OSError, AttributeError):  # not Linux 5.3+: poll
+            return None
+
     def probe(self, key: TaskKey, readiness: Readiness) -> tuple[bool, str]:
         """An HTTP GET to 127.0.0.1 (the worker shares the machine's network), or the command run as the worker
         runs: the same user, its working directory and the environment it was started with."""
