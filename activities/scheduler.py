@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
@@ -74,6 +75,7 @@ class SchedulerService:
         self._asking: dict[Key, int] = {}  # workers whose `place` call awaits a pass: answered in its result
         self._refresh_at: datetime | None = None  # when a held-back refresh of machines' reasons is due
         self._due: asyncio.Future[None] | None = None  # the next pass, once a change asked for one
+        self._last_pass = (0.0, 0.0)  # when the last pass ended, and how long it took (monotonic seconds)
         self._wake: asyncio.TimerHandle | None = None
         self.outbox = Outbox(self._deliver)
         self.sweeping: asyncio.Future[None] | None = None  # sweep_forever, while the service serves
@@ -257,16 +259,23 @@ class SchedulerService:
 
     async def _settle(self) -> None:
         """Return once a pass that saw this change is done. Every change made before that pass begins joins it,
-        however many arrive meanwhile: under a burst, one pass decides many calls."""
+        however many arrive meanwhile: under a burst, one pass decides many calls. A pass begins no sooner than
+        its predecessor's length after that one ended, so that passes over a long queue take at most half of the
+        event loop the service shares (with the control plane, in the embedded default) and batch more calls."""
         if self._due is None:
             loop = asyncio.get_running_loop()
             self._due = loop.create_future()
-            loop.call_soon(self._run_due)
+            rest = self._last_pass[0] + self._last_pass[1] - time.monotonic()
+            if rest > 0:
+                loop.call_later(rest, self._run_due)
+            else:
+                loop.call_soon(self._run_due)
         await asyncio.shield(self._due)
 
     def _run_due(self) -> None:
         due, self._due = self._due, None
         assert due is not None
+        began = time.monotonic()
         try:
             self._pass()
         except Exception as error:
@@ -274,6 +283,9 @@ class SchedulerService:
             due.set_exception(error)
             due.exception()  # retrieved here too: a change whose caller went away must not warn
             return
+        finally:
+            ended = time.monotonic()
+            self._last_pass = (ended, ended - began)
         due.set_result(None)
 
     def _pass(self) -> None:
@@ -306,23 +318,27 @@ class SchedulerService:
                 self.outbox.put(request.job_id, "placement", self._placed(request, decision.node))
             return
         assert decision.reason is not None
-        update = PlacementAnswer(
-            task_id=request.task_id,
-            attempt=request.attempt,
-            code=decision.reason.code,
-            reason=decision.reason.text,
-            nodes=decision.nodes,
-            quota_reached=decision.reached.text if decision.reached is not None else "",
-        )
+        reason, quota = decision.reason, decision.reached.text if decision.reached is not None else ""
         last = self._sent.get(request.key)
         if last is not None:
             sent, at = last
-            if sent == update:
-                return
-            due = at + timedelta(seconds=NODES_REFRESH_SECONDS)
-            if (sent.code, sent.reason) == (update.code, update.reason) and now < due:
-                self._refresh_at = min(self._refresh_at or due, due)
-                return
+            # The same reason is not sent again; its machines' reasons at most every NODES_REFRESH_SECONDS. The
+            # cheap fields first: a queue of hundreds is decided again at every pass.
+            if (sent.code, sent.reason, sent.quota_reached) == (reason.code, reason.text, quota):
+                due = at + timedelta(seconds=NODES_REFRESH_SECONDS)
+                if now < due:
+                    self._refresh_at = min(self._refresh_at or due, due)
+                    return
+                if (sent.attempt, sent.nodes) == (request.attempt, decision.nodes):
+                    return
+        update = PlacementAnswer(
+            task_id=request.task_id,
+            attempt=request.attempt,
+            code=reason.code,
+            reason=reason.text,
+            nodes=decision.nodes,
+            quota_reached=quota,
+        )
         self._sent[request.key] = (update, now)
         if not asking:
             self.outbox.put(request.job_id, "placement", update)

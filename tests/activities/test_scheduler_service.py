@@ -125,10 +125,10 @@ async def service(cluster: FakeCluster, clock: Clock | None = None) -> Scheduler
 async def place(svc: SchedulerService, *requests: TaskRequest) -> None:
     """A run's `place` call: its answers (in the call's result) are kept with the signals, in the order told."""
     result = await svc.place(PlaceInput(requests=list(requests)))
-    await svc.outbox.idle()
-    for answer in result.answers:
+    for answer in result.answers:  # the run hears its result before any signal sent after it
         job = next(r.job_id for r in requests if r.task_id == answer.task_id)
         svc._client.cluster.signals.append((job, "placement", answer))  # type: ignore[attr-defined]
+    await svc.outbox.idle()
 
 
 def placements(cluster: FakeCluster) -> list[tuple[str, str, str | None, str]]:
