@@ -2,6 +2,11 @@
 
 Every activity is idempotent: an attempt's container is named by run, worker and attempt, so a retried start
 finds its own, and a supervisor that restarts re-attaches to a worker that kept running.
+
+Fencing: a start that may be stale (a retry, one that waited in the queue longer than a lease, one scheduled before
+this agent last registered, or one that took that long to set up) asks its run (query `attempts_on`) whether the
+attempt is still the run's on this machine, and is refused otherwise; and the lease's holder stops any running
+attempt whose run no longer has it, so no worker runs twice. A fresh first start asks nothing.
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from temporalio import activity
@@ -23,11 +29,13 @@ from activities.machine import PressureWatch
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime, TaskKey
 from activities.starter import SetupEnded, Starter
-from workflows.domain.nodes import GpuInfo, NodeInventory, node_id
+from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView, node_id
 from workflows.domain.reasons import R, Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import Readiness, job_id
 from workflows.messages import (
+    AttemptsOnNode,
+    AttemptsQuery,
     GpuHealthReport,
     LeaseInput,
     LogText,
@@ -54,6 +62,8 @@ T = TypeVar("T")
 POLL_SECONDS = 0.25
 POLL_SECONDS_SETTLED = 1.0
 SETTLED_AFTER_SECONDS = 5.0
+EXPIRED = "its lease expired"  # why a lease was lost: this agent registers again
+TAKEN_OVER = "its lease was taken over"  # another agent holds the machine: this one stops its workers and ends
 GPU_HEALTH_SECONDS = 5.0  # how often the lease's holder looks at the GPUs' health (and the machine's pressure)
 PRESSURE_READ_SECONDS = 1.0  # a pressure read still going after this is collected at a later look
 
@@ -92,13 +102,37 @@ class AgentActivities:
         self._orphan_look: asyncio.Task[None] | None = None  # the look for orphaned workers under way
         self._orphan_look_due = 0.0  # time.monotonic() of the next look
         self._orphans_untold: list[OrphanStoppedReport] = []  # stopped, not yet written in the machine's history
+        self.registered_at: datetime | None = None  # when the machine's workflow took this agent's latest registration
+        self.registrations = 0  # how often this agent registered: a start begun before the latest one is fenced
+        self._lease_seen = time.monotonic()  # when hold_lease last ran here
+        self._live: dict[TaskKey, int] = {}  # attempts an activity of this agent starts or watches now
+
+    def registered(self, view: NodeView) -> None:
+        """The machine's workflow took this agent's registration (its first, or again after its lease expired): it
+        holds the lease again, and looks at once for attempts its runs no longer have."""
+        self.registered_at = view.since
+        self.registrations += 1
+        self.lost_why = ""
+        self.lost.clear()
+        self._lease_seen = time.monotonic()
+        self._orphan_look_due = 0.0
+
+    def inventory(self) -> NodeInventory:
+        """What the machine has, with its GPUs' health and its pressure as last seen: what it registers again."""
+        return self._inventory.model_copy(update={"gpus": list(self._gpus), "pressure": list(self._pressure)})
+
+    def lease_idle_seconds(self) -> float:
+        """How long no lease was held here: long past its TTL, the machine's workflow holds none for this agent."""
+        return time.monotonic() - self._lease_seen
 
     @activity.defn(name="hold_lease")
     async def hold_lease(self, input: LeaseInput) -> None:
         """Renew the machine's lease by heartbeating until the control plane cancels it; meanwhile report the
         GPUs' health and the machine's pressure to the machine's workflow when they change."""
+        registrations = self.registrations
         try:
             while True:
+                self._lease_seen = time.monotonic()
                 activity.heartbeat()
                 self._look_for_orphans()
                 await self._report_gpu_health()
@@ -106,11 +140,13 @@ class AgentActivities:
                 await asyncio.sleep(min(input.renew_seconds, GPU_HEALTH_SECONDS))
         except asyncio.CancelledError:
             details = activity.cancellation_details()
-            if details is None or not details.worker_shutdown:
+            replaced = self.registrations != registrations  # this agent registered again: a new lease replaces it
+            if not replaced and (details is None or not details.worker_shutdown):
                 # Cancelled by the machine's workflow (another agent took it over), or unknown to the server (it
-                # expired while this agent was away): either way this agent no longer holds the machine.
+                # expired while this agent was away): either way this agent no longer holds the machine. An expired
+                # lease is taken again (the agent registers again); a lease taken over ends the agent.
                 expired = details is not None and (details.not_found or details.timed_out)
-                self.lost_why = "its lease expired" if expired else "its lease was taken over"
+                self.lost_why = EXPIRED if expired else TAKEN_OVER
                 self.lost.set()
             raise
 
@@ -132,6 +168,21 @@ class AgentActivities:
 
     async def _start(self, input: StartTaskInput) -> tuple[list[int], bool]:
         key = task_key(input.ref)
+        began, registrations = time.monotonic(), self.registrations
+        if self._doubtful(activity.info()):
+            await self._fence(input.ref)
+
+        async def fence() -> None:
+            """Just before the runtime starts it: ask again if it took a lease's time, or the lease changed."""
+            if self._lease_changed(began, registrations):
+                await self._fence(input.ref)
+
+        with self._live_attempt(key):
+            return await self._set_up_and_start(input, key, fence)
+
+    async def _set_up_and_start(
+        self, input: StartTaskInput, key: TaskKey, fence: Callable[[], Awaitable[None]]
+    ) -> tuple[list[int], bool]:
         self._attempts.add(key)
         env = {
             **input.group.env,
@@ -145,7 +196,7 @@ class AgentActivities:
             if input.barrier:
                 gpus, started = await self._starter.ready(key, input.group, env, _beat, reported)
             else:
-                gpus = await self._starter.start(key, input.group, env, _beat, reported, input.host_network)
+                gpus = await self._starter.start(key, input.group, env, _beat, reported, input.host_network, fence)
                 started = True
         except SetupEnded as ended:
             raise ApplicationError(ended.reason.text, type=ended.reason.code, non_retryable=True) from None
@@ -160,6 +211,12 @@ class AgentActivities:
         return await self._watch(input.ref, input.settings, input.readiness, report)
 
     async def _watch(
+        self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskReport
+    ) -> TaskExit:
+        with self._live_attempt(task_key(ref)):
+            return await self._watch_attempt(ref, settings, readiness, report)
+
+    async def _watch_attempt(
         self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskReport
     ) -> TaskExit:
         key = task_key(ref)
@@ -291,6 +348,63 @@ class AgentActivities:
             return
         self._pressure = pressure
 
+    # ---- fencing: a start, or a worker, whose attempt its run no longer has here ---------------------------------
+
+    def _doubtful(self, info: activity.Info) -> bool:
+        """Whether a start may be stale, so its run is asked first: a retry, one that waited in the queue longer
+        than a lease (its machine may have been lost meanwhile), one scheduled before this agent last registered,
+        or one arriving while the lease is lost. A fresh first start is not: it asks nothing."""
+        ttl = timedelta(seconds=self._settings.node_lease_ttl_seconds)
+        scheduled = info.current_attempt_scheduled_time
+        return (
+            info.attempt > 1
+            or info.started_time - scheduled > ttl
+            or (self.registered_at is not None and scheduled < self.registered_at)
+            or self.lost.is_set()
+        )
+
+    def _lease_changed(self, began: float, registrations: int) -> bool:
+        """Whether, since a start began, a lease's time passed (it waited to be set up, or this agent was paused)
+        or this agent's lease was lost or taken again: its run may have moved on."""
+        elapsed = time.monotonic() - began
+        return (
+            elapsed > self._settings.node_lease_ttl_seconds or self.registrations != registrations or self.lost.is_set()
+        )
+
+    async def _fence(self, ref: TaskRef) -> None:
+        """Refuse the start (non-retryable, nothing started) unless its run still has this attempt here. A run that
+        does not answer now fails the try, to be tried again."""
+        answer = await self._attempts_of(ref.namespace, ref.job)
+        why = _stale(answer, ref.task_id, ref.attempt)
+        if why is not None:
+            reason = R.StartRefused(attempt=ref.attempt, task=ref.task_id, why=why)
+            log.warning("%s: %s of run %s/%s", self.node_name, reason.text, ref.namespace, ref.job)
+            raise ApplicationError(reason.text, type=reason.code, non_retryable=True)
+
+    async def _attempts_of(self, namespace: str, job: str) -> AttemptsOnNode | None:
+        """The attempts a run has on this machine (query `attempts_on`); None when its workflow does not exist."""
+        handle = self._client.get_workflow_handle(job_id(namespace, job))
+        try:
+            answer: AttemptsOnNode = await handle.query(
+                "attempts_on", AttemptsQuery(node=self.node_name), result_type=AttemptsOnNode
+            )
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+        return answer
+
+    @contextlib.contextmanager
+    def _live_attempt(self, key: TaskKey) -> Iterator[None]:
+        """While an activity starts or watches the attempt, its run has it: the look for stale attempts skips it."""
+        self._live[key] = self._live.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._live[key] -= 1
+            if not self._live[key]:
+                del self._live[key]
+
     # ---- orphans: workers whose run's workflow is no longer open ------------------------------------------------
 
     def _look_for_orphans(self) -> None:
@@ -306,30 +420,49 @@ class AgentActivities:
 
     async def _stop_orphans(self) -> None:
         """Stop every worker that runs here while its run's workflow is closed, terminated (the Temporal UI's
-        Terminate button) or gone: nothing else would ever stop it. Each stop is written in the machine's history.
-        A run whose workflow cannot be read now (Temporal does not answer) is looked at again next time."""
+        Terminate button) or gone, or while its open run no longer has that attempt here (it was lost with the
+        machine, or the run moved on): nothing else would ever stop it. Each stop is written in the machine's
+        history. A run that cannot be read now (Temporal does not answer) is looked at again next time."""
         try:
             running = await asyncio.to_thread(self._runtime.running)
         except Exception as err:  # the engine does not answer: look again next time
             log.warning("%s: could not list its workers: %s", self._inventory.name, err)
             return
         for namespace, job in sorted({(key.namespace, key.job) for key in running}):
+            keys = [key for key in running if (key.namespace, key.job) == (namespace, job)]
             try:
-                status = await self._closed_run(namespace, job)
+                stale = await self._not_the_runs(namespace, job, keys)
             except Exception as err:
                 log.warning("%s: could not read run %s/%s: %s", self._inventory.name, namespace, job, err)
                 continue
-            if status is None:
-                continue
-            for key in (key for key in running if (key.namespace, key.job) == (namespace, job)):
-                log.warning("%s: stopping %s: its run is no longer open (%s)", self._inventory.name, key.slug, status)
+            for key, report in stale:
+                log.warning("%s: stopping %s: %s", self._inventory.name, key.slug, report)
                 try:
                     await self._starter.stop(key, self._settings.stop_grace_seconds)
                 except Exception as err:  # tried again at the next look, since it still runs
                     log.warning("%s: could not stop %s: %s", self._inventory.name, key.slug, err)
                     continue
-                self._orphans_untold.append(OrphanStoppedReport(task=key.task, run=f"{namespace}/{job}", status=status))
+                self._orphans_untold.append(report)
         await self._tell_orphans_stopped()
+
+    async def _not_the_runs(
+        self, namespace: str, job: str, keys: list[TaskKey]
+    ) -> list[tuple[TaskKey, OrphanStoppedReport]]:
+        """The attempts of one run running here that it no longer has: all of them when its workflow is no longer
+        open; else those no activity of this agent watches whose attempt the run does not have here (one query)."""
+        run = f"{namespace}/{job}"
+        status = await self._closed_run(namespace, job)
+        if status is not None:
+            return [(key, OrphanStoppedReport(task=key.task, run=run, status=status)) for key in keys]
+        unwatched = [key for key in keys if key not in self._live]
+        if not unwatched:
+            return []
+        answer = await self._attempts_of(namespace, job)
+        return [
+            (key, OrphanStoppedReport(task=key.task, run=run, status=why, attempt=key.attempt))
+            for key in unwatched
+            if (why := _stale(answer, key.task, key.attempt)) is not None
+        ]
 
     async def _closed_run(self, namespace: str, job: str) -> str | None:
         """How Temporal has a run's workflow when it is no longer open ("terminated", "completed", "not found",
@@ -355,6 +488,20 @@ class AgentActivities:
                 log.warning("%s: could not write a stopped orphan in its history: %s", self._inventory.name, err)
                 return
             self._orphans_untold.pop(0)
+
+
+def _stale(answer: AttemptsOnNode | None, task: str, attempt: int) -> str | None:
+    """Why attempt `attempt` of worker `task` is no longer its run's on this machine; None while it is."""
+    if answer is None:
+        return "its run no longer exists"
+    if not answer.open:
+        return "its run ended"
+    current = answer.attempts.get(task)
+    if current is None:
+        return "its run no longer has it on this machine"
+    if current != attempt:
+        return f"its run has attempt {current} here now"
+    return None
 
 
 def _beat(doing: str) -> None:

@@ -44,6 +44,8 @@ with workflow.unsafe.imports_passed_through():
         SA_PRIORITY,
         SA_STATE,
         SCHEDULER_TASK_QUEUE,
+        AttemptsOnNode,
+        AttemptsQuery,
         CancelRunInput,
         JobInput,
         LoadSettingsResult,
@@ -517,6 +519,13 @@ class JobWorkflow:
     @workflow.query(name="events")
     def events(self) -> list[Event]:
         return events(self._record())
+
+    @workflow.query(name="attempts_on")
+    def attempts_on(self, query: AttemptsQuery) -> AttemptsOnNode:
+        """The attempts this run has on a machine now: an agent starts, and keeps running, only those (fencing)."""
+        job = self._record()
+        attempts = {t.id: t.attempt for t in job.tasks if t.node == query.node and t.state in TASK_ON_NODE}
+        return AttemptsOnNode(open=job.state not in RUN_TERMINAL, attempts=attempts)
 
     @workflow.query(name="scheduler_view")
     def scheduler_view(self) -> SchedulerView:
