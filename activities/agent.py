@@ -36,6 +36,7 @@ from workflows.domain.spec import Readiness, job_id
 from workflows.messages import (
     AttemptsOnNode,
     AttemptsQuery,
+    ExitedWhileLostReport,
     GpuHealthReport,
     LeaseInput,
     LogText,
@@ -65,7 +66,9 @@ SETTLED_AFTER_SECONDS = 5.0
 EXPIRED = "its lease expired"  # why a lease was lost: this agent registers again
 TAKEN_OVER = "its lease was taken over"  # another agent holds the machine: this one stops its workers and ends
 GPU_HEALTH_SECONDS = 5.0  # how often the lease's holder looks at the GPUs' health (and the machine's pressure)
-PRESSURE_READ_SECONDS = 1.0  # a pressure read still going after this is collected at a later look
+PRESSURE_READ_SECONDS = 1.0
+# How long an exit returned to a run is remembered: should the lease expire meanwhile, it is told to its run again.
+RETURNED_KEPT_SECONDS = 600.0  # a pressure read still going after this is collected at a later look
 
 
 def task_key(ref: TaskRef) -> TaskKey:
@@ -106,11 +109,19 @@ class AgentActivities:
         self.registrations = 0  # how often this agent registered: a start begun before the latest one is fenced
         self._lease_seen = time.monotonic()  # when hold_lease last ran here
         self._live: dict[TaskKey, int] = {}  # attempts an activity of this agent starts or watches now
+        self._unwatched: set[TaskKey] = set()  # attempts whose watch ended before they did (their run lost them?)
+        self._returned: dict[TaskKey, float] = {}  # attempts whose watch returned their exit lately, and when
 
     def registered(self, view: NodeView) -> None:
         """The machine's workflow took this agent's registration (its first, or again after its lease expired): it
         holds the lease again, and looks at once for attempts its runs no longer have."""
         self.registered_at = view.since
+        if self.registrations:
+            # Its lease had expired: an exit returned lately may never have reached its run (the activity had
+            # timed out, or its run had given up on it when the machine was lost): tell the run again.
+            now = time.monotonic()
+            self._unwatched.update(key for key, at in self._returned.items() if now - at < RETURNED_KEPT_SECONDS)
+            self._returned.clear()
         self.registrations += 1
         self.lost_why = ""
         self.lost.clear()
@@ -213,37 +224,56 @@ class AgentActivities:
     async def _watch(
         self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskReport
     ) -> TaskExit:
-        with self._live_attempt(task_key(ref)):
-            return await self._watch_attempt(ref, settings, readiness, report)
+        key = task_key(ref)
+        self._unwatched.discard(key)
+        registrations = self.registrations
+        with self._live_attempt(key):
+            try:
+                ended, paused = await self._watch_attempt(ref, settings, readiness, report)
+            except BaseException:
+                # Cancelled (its run lost it with the machine, say) or failed: should it exit 0 on its own, its run
+                # is told at a later look for orphans, so finished work is not run again.
+                self._unwatched.add(key)
+                raise
+        if paused > self._settings.node_lease_ttl_seconds or self._lease_changed(time.monotonic(), registrations):
+            self._unwatched.add(key)  # this result may reach no one: its run is told again at a later look
+        else:
+            now = time.monotonic()
+            self._returned = {k: at for k, at in self._returned.items() if now - at < RETURNED_KEPT_SECONDS}
+            self._returned[key] = now
+        return ended
 
     async def _watch_attempt(
         self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskReport
-    ) -> TaskExit:
+    ) -> tuple[TaskExit, float]:
+        """Its exit, and the longest this agent went unheard while watching it (paused, say)."""
         key = task_key(ref)
         self._attempts.add(key)
         observed = await asyncio.to_thread(self._runtime.observe, key)
         if observed.not_found:
-            return TaskExit(not_found=True)
+            return TaskExit(not_found=True), 0.0
         await self._client.get_workflow_handle(job_id(ref.namespace, ref.job)).signal("task_running", report)
         checking = None
         if readiness is not None:
             checking = asyncio.ensure_future(self._check_health(ref, readiness))
         settled_at = time.monotonic() + SETTLED_AFTER_SECONDS
         settled = min(POLL_SECONDS_SETTLED, settings.stale_grace_seconds / 4)  # heartbeats well within the grace
+        paused, looked = 0.0, time.monotonic()
         try:
             while observed.running:
                 activity.heartbeat()
                 await asyncio.sleep(POLL_SECONDS if time.monotonic() < settled_at else settled)
                 observed = await asyncio.to_thread(self._runtime.observe, key)
+                paused, looked = max(paused, time.monotonic() - looked), time.monotonic()
         finally:
             if checking is not None:
                 checking.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await checking
         if observed.not_found:
-            return TaskExit(not_found=True)
+            return TaskExit(not_found=True), paused
         tail = await asyncio.to_thread(self._runtime.log_tail, key, settings.log_tail_lines, settings.log_tail_bytes)
-        return TaskExit(exit_code=observed.exit_code, oom=observed.oom, log_tail=tail)
+        return TaskExit(exit_code=observed.exit_code, oom=observed.oom, log_tail=tail), paused
 
     @activity.defn(name="stop_task")
     async def stop_task(self, input: StopTaskInput) -> None:
@@ -444,6 +474,33 @@ class AgentActivities:
                     continue
                 self._orphans_untold.append(report)
         await self._tell_orphans_stopped()
+        await self._tell_exits_while_lost()
+
+    async def _tell_exits_while_lost(self) -> None:
+        """Tell each run whose worker's watch ended before the worker did, and which then exited 0, that it did
+        (signal `task_exited_while_lost`): a run that lost it with the machine and has not run it again yet counts
+        it completed. What cannot be told now is told at the next look; other ends are forgotten."""
+        for key in sorted(self._unwatched, key=lambda k: k.slug):
+            if key in self._live:  # watched again: its watch reports its end
+                self._unwatched.discard(key)
+                continue
+            observed = await asyncio.to_thread(self._runtime.observe, key)
+            if observed.running:
+                continue
+            if observed.exit_code == 0 and not observed.oom:
+                report = ExitedWhileLostReport(task_id=key.task, attempt=key.attempt, node=self.node_name)
+                try:
+                    await self._client.get_workflow_handle(job_id(key.namespace, key.job)).signal(
+                        "task_exited_while_lost", report
+                    )
+                except Exception as err:
+                    gone = isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND  # its run closed
+                    log.warning("%s: could not tell %s exited 0: %s", self.node_name, key.slug, err)
+                    if not gone:
+                        continue
+                else:
+                    log.warning("%s: %s exited 0 while its run had lost it: told its run", self.node_name, key.slug)
+            self._unwatched.discard(key)
 
     async def _not_the_runs(
         self, namespace: str, job: str, keys: list[TaskKey]

@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         AttemptsOnNode,
         AttemptsQuery,
         CancelRunInput,
+        ExitedWhileLostReport,
         JobInput,
         LoadSettingsResult,
         MachineLostReport,
@@ -470,6 +471,10 @@ class JobWorkflow:
     @workflow.signal(name="machine_lost")
     def machine_lost(self, report: MachineLostReport) -> None:
         self._inbox.append(ev.MachineLost(node=report.node, removed=report.removed))
+
+    @workflow.signal(name="task_exited_while_lost")
+    def task_exited_while_lost(self, report: ExitedWhileLostReport) -> None:
+        self._inbox.append(ev.ExitedWhileLost(**report.model_dump()))
 
     @workflow.signal(name="preempt")
     def preempt(self, request: PreemptRequest) -> None:

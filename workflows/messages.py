@@ -126,6 +126,15 @@ class TaskHealthReport(_Msg):
     detail: str = ""
 
 
+class ExitedWhileLostReport(_Msg):
+    """Signal `task_exited_while_lost`: machine `node` came back after being lost and read back that this attempt,
+    which its run lost with it, had exited 0 meanwhile (the exit is kept on the machine)."""
+
+    task_id: str
+    attempt: int
+    node: str
+
+
 class MachineLostReport(_Msg):
     """Signal `machine_lost`: the machine's lease expired (or it was removed from the cluster)."""
 

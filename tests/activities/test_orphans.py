@@ -24,7 +24,15 @@ from activities.runtime.base import Launch, TaskKey
 from activities.runtime.process import ProcessRuntime
 from workflows.domain.nodes import NodeInventory
 from workflows.domain.settings import Settings
-from workflows.messages import AttemptsOnNode, AttemptsQuery, LeaseInput, OrphanStoppedReport
+from workflows.messages import (
+    AttemptsOnNode,
+    AttemptsQuery,
+    ExitedWhileLostReport,
+    LeaseInput,
+    OrphanStoppedReport,
+    SuperviseInput,
+    TaskRef,
+)
 
 
 class Temporal:
@@ -39,6 +47,7 @@ class Temporal:
         self.runs = runs
         self.attempts = attempts or {}  # each open run's answer to `attempts_on`
         self.queried: list[str] = []
+        self.signals: list[tuple[str, str, Any]] = []
         self.updates: list[tuple[str, str, Any]] = []
         self.refuse = False
         self.described: list[str] = []
@@ -56,6 +65,11 @@ class Temporal:
             if isinstance(answer, RPCStatusCode):
                 raise RPCError(f"workflow {self._id}: {answer.name}", answer, b"")
             return SimpleNamespace(status=answer)
+
+        async def signal(self, name: str, message: Any) -> None:
+            if self._owner.refuse:
+                raise RuntimeError("control plane unreachable")
+            self._owner.signals.append((self._id, name, message))
 
         async def query(self, name: str, query: AttemptsQuery, result_type: type) -> AttemptsOnNode:
             assert (name, query, result_type) == ("attempts_on", AttemptsQuery(node="n0"), AttemptsOnNode)
@@ -225,3 +239,36 @@ async def test_attempts_an_activity_of_the_agent_watches_are_not_asked_about(roo
         finally:
             await machine.release()
     assert machine.runs(watched) and temporal.queried == [] and temporal.updates == []
+
+
+async def test_a_worker_whose_watch_ended_before_it_did_and_that_exited_0_is_told_to_its_run(root: Path) -> None:
+    # Issue 11, finding 8: the run lost the worker with the machine (its watch was cancelled) while the worker went
+    # on and exited 0; its exit, kept on the machine, is read back and told, so finished work is not run again.
+    temporal = Temporal({"job/default/train": WorkflowExecutionStatus.RUNNING}, {})
+    machine = Machine(root, temporal, Settings(orphan_check_seconds=0.05))
+    done, failed = key("train", "w-0", attempt=2), key("train", "w-1")
+    for worker, code in ((done, 0), (failed, 3)):
+        machine.run(worker, ["sh", "-c", f"sleep 0.5; exit {code}"])
+        watch = ActivityEnvironment()
+        ref = TaskRef(namespace="default", job="train", task_id=worker.task, attempt=worker.attempt)
+        watching = asyncio.ensure_future(
+            watch.run(machine.agent.supervise_task, SuperviseInput(ref=ref, settings=Settings()))
+        )
+        await until(lambda w=worker: any(s[2].task_id == w.task for s in temporal.signals))  # type: ignore[misc]
+        watch.cancel()  # the run lost it with the machine
+        with suppress(BaseException):
+            await watching
+    temporal.signals.clear()
+    temporal.refuse = True  # the run does not hear the first tries
+    machine.hold_lease()
+    try:
+        await until(lambda: not machine.runs(done) and not machine.runs(failed))
+        await asyncio.sleep(0.2)
+        temporal.refuse = False
+        await until(lambda: len(temporal.signals) == 1)
+        await asyncio.sleep(0.2)  # told once
+    finally:
+        await machine.release()
+    assert temporal.signals == [
+        ("job/default/train", "task_exited_while_lost", ExitedWhileLostReport(task_id="w-0", attempt=2, node="n0"))
+    ]
