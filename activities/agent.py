@@ -141,9 +141,20 @@ class AgentActivities:
         """Renew the machine's lease by heartbeating until the control plane cancels it; meanwhile report the
         GPUs' health and the machine's pressure to the machine's workflow when they change."""
         registrations = self.registrations
+        # The lease's heartbeat timeout (renewals come three times within it); at least a second, so that a slow
+        # loop on a loaded machine is not mistaken for a pause.
+        ttl = max(3 * input.renew_seconds, 1.0)
+        last = time.monotonic()
         try:
             while True:
-                self._lease_seen = time.monotonic()
+                now = time.monotonic()
+                if now - last > ttl:
+                    # Unheard for longer than its lease (this agent was paused): it expired on the server already.
+                    # Count it lost now, before any look for orphans acts on what the agent saw before the pause.
+                    self.lost_why = EXPIRED
+                    self.lost.set()
+                    return
+                last = self._lease_seen = now
                 activity.heartbeat()
                 self._look_for_orphans()
                 await self._report_gpu_health()
