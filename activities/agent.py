@@ -67,6 +67,7 @@ EXPIRED = "its lease expired"  # why a lease was lost: this agent registers agai
 TAKEN_OVER = "its lease was taken over"  # another agent holds the machine: this one stops its workers and ends
 GPU_HEALTH_SECONDS = 5.0  # how often the lease's holder looks at the GPUs' health (and the machine's pressure)
 PRESSURE_READ_SECONDS = 1.0
+PAUSE_FLOOR_SECONDS = 5.0  # a lease's loop unheard for this long (at least) counts the lease lost: it was paused
 # How long an exit returned to a run is remembered: should the lease expire meanwhile, it is told to its run again.
 RETURNED_KEPT_SECONDS = 600.0  # a pressure read still going after this is collected at a later look
 
@@ -141,9 +142,9 @@ class AgentActivities:
         """Renew the machine's lease by heartbeating until the control plane cancels it; meanwhile report the
         GPUs' health and the machine's pressure to the machine's workflow when they change."""
         registrations = self.registrations
-        # The lease's heartbeat timeout (renewals come three times within it); at least a second, so that a slow
-        # loop on a loaded machine is not mistaken for a pause.
-        ttl = max(3 * input.renew_seconds, 1.0)
+        # The lease's heartbeat timeout (renewals come three times within it); at least PAUSE_FLOOR_SECONDS, so that
+        # a slow look (a pressure read is waited for up to a second) on a loaded machine is not mistaken for a pause.
+        ttl = max(3 * input.renew_seconds, PAUSE_FLOOR_SECONDS)
         last = time.monotonic()
         try:
             while True:
