@@ -2,6 +2,11 @@
 
 Every activity is idempotent: an attempt's container is named by run, worker and attempt, so a retried start
 finds its own, and a supervisor that restarts re-attaches to a worker that kept running.
+
+Fencing: a start that may be stale (a retry, one that waited in the queue longer than a lease, one scheduled before
+this agent last registered, or one that took that long to set up) asks its run (query `attempts_on`) whether the
+attempt is still the run's on this machine, and is refused otherwise; and the lease's holder stops any running
+attempt whose run no longer has it, so no worker runs twice. A fresh first start asks nothing.
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from temporalio import activity
@@ -24,11 +30,14 @@ from activities.machine import PressureWatch
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime, TaskKey
 from activities.starter import SetupEnded, Starter
-from workflows.domain.nodes import GpuInfo, NodeInventory, node_id
+from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView, node_id
 from workflows.domain.reasons import R, Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import Readiness, job_id
 from workflows.messages import (
+    AttemptsOnNode,
+    AttemptsQuery,
+    ExitedWhileLostReport,
     GpuHealthReport,
     LeaseInput,
     LogText,
@@ -55,8 +64,13 @@ T = TypeVar("T")
 POLL_SECONDS = 0.25
 POLL_SECONDS_SETTLED = 1.0
 SETTLED_AFTER_SECONDS = 5.0
+EXPIRED = "its lease expired"  # why a lease was lost: this agent registers again
+TAKEN_OVER = "its lease was taken over"  # another agent holds the machine: this one stops its workers and ends
 GPU_HEALTH_SECONDS = 5.0  # how often the lease's holder looks at the GPUs' health (and the machine's pressure)
-PRESSURE_READ_SECONDS = 1.0  # a pressure read still going after this is collected at a later look
+PRESSURE_READ_SECONDS = 1.0
+PAUSE_FLOOR_SECONDS = 5.0  # a lease's loop unheard for this long (at least) counts the lease lost: it was paused
+# How long an exit returned to a run is remembered: should the lease expire meanwhile, it is told to its run again.
+RETURNED_KEPT_SECONDS = 600.0  # a pressure read still going after this is collected at a later look
 
 
 def task_key(ref: TaskRef) -> TaskKey:
@@ -93,13 +107,56 @@ class AgentActivities:
         self._orphan_look: asyncio.Task[None] | None = None  # the look for orphaned workers under way
         self._orphan_look_due = 0.0  # time.monotonic() of the next look
         self._orphans_untold: list[OrphanStoppedReport] = []  # stopped, not yet written in the machine's history
+        self.registered_at: datetime | None = None  # when the machine's workflow took this agent's latest registration
+        self.registrations = 0  # how often this agent registered: a start begun before the latest one is fenced
+        self._lease_seen = time.monotonic()  # when hold_lease last ran here
+        self._live: dict[TaskKey, int] = {}  # attempts an activity of this agent starts or watches now
+        self._unwatched: set[TaskKey] = set()  # attempts whose watch ended before they did (their run lost them?)
+        self._returned: dict[TaskKey, float] = {}  # attempts whose watch returned their exit lately, and when
+
+    def registered(self, view: NodeView) -> None:
+        """The machine's workflow took this agent's registration (its first, or again after its lease expired): it
+        holds the lease again, and looks at once for attempts its runs no longer have."""
+        self.registered_at = view.since
+        if self.registrations:
+            # Its lease had expired: an exit returned lately may never have reached its run (the activity had
+            # timed out, or its run had given up on it when the machine was lost): tell the run again.
+            now = time.monotonic()
+            self._unwatched.update(key for key, at in self._returned.items() if now - at < RETURNED_KEPT_SECONDS)
+            self._returned.clear()
+        self.registrations += 1
+        self.lost_why = ""
+        self.lost.clear()
+        self._lease_seen = time.monotonic()
+        self._orphan_look_due = 0.0
+
+    def inventory(self) -> NodeInventory:
+        """What the machine has, with its GPUs' health and its pressure as last seen: what it registers again."""
+        return self._inventory.model_copy(update={"gpus": list(self._gpus), "pressure": list(self._pressure)})
+
+    def lease_idle_seconds(self) -> float:
+        """How long no lease was held here: long past its TTL, the machine's workflow holds none for this agent."""
+        return time.monotonic() - self._lease_seen
 
     @activity.defn(name="hold_lease")
     async def hold_lease(self, input: LeaseInput) -> None:
         """Renew the machine's lease by heartbeating until the control plane cancels it; meanwhile report the
         GPUs' health and the machine's pressure to the machine's workflow when they change."""
+        registrations = self.registrations
+        # The lease's heartbeat timeout (renewals come three times within it); at least PAUSE_FLOOR_SECONDS, so that
+        # a slow look (a pressure read is waited for up to a second) on a loaded machine is not mistaken for a pause.
+        ttl = max(3 * input.renew_seconds, PAUSE_FLOOR_SECONDS)
+        last = time.monotonic()
         try:
             while True:
+                now = time.monotonic()
+                if now - last > ttl:
+                    # Unheard for longer than its lease (this agent was paused): it expired on the server already.
+                    # Count it lost now, before any look for orphans acts on what the agent saw before the pause.
+                    self.lost_why = EXPIRED
+                    self.lost.set()
+                    return
+                last = self._lease_seen = now
                 activity.heartbeat()
                 self._look_for_orphans()
                 await self._report_gpu_health()
@@ -107,11 +164,13 @@ class AgentActivities:
                 await asyncio.sleep(min(input.renew_seconds, GPU_HEALTH_SECONDS))
         except asyncio.CancelledError:
             details = activity.cancellation_details()
-            if details is None or not details.worker_shutdown:
+            replaced = self.registrations != registrations  # this agent registered again: a new lease replaces it
+            if not replaced and (details is None or not details.worker_shutdown):
                 # Cancelled by the machine's workflow (another agent took it over), or unknown to the server (it
-                # expired while this agent was away): either way this agent no longer holds the machine.
+                # expired while this agent was away): either way this agent no longer holds the machine. An expired
+                # lease is taken again (the agent registers again); a lease taken over ends the agent.
                 expired = details is not None and (details.not_found or details.timed_out)
-                self.lost_why = "its lease expired" if expired else "its lease was taken over"
+                self.lost_why = EXPIRED if expired else TAKEN_OVER
                 self.lost.set()
             raise
 
@@ -133,6 +192,21 @@ class AgentActivities:
 
     async def _start(self, input: StartTaskInput) -> tuple[list[int], bool]:
         key = task_key(input.ref)
+        began, registrations = time.monotonic(), self.registrations
+        if self._doubtful(activity.info()):
+            await self._fence(input.ref)
+
+        async def fence() -> None:
+            """Just before the runtime starts it: ask again if it took a lease's time, or the lease changed."""
+            if self._lease_changed(began, registrations):
+                await self._fence(input.ref)
+
+        with self._live_attempt(key):
+            return await self._set_up_and_start(input, key, fence)
+
+    async def _set_up_and_start(
+        self, input: StartTaskInput, key: TaskKey, fence: Callable[[], Awaitable[None]]
+    ) -> tuple[list[int], bool]:
         self._attempts.add(key)
         env = {
             **input.group.env,
@@ -146,7 +220,7 @@ class AgentActivities:
             if input.barrier:
                 gpus, started = await self._starter.ready(key, input.group, env, _beat, reported)
             else:
-                gpus = await self._starter.start(key, input.group, env, _beat, reported, input.host_network)
+                gpus = await self._starter.start(key, input.group, env, _beat, reported, input.host_network, fence)
                 started = True
         except SetupEnded as ended:
             raise ApplicationError(ended.reason.text, type=ended.reason.code, non_retryable=True) from None
@@ -164,18 +238,43 @@ class AgentActivities:
         self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskReport
     ) -> TaskExit:
         key = task_key(ref)
+        self._unwatched.discard(key)
+        registrations = self.registrations
+        with self._live_attempt(key):
+            try:
+                ended, paused = await self._watch_attempt(ref, settings, readiness, report)
+            except BaseException:
+                # Cancelled (its run lost it with the machine, say) or failed: should it exit 0 on its own, its run
+                # is told at a later look for orphans, so finished work is not run again.
+                self._unwatched.add(key)
+                raise
+        if paused > self._settings.node_lease_ttl_seconds or self._lease_changed(time.monotonic(), registrations):
+            self._unwatched.add(key)  # this result may reach no one: its run is told again at a later look
+        else:
+            now = time.monotonic()
+            self._returned = {k: at for k, at in self._returned.items() if now - at < RETURNED_KEPT_SECONDS}
+            self._returned[key] = now
+        return ended
+
+    async def _watch_attempt(
+        self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskReport
+    ) -> tuple[TaskExit, float]:
+        """Its exit, and the longest this agent went unheard while watching it (paused, say)."""
+        key = task_key(ref)
         self._attempts.add(key)
         observed = await asyncio.to_thread(self._runtime.observe, key)
         if observed.not_found:
-            return TaskExit(not_found=True)
+            return TaskExit(not_found=True), 0.0
         await self._client.get_workflow_handle(job_id(ref.namespace, ref.job)).signal("task_running", report)
         checking = None
         if readiness is not None:
             checking = asyncio.ensure_future(self._check_health(ref, readiness))
         settled_at = time.monotonic() + SETTLED_AFTER_SECONDS
-        heartbeat = settings.stale_grace_seconds / 4  # heartbeats well within the grace
+        # Heartbeats well within the grace, and looks well within a lease (a longer gap means this agent was paused)
+        heartbeat = min(settings.stale_grace_seconds, settings.node_lease_ttl_seconds) / 4
         settled = min(POLL_SECONDS_SETTLED, heartbeat)
         ended = self._runtime.ended_fd(key)  # a worker whose end wakes this watch needs no polling
+        paused, looked = 0.0, time.monotonic()
         try:
             while observed.running:
                 activity.heartbeat()
@@ -184,6 +283,7 @@ class AgentActivities:
                 else:
                     await asyncio.sleep(POLL_SECONDS if time.monotonic() < settled_at else settled)
                 observed = await asyncio.to_thread(self._runtime.observe, key)
+                paused, looked = max(paused, time.monotonic() - looked), time.monotonic()
         finally:
             if ended is not None:
                 os.close(ended)
@@ -192,9 +292,9 @@ class AgentActivities:
                 with contextlib.suppress(asyncio.CancelledError):
                     await checking
         if observed.not_found:
-            return TaskExit(not_found=True)
+            return TaskExit(not_found=True), paused
         tail = await asyncio.to_thread(self._runtime.log_tail, key, settings.log_tail_lines, settings.log_tail_bytes)
-        return TaskExit(exit_code=observed.exit_code, oom=observed.oom, log_tail=tail)
+        return TaskExit(exit_code=observed.exit_code, oom=observed.oom, log_tail=tail), paused
 
     @activity.defn(name="stop_task")
     async def stop_task(self, input: StopTaskInput) -> None:
@@ -299,6 +399,63 @@ class AgentActivities:
             return
         self._pressure = pressure
 
+    # ---- fencing: a start, or a worker, whose attempt its run no longer has here ---------------------------------
+
+    def _doubtful(self, info: activity.Info) -> bool:
+        """Whether a start may be stale, so its run is asked first: a retry, one that waited in the queue longer
+        than a lease (its machine may have been lost meanwhile), one scheduled before this agent last registered,
+        or one arriving while the lease is lost. A fresh first start is not: it asks nothing."""
+        ttl = timedelta(seconds=self._settings.node_lease_ttl_seconds)
+        scheduled = info.current_attempt_scheduled_time
+        return (
+            info.attempt > 1
+            or info.started_time - scheduled > ttl
+            or (self.registered_at is not None and scheduled < self.registered_at)
+            or self.lost.is_set()
+        )
+
+    def _lease_changed(self, began: float, registrations: int) -> bool:
+        """Whether, since a start began, a lease's time passed (it waited to be set up, or this agent was paused)
+        or this agent's lease was lost or taken again: its run may have moved on."""
+        elapsed = time.monotonic() - began
+        return (
+            elapsed > self._settings.node_lease_ttl_seconds or self.registrations != registrations or self.lost.is_set()
+        )
+
+    async def _fence(self, ref: TaskRef) -> None:
+        """Refuse the start (non-retryable, nothing started) unless its run still has this attempt here. A run that
+        does not answer now fails the try, to be tried again."""
+        answer = await self._attempts_of(ref.namespace, ref.job)
+        why = _stale(answer, ref.task_id, ref.attempt)
+        if why is not None:
+            reason = R.StartRefused(attempt=ref.attempt, task=ref.task_id, why=why)
+            log.warning("%s: %s of run %s/%s", self.node_name, reason.text, ref.namespace, ref.job)
+            raise ApplicationError(reason.text, type=reason.code, non_retryable=True)
+
+    async def _attempts_of(self, namespace: str, job: str) -> AttemptsOnNode | None:
+        """The attempts a run has on this machine (query `attempts_on`); None when its workflow does not exist."""
+        handle = self._client.get_workflow_handle(job_id(namespace, job))
+        try:
+            answer: AttemptsOnNode = await handle.query(
+                "attempts_on", AttemptsQuery(node=self.node_name), result_type=AttemptsOnNode
+            )
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+        return answer
+
+    @contextlib.contextmanager
+    def _live_attempt(self, key: TaskKey) -> Iterator[None]:
+        """While an activity starts or watches the attempt, its run has it: the look for stale attempts skips it."""
+        self._live[key] = self._live.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._live[key] -= 1
+            if not self._live[key]:
+                del self._live[key]
+
     # ---- orphans: workers whose run's workflow is no longer open ------------------------------------------------
 
     def _look_for_orphans(self) -> None:
@@ -314,30 +471,76 @@ class AgentActivities:
 
     async def _stop_orphans(self) -> None:
         """Stop every worker that runs here while its run's workflow is closed, terminated (the Temporal UI's
-        Terminate button) or gone: nothing else would ever stop it. Each stop is written in the machine's history.
-        A run whose workflow cannot be read now (Temporal does not answer) is looked at again next time."""
+        Terminate button) or gone, or while its open run no longer has that attempt here (it was lost with the
+        machine, or the run moved on): nothing else would ever stop it. Each stop is written in the machine's
+        history. A run that cannot be read now (Temporal does not answer) is looked at again next time."""
         try:
             running = await asyncio.to_thread(self._runtime.running)
         except Exception as err:  # the engine does not answer: look again next time
             log.warning("%s: could not list its workers: %s", self._inventory.name, err)
             return
         for namespace, job in sorted({(key.namespace, key.job) for key in running}):
+            keys = [key for key in running if (key.namespace, key.job) == (namespace, job)]
             try:
-                status = await self._closed_run(namespace, job)
+                stale = await self._not_the_runs(namespace, job, keys)
             except Exception as err:
                 log.warning("%s: could not read run %s/%s: %s", self._inventory.name, namespace, job, err)
                 continue
-            if status is None:
-                continue
-            for key in (key for key in running if (key.namespace, key.job) == (namespace, job)):
-                log.warning("%s: stopping %s: its run is no longer open (%s)", self._inventory.name, key.slug, status)
+            for key, report in stale:
+                log.warning("%s: stopping %s: %s", self._inventory.name, key.slug, report)
                 try:
                     await self._starter.stop(key, self._settings.stop_grace_seconds)
                 except Exception as err:  # tried again at the next look, since it still runs
                     log.warning("%s: could not stop %s: %s", self._inventory.name, key.slug, err)
                     continue
-                self._orphans_untold.append(OrphanStoppedReport(task=key.task, run=f"{namespace}/{job}", status=status))
+                self._orphans_untold.append(report)
         await self._tell_orphans_stopped()
+        await self._tell_exits_while_lost()
+
+    async def _tell_exits_while_lost(self) -> None:
+        """Tell each run whose worker's watch ended before the worker did, and which then exited 0, that it did
+        (signal `task_exited_while_lost`): a run that lost it with the machine and has not run it again yet counts
+        it completed. What cannot be told now is told at the next look; other ends are forgotten."""
+        for key in sorted(self._unwatched, key=lambda k: k.slug):
+            if key in self._live:  # watched again: its watch reports its end
+                self._unwatched.discard(key)
+                continue
+            observed = await asyncio.to_thread(self._runtime.observe, key)
+            if observed.running:
+                continue
+            if observed.exit_code == 0 and not observed.oom:
+                report = ExitedWhileLostReport(task_id=key.task, attempt=key.attempt, node=self.node_name)
+                try:
+                    await self._client.get_workflow_handle(job_id(key.namespace, key.job)).signal(
+                        "task_exited_while_lost", report
+                    )
+                except Exception as err:
+                    gone = isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND  # its run closed
+                    log.warning("%s: could not tell %s exited 0: %s", self.node_name, key.slug, err)
+                    if not gone:
+                        continue
+                else:
+                    log.warning("%s: %s exited 0 while its run had lost it: told its run", self.node_name, key.slug)
+            self._unwatched.discard(key)
+
+    async def _not_the_runs(
+        self, namespace: str, job: str, keys: list[TaskKey]
+    ) -> list[tuple[TaskKey, OrphanStoppedReport]]:
+        """The attempts of one run running here that it no longer has: all of them when its workflow is no longer
+        open; else those no activity of this agent watches whose attempt the run does not have here (one query)."""
+        run = f"{namespace}/{job}"
+        status = await self._closed_run(namespace, job)
+        if status is not None:
+            return [(key, OrphanStoppedReport(task=key.task, run=run, status=status)) for key in keys]
+        unwatched = [key for key in keys if key not in self._live]
+        if not unwatched:
+            return []
+        answer = await self._attempts_of(namespace, job)
+        return [
+            (key, OrphanStoppedReport(task=key.task, run=run, status=why, attempt=key.attempt))
+            for key in unwatched
+            if (why := _stale(answer, key.task, key.attempt)) is not None
+        ]
 
     async def _closed_run(self, namespace: str, job: str) -> str | None:
         """How Temporal has a run's workflow when it is no longer open ("terminated", "completed", "not found",
@@ -363,6 +566,20 @@ class AgentActivities:
                 log.warning("%s: could not write a stopped orphan in its history: %s", self._inventory.name, err)
                 return
             self._orphans_untold.pop(0)
+
+
+def _stale(answer: AttemptsOnNode | None, task: str, attempt: int) -> str | None:
+    """Why attempt `attempt` of worker `task` is no longer its run's on this machine; None while it is."""
+    if answer is None:
+        return "its run no longer exists"
+    if not answer.open:
+        return "its run ended"
+    current = answer.attempts.get(task)
+    if current is None:
+        return "its run no longer has it on this machine"
+    if current != attempt:
+        return f"its run has attempt {current} here now"
+    return None
 
 
 def _beat(doing: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from activities.prepare import Preparer, Waiting
@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 Report = Callable[[TaskKey, Reason], Coroutine[Any, Any, None]]
 # Heartbeats the activity with what it does now, so a retry knows what was already reported.
 Beat = Callable[[str], None]
+# Called just before the runtime starts an attempt; raises to refuse the start (its attempt is stale: fencing).
+Fence = Callable[[], Awaitable[None]]
 
 PREPARE_RETRY_SECONDS = 1.0
 REPORT_TIMEOUT_SECONDS = 30.0
@@ -69,13 +71,25 @@ class Starter:
         beat: Beat,
         reported: str | None = None,
         host_network: bool = False,
+        fence: Fence | None = None,
     ) -> list[int]:
         """Start the attempt; returns its GPUs. `reported` is the reason a former try already reported;
-        `host_network`: it shares the machine's network (a gang member).
+        `host_network`: it shares the machine's network (a gang member); `fence` is awaited just before the
+        runtime starts it, and refuses the start by raising (its GPUs are given back).
         Raises SetupEnded when it cannot be set up, RuntimeUnavailable when the runtime does not answer."""
         gpus, launch = await self._set_up(key, group, env, beat, reported, host_network)
-        if launch is not None:
-            await self._run_start(key, launch, beat)
+        if launch is None:
+            return gpus
+        if fence is not None and key.slug not in self._starting:
+            try:
+                await fence()
+                self._not_stopped(key)  # a stop may have come while the run was asked
+            except BaseException:
+                if key.slug not in self._starting:
+                    self._reserved.pop(key.slug, None)
+                    self._pulled.discard(key.slug)
+                raise
+        await self._run_start(key, launch, beat)
         return gpus
 
     async def ready(

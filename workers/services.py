@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +20,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from activities.agent import AgentActivities
+from activities.agent import EXPIRED, TAKEN_OVER, AgentActivities
 from activities.control import ControlActivities
 from activities.gpus import GpusUnavailable, GpuWatch, NvmlWatch, read_inventory_gpus
 from activities.machine import PROCFS, SYSFS, PressureWatch, data_free_bytes, read_rdma_ports
@@ -37,6 +38,8 @@ from workflows.node import NodeWorkflow
 from workflows.quotas import QuotasWorkflow
 
 log = logging.getLogger(__name__)
+
+REGISTER_AGAIN_MAX_SECONDS = 10.0  # the longest pause between tries to register again while Temporal does not answer
 
 
 # The workflows' own modules are passed through the sandbox instead of being imported again for every run: that
@@ -271,14 +274,19 @@ async def register(client: Client, node: NodeInventory, settings: Settings, inst
 
 class Agent:
     """A node agent: one Temporal worker on the machine's task queue (its workers' activities) and one on its own
-    lease queue. It runs until shut down, or until it loses the lease: then it stops its workers and raises
-    LeaseLost, rather than run beside the agent that holds the machine now."""
+    lease queue. It runs until shut down. When its lease expires (it was paused, or cut off from Temporal) it
+    registers again on its own, keeping its workers (those their runs lost it stops as it looks for stale attempts);
+    only when another agent holds the machine does it stop its workers and raise LeaseLost, rather than run beside
+    the agent that holds the machine now."""
 
-    def __init__(self, client: Client, activities: AgentActivities, grace_seconds: float) -> None:
+    def __init__(
+        self, client: Client, activities: AgentActivities, grace_seconds: float, settings: Settings | None = None
+    ) -> None:
         self.name = activities.node_name
         self.activities = activities
         self._client = client
         self._grace = grace_seconds
+        self._settings = settings or Settings()
         self.machine = Worker(
             client,
             task_queue=node_task_queue(self.name),
@@ -301,12 +309,17 @@ class Agent:
 
     async def run(self) -> None:
         runs = [asyncio.ensure_future(self.machine.run()), asyncio.ensure_future(self.lease.run())]
-        lost = asyncio.ensure_future(self.activities.lost.wait())
+        watching = asyncio.ensure_future(self._watch_lease())
         stopped = 0
         try:
-            await asyncio.wait([*runs, lost], return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                lost = asyncio.ensure_future(self.activities.lost.wait())
+                await asyncio.wait([*runs, lost], return_when=asyncio.FIRST_COMPLETED)
+                lost.cancel()
+                if not self.activities.lost.is_set() or not await self._register_again(runs):
+                    break
         finally:
-            lost.cancel()
+            watching.cancel()
             if self.activities.lost.is_set():
                 stopped = await self.activities.stop_own_workers(self._grace)
             await self.shutdown()
@@ -321,6 +334,48 @@ class Agent:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
+
+    async def _register_again(self, runs: Sequence[asyncio.Future[None]]) -> bool:
+        """After the lease expired, take it again (the same instance), keeping the workers: True once registered.
+        False when the lease was taken over, or another live agent holds the machine now (then this one ends), or
+        when this agent's Temporal workers ended meanwhile. Temporal not answering is waited out."""
+        if self.activities.lost_why != EXPIRED:
+            return False
+        pause = 0.5
+        while not any(run.done() for run in runs):
+            try:
+                inventory, instance = self.activities.inventory(), self.activities.instance
+                view = await register(self._client, inventory, self._settings, instance)
+            except RegistrationRefused as refused:
+                log.warning("%s: could not take its lease again: %s", self.name, refused)
+                return False
+            except Exception as err:  # Temporal does not answer (an outage): try again
+                log.warning("%s: could not register again (%s): trying again in %g s", self.name, err, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, REGISTER_AGAIN_MAX_SECONDS)
+                continue
+            self.activities.registered(view)
+            log.warning("%s: its lease had expired: registered again, keeping its workers", self.name)
+            return True
+        return False
+
+    async def _watch_lease(self) -> None:
+        """A safety net: should no lease reach this agent for twice its TTL (its cancellation never arrived), ask the
+        machine's workflow who holds the machine, and count the lease lost if this agent does not."""
+        ttl = self._settings.node_lease_ttl_seconds
+        while True:
+            await asyncio.sleep(max(ttl / 2, 0.1))
+            if self.activities.lost.is_set() or self.activities.lease_idle_seconds() < 2 * ttl:
+                continue
+            try:
+                handle = self._client.get_workflow_handle(node_id(self.name))
+                view = await asyncio.wait_for(handle.query(NodeWorkflow.view), 10)
+            except Exception as err:  # asked again next time
+                log.warning("%s: could not read who holds the machine: %s", self.name, err)
+                continue
+            if view.holder != self.activities.instance and not self.activities.lost.is_set():
+                self.activities.lost_why = EXPIRED if view.holder is None else TAKEN_OVER
+                self.activities.lost.set()
 
     async def shutdown(self) -> None:
         for worker in (self.machine, self.lease):
@@ -347,6 +402,6 @@ async def start_agent(client: Client, options: AgentOptions, settings: Settings)
     activities = AgentActivities(
         client, node, runtime, preparer, gpu_watch(node), pressure_watch(options), settings, instance=instance
     )
-    agent = Agent(client, activities, settings.stop_grace_seconds)
-    await register(client, node, settings, instance)
+    agent = Agent(client, activities, settings.stop_grace_seconds, settings)
+    activities.registered(await register(client, node, settings, instance))
     return agent

@@ -44,7 +44,10 @@ with workflow.unsafe.imports_passed_through():
         SA_PRIORITY,
         SA_STATE,
         SCHEDULER_TASK_QUEUE,
+        AttemptsOnNode,
+        AttemptsQuery,
         CancelRunInput,
+        ExitedWhileLostReport,
         JobInput,
         LoadSettingsResult,
         MachineLostReport,
@@ -469,6 +472,10 @@ class JobWorkflow:
     def machine_lost(self, report: MachineLostReport) -> None:
         self._inbox.append(ev.MachineLost(node=report.node, removed=report.removed))
 
+    @workflow.signal(name="task_exited_while_lost")
+    def task_exited_while_lost(self, report: ExitedWhileLostReport) -> None:
+        self._inbox.append(ev.ExitedWhileLost(**report.model_dump()))
+
     @workflow.signal(name="preempt")
     def preempt(self, request: PreemptRequest) -> None:
         self._inbox.append(ev.Preempt(task_ids=request.task_ids, by=request.by))
@@ -517,6 +524,13 @@ class JobWorkflow:
     @workflow.query(name="events")
     def events(self) -> list[Event]:
         return events(self._record())
+
+    @workflow.query(name="attempts_on")
+    def attempts_on(self, query: AttemptsQuery) -> AttemptsOnNode:
+        """The attempts this run has on a machine now: an agent starts, and keeps running, only those (fencing)."""
+        job = self._record()
+        attempts = {t.id: t.attempt for t in job.tasks if t.node == query.node and t.state in TASK_ON_NODE}
+        return AttemptsOnNode(open=job.state not in RUN_TERMINAL, attempts=attempts)
 
     @workflow.query(name="scheduler_view")
     def scheduler_view(self) -> SchedulerView:

@@ -126,6 +126,15 @@ class TaskHealthReport(_Msg):
     detail: str = ""
 
 
+class ExitedWhileLostReport(_Msg):
+    """Signal `task_exited_while_lost`: machine `node` came back after being lost and read back that this attempt,
+    which its run lost with it, had exited 0 meanwhile (the exit is kept on the machine)."""
+
+    task_id: str
+    attempt: int
+    node: str
+
+
 class MachineLostReport(_Msg):
     """Signal `machine_lost`: the machine's lease expired (or it was removed from the cluster)."""
 
@@ -257,6 +266,20 @@ class TaskExit(_Msg):
     log_tail: str = ""
 
 
+class AttemptsQuery(_Msg):
+    """Query `attempts_on` of a run: which of its attempts it has on machine `node` now."""
+
+    node: str
+
+
+class AttemptsOnNode(_Msg):
+    """A run's answer to `attempts_on`: whether it is still open, and the attempt of each of its workers placed on
+    the machine (by worker id). An agent starts, and keeps running, only the attempts a run has there (fencing)."""
+
+    open: bool
+    attempts: dict[str, int] = Field(default_factory=dict)
+
+
 class StopTaskInput(_Msg):
     ref: TaskRef
     grace_seconds: float
@@ -326,8 +349,10 @@ class PressureReport(_Msg):
 
 class OrphanStoppedReport(_Msg):
     """Update `report_orphan_stopped`: the agent stopped worker `task` of run `run` ("<namespace>/<name>") because
-    the run's workflow is no longer open; `status` says how Temporal has it ("terminated", "not found", ...)."""
+    the run's workflow is no longer open; `status` says how Temporal has it ("terminated", "not found", ...). With
+    `attempt`, the run is open but no longer has that attempt on the machine (it moved on: the attempt is stale)."""
 
     task: str
     run: str
     status: str
+    attempt: int | None = None  # set when the run is open but no longer has this attempt on the machine

@@ -175,9 +175,12 @@ class NodeWorkflow:
 
     @workflow.update(name="report_orphan_stopped")
     def report_orphan_stopped(self, report: OrphanStoppedReport) -> NodeView:
-        """The agent stopped a worker whose run's workflow is no longer open (terminated in the Temporal UI, say):
-        the machine's history says which, and why."""
-        self._note(R.OrphanStopped(task=report.task, run=report.run, status=report.status))
+        """The agent stopped a worker whose run's workflow is no longer open (terminated in the Temporal UI, say), or
+        an attempt its open run no longer has here: the machine's history says which, and why."""
+        if report.attempt is not None:
+            self._note(R.StaleAttemptStopped(task=report.task, attempt=report.attempt, run=report.run))
+        else:
+            self._note(R.OrphanStopped(task=report.task, run=report.run, status=report.status))
         return self._view
 
     @report_orphan_stopped.validator

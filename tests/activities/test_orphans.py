@@ -24,15 +24,30 @@ from activities.runtime.base import Launch, TaskKey
 from activities.runtime.process import ProcessRuntime
 from workflows.domain.nodes import NodeInventory
 from workflows.domain.settings import Settings
-from workflows.messages import LeaseInput, OrphanStoppedReport
+from workflows.messages import (
+    AttemptsOnNode,
+    AttemptsQuery,
+    ExitedWhileLostReport,
+    LeaseInput,
+    OrphanStoppedReport,
+    SuperviseInput,
+    TaskRef,
+)
 
 
 class Temporal:
     """What the agent's client reaches: each run's workflow as described (a status, or an RPCStatusCode it fails
     with), and the machine's workflow, which records the updates it takes (none while `refuse`)."""
 
-    def __init__(self, runs: dict[str, WorkflowExecutionStatus | RPCStatusCode]) -> None:
+    def __init__(
+        self,
+        runs: dict[str, WorkflowExecutionStatus | RPCStatusCode],
+        attempts: dict[str, AttemptsOnNode] | None = None,
+    ) -> None:
         self.runs = runs
+        self.attempts = attempts or {}  # each open run's answer to `attempts_on`
+        self.queried: list[str] = []
+        self.signals: list[tuple[str, str, Any]] = []
         self.updates: list[tuple[str, str, Any]] = []
         self.refuse = False
         self.described: list[str] = []
@@ -50,6 +65,16 @@ class Temporal:
             if isinstance(answer, RPCStatusCode):
                 raise RPCError(f"workflow {self._id}: {answer.name}", answer, b"")
             return SimpleNamespace(status=answer)
+
+        async def signal(self, name: str, message: Any) -> None:
+            if self._owner.refuse:
+                raise RuntimeError("control plane unreachable")
+            self._owner.signals.append((self._id, name, message))
+
+        async def query(self, name: str, query: AttemptsQuery, result_type: type) -> AttemptsOnNode:
+            assert (name, query, result_type) == ("attempts_on", AttemptsQuery(node="n0"), AttemptsOnNode)
+            self._owner.queried.append(self._id)
+            return self._owner.attempts[self._id]
 
         async def execute_update(self, name: str, message: Any) -> None:
             if self._owner.refuse:
@@ -170,4 +195,80 @@ async def test_a_stop_that_waits_out_its_grace_never_holds_up_the_leases_heartbe
             "report_orphan_stopped",
             OrphanStoppedReport(task="w-0", run="default/stubborn", status="terminated"),
         )
+    ]
+
+
+async def test_the_lease_holder_stops_attempts_their_open_run_no_longer_has_here_and_keeps_the_current_ones(
+    root: Path,
+) -> None:
+    # Issue 11, finding 5: an abandoned start ran late, or a worker outlived a machine loss: its run is open but has
+    # moved on, so the stale attempt would run beside the new one, holding GPUs the scheduler thinks free.
+    temporal = Temporal(
+        {"job/default/train": WorkflowExecutionStatus.RUNNING},
+        {"job/default/train": AttemptsOnNode(open=True, attempts={"w-0": 2})},
+    )
+    machine = Machine(root, temporal, Settings(orphan_check_seconds=0.1, stop_grace_seconds=0.5))
+    stale = machine.run(key("train", "w-0", attempt=1))  # the run has attempt 2 here now
+    lost = machine.run(key("train", "w-1", attempt=0))  # the run has w-1 nowhere here (lost with the machine)
+    current = machine.run(key("train", "w-0", attempt=2))
+    machine.hold_lease()
+    try:
+        await until(lambda: not machine.runs(stale) and not machine.runs(lost))
+        await until(lambda: len(temporal.updates) == 2)
+        await asyncio.sleep(0.3)
+        assert machine.runs(current)
+    finally:
+        await machine.release()
+    assert temporal.updates == [
+        ("node/n0", "report_orphan_stopped", OrphanStoppedReport(task=task, run="default/train", status=why, attempt=a))
+        for task, a, why in [
+            ("w-0", 1, "its run has attempt 2 here now"),
+            ("w-1", 0, "its run no longer has it on this machine"),
+        ]
+    ]
+
+
+async def test_attempts_an_activity_of_the_agent_watches_are_not_asked_about(root: Path) -> None:
+    temporal = Temporal({"job/default/train": WorkflowExecutionStatus.RUNNING}, {})
+    machine = Machine(root, temporal, Settings(orphan_check_seconds=0.05))
+    watched = machine.run(key("train"))
+    with machine.agent._live_attempt(watched):  # as run_task or supervise_task holds it
+        machine.hold_lease()
+        try:
+            await asyncio.sleep(0.3)
+        finally:
+            await machine.release()
+    assert machine.runs(watched) and temporal.queried == [] and temporal.updates == []
+
+
+async def test_a_worker_whose_watch_ended_before_it_did_and_that_exited_0_is_told_to_its_run(root: Path) -> None:
+    # Issue 11, finding 8: the run lost the worker with the machine (its watch was cancelled) while the worker went
+    # on and exited 0; its exit, kept on the machine, is read back and told, so finished work is not run again.
+    temporal = Temporal({"job/default/train": WorkflowExecutionStatus.RUNNING}, {})
+    machine = Machine(root, temporal, Settings(orphan_check_seconds=0.05))
+    done, failed = key("train", "w-0", attempt=2), key("train", "w-1")
+    for worker, code in ((done, 0), (failed, 3)):
+        machine.run(worker, ["sh", "-c", f"sleep 0.5; exit {code}"])
+        watch = ActivityEnvironment()
+        ref = TaskRef(namespace="default", job="train", task_id=worker.task, attempt=worker.attempt)
+        watching = asyncio.ensure_future(
+            watch.run(machine.agent.supervise_task, SuperviseInput(ref=ref, settings=Settings()))
+        )
+        await until(lambda w=worker: any(s[2].task_id == w.task for s in temporal.signals))  # type: ignore[misc]
+        watch.cancel()  # the run lost it with the machine
+        with suppress(BaseException):
+            await watching
+    temporal.signals.clear()
+    temporal.refuse = True  # the run does not hear the first tries
+    machine.hold_lease()
+    try:
+        await until(lambda: not machine.runs(done) and not machine.runs(failed))
+        await asyncio.sleep(0.2)
+        temporal.refuse = False
+        await until(lambda: len(temporal.signals) == 1)
+        await asyncio.sleep(0.2)  # told once
+    finally:
+        await machine.release()
+    assert temporal.signals == [
+        ("job/default/train", "task_exited_while_lost", ExitedWhileLostReport(task_id="w-0", attempt=2, node="n0"))
     ]

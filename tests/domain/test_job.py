@@ -13,6 +13,8 @@ from workflows.domain.events import (
     Command,
     Created,
     Event,
+    ExitedWhileLost,
+    MachineLost,
     Place,
     PlacementUpdate,
     Release,
@@ -767,3 +769,54 @@ def test_a_first_attempt_running_arms_no_reset_timer_and_a_restarted_one_does() 
     story.start(21, "w-0", "n0", attempt=1)
     story.step(22, TaskRunning(task_id="w-0", attempt=1, started=True))
     assert story.resets == [ArmTimer(timer=Timer.RESET, task_id="w-0", attempt=1, at=at(622))]
+
+
+# ---- a worker lost with its machine that had exited 0 meanwhile (issue 11, finding 8) --------------------------
+
+
+def test_a_worker_lost_with_its_machine_that_had_exited_0_completes_when_the_machine_says_so_and_is_not_run_again() -> (
+    None
+):
+    story = running_story(1)
+    assert story.step(10, MachineLost(node="n0")) == [
+        Release(task_id="w-0", attempt=0),
+        ArmTimer(timer=Timer.RESTART, task_id="w-0", attempt=0, at=at(20)),
+    ]
+    assert story.step(12, ExitedWhileLost(task_id="w-0", attempt=0, node="n0")) == []
+    task = story.job.task("w-0")
+    assert (task.state, task.final, task.restart_at, task.last_failure) == ("Completed", True, None, None)
+    assert story.history("w-0")[-2:] == [
+        ("Down", "Machine lost: its lease expired"),
+        ("Completed", "Exited with code 0"),
+    ]
+    assert story.status() == ("Completed", "All workers completed")
+    assert story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0)) == []  # its restart is off
+    assert story.job.task("w-0").attempt == 0
+
+
+@pytest.mark.parametrize(
+    ("story", "report"),
+    [
+        (running_story(1), ExitedWhileLost(task_id="w-0", attempt=0, node="n1")),
+        (running_story(1), ExitedWhileLost(task_id="w-0", attempt=1, node="n0")),
+        (running_story(1, policy="Always"), ExitedWhileLost(task_id="w-0", attempt=0, node="n0")),
+        (running_story(1, policy="Never"), ExitedWhileLost(task_id="w-0", attempt=0, node="n0")),
+    ],
+    ids=["another machine says so", "about another attempt", "restart policy Always", "restart policy Never"],
+)
+def test_a_late_exit_changes_nothing_unless_it_is_the_lost_attempt_on_its_machine_waiting_to_run_again(
+    story: Story, report: ExitedWhileLost
+) -> None:
+    story.step(10, MachineLost(node="n0"))
+    before = story.job
+    assert story.step(12, report) == []
+    assert story.job.task("w-0") == before.task("w-0")
+
+
+def test_a_late_exit_of_a_worker_already_running_again_changes_nothing() -> None:
+    story = running_story(1)
+    story.step(10, MachineLost(node="n0"))
+    story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0))
+    before = story.job
+    assert story.step(21, ExitedWhileLost(task_id="w-0", attempt=0, node="n0")) == []
+    assert story.job.task("w-0") == before.task("w-0")

@@ -42,6 +42,8 @@ SPEC_EDGES: list[tuple[TaskState, TaskEvent, TaskState, str]] = [
     (S.CANCELLED, E.REQUEUE, S.PENDING, "preempted, queued again"),
     # The spec's "Preparing --> Failed: start errors" where a gang member's start happens: after the barrier.
     (S.READY_TO_START, E.SETUP_FAILED, S.FAILED, "a gang member's start failed once the barrier opened"),
+    # Astraeus addition (workflows/README.md): lost with its machine, which came back and read its exit 0 back.
+    (S.DOWN, E.EXITED_ZERO, S.COMPLETED, "lost with its machine, which says it had exited 0 meanwhile"),
 ]
 for _state in PLACED:
     SPEC_EDGES += [
@@ -91,7 +93,11 @@ def test_every_state_is_reachable_from_pending() -> None:
     [
         pytest.param(S.COMPLETED, {(E.RESTART, S.PENDING)}, id="completed leaves only by a restart"),
         pytest.param(S.FAILED, {(E.RESTART, S.PENDING)}, id="failed leaves only by a restart"),
-        pytest.param(S.DOWN, {(E.RESTART, S.PENDING)}, id="down leaves only by a restart"),
+        pytest.param(
+            S.DOWN,
+            {(E.RESTART, S.PENDING), (E.EXITED_ZERO, S.COMPLETED)},
+            id="down leaves by a restart, or completes when its machine says it had exited 0",
+        ),
         pytest.param(S.CANCELLED, {(E.REQUEUE, S.PENDING)}, id="cancelled leaves only when requeued"),
     ],
 )

@@ -292,6 +292,16 @@ ADDITIONS: list[Row] = [
         "Stopped worker w-0 of run default/sleepy: its run is no longer open (terminated)",
     ),
     (
+        "StaleAttemptStopped",
+        {"task": "w-0", "attempt": 3, "run": "default/sleepy"},
+        "Stopped worker w-0 (attempt 3) of run default/sleepy: its run no longer has it here",
+    ),
+    (
+        "StartRefused",
+        {"attempt": 3, "task": "w-0", "why": "its run has attempt 4 on m2"},
+        "Start refused: attempt 3 of worker w-0 is no longer its run's (its run has attempt 4 on m2)",
+    ),
+    (
         "CannotBeScheduled",
         {"error": "OverflowError: date value out of range"},
         "Cannot be scheduled: OverflowError: date value out of range",

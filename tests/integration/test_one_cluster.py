@@ -211,3 +211,77 @@ def test_an_agent_back_after_losing_its_lease_stops_its_workers_and_exits(cluste
     runtime = ProcessRuntime(cluster.agent_dir("x") / "tasks")
     assert not runtime.observe(TaskKey(namespace="default", job="sleepy", task="w-0", attempt=0)).running
     assert node(cluster, "x")["holder"] == new["holder"]
+
+
+def test_an_agent_back_after_its_lease_expired_registers_again_and_stops_the_worker_its_run_lost(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # Issue 11, finding 6: a live agent whose lease expired (paused, or cut off from Temporal) used to leave its
+    # machine Down for good. Nobody else holds the machine: it registers again on its own, without a restart. Its
+    # run lost the worker with the machine and runs a new attempt there; the stale one is stopped (finding 5).
+    run = tmp_path / "sleepy.yaml"
+    run.write_text("name: sleepy\ngroups: [{name: w, command: [sleep, '600'], cpu: 1}]\n")
+    cluster.cli("submit", str(run))
+    cluster.wait_state("sleepy", "Running")
+    holder = node(cluster, "x")["holder"]
+    agent = cluster.processes["x"]
+    agent.send_signal(signal.SIGSTOP)  # away for longer than its lease
+    try:
+        cluster.wait_for(lambda: node(cluster, "x")["state"] == "Down", "x to go Down", timeout=60)
+    finally:
+        agent.send_signal(signal.SIGCONT)
+    cluster.wait_for(lambda: node(cluster, "x")["state"] == "Ready", "x to register again", timeout=60)
+    task = cluster.wait_for(
+        lambda: (
+            (t := cluster.describe("sleepy")["tasks"][0])["attempt"] == 1 and t["status"]["state"] == "Running" and t
+        ),
+        "the run's new attempt to run on x",
+        timeout=60,
+    )
+    runtime = ProcessRuntime(cluster.agent_dir("x") / "tasks")
+    lost = TaskKey(namespace="default", job="sleepy", task="w-0", attempt=0)
+    cluster.wait_for(lambda: not runtime.observe(lost).running, "the lost attempt to be stopped", timeout=30)
+    assert (task["node"], agent.poll(), node(cluster, "x")["holder"]) == ("x", None, holder)
+    assert [key.attempt for key in runtime.running()] == [1]
+    reasons = [entry["reason"] for entry in node(cluster, "x")["history"]]
+    assert "Stopped worker w-0 (attempt 0) of run default/sleepy: its run no longer has it here" in reasons
+
+
+@pytest.fixture
+def patient_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """One machine whose workers wait a minute before they run again."""
+    c = Cluster(tmp_path, backoff_base_seconds=60, backoff_cap_seconds=120)
+    try:
+        c.start({"x": ["--cpus", "4"]})
+        yield c
+    finally:
+        c.stop()
+
+
+def test_a_worker_that_exited_0_while_its_machine_was_lost_completes_when_the_machine_comes_back(
+    patient_cluster: Cluster, tmp_path: Path
+) -> None:
+    # Issue 11, finding 8: its run lost the worker with the machine and would run it again after its back-off; the
+    # agent that comes back reads its exit 0 back from the machine and tells the run, so it is not run again.
+    cluster = patient_cluster
+    run = tmp_path / "short.yaml"
+    run.write_text("name: short\ngroups: [{name: w, command: [sleep, '5'], cpu: 1}]\n")
+    cluster.cli("submit", str(run))
+    cluster.wait_state("short", "Running")
+    agent = cluster.processes["x"]
+    agent.send_signal(signal.SIGSTOP)  # away for longer than its lease, while its worker ends
+    runtime = ProcessRuntime(cluster.agent_dir("x") / "tasks")
+    key = TaskKey(namespace="default", job="short", task="w-0", attempt=0)
+    try:
+        cluster.wait_for(lambda: node(cluster, "x")["state"] == "Down", "x to go Down", timeout=60)
+        cluster.wait_for(lambda: runtime.observe(key).exit_code == 0, "the worker to exit 0", timeout=30)
+        assert cluster.describe("short")["tasks"][0]["status"]["state"] == "Down"
+    finally:
+        agent.send_signal(signal.SIGCONT)
+    described = cluster.wait_state("short", "Completed", timeout=45)
+    task = described["tasks"][0]
+    assert (task["attempt"], described["status"]["reason"], agent.poll()) == (0, "All workers completed", None)
+    assert [(e["state"], e["reason"]) for e in task["history"]][-2:] == [
+        ("Down", "Machine lost: its lease expired"),
+        ("Completed", "Exited with code 0"),
+    ]

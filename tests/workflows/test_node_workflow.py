@@ -149,10 +149,13 @@ async def test_an_orphan_stopped_by_the_agent_is_written_in_the_machines_history
         await handle.execute_update(
             NodeWorkflow.register, RegisterRequest(inventory=NodeInventory(name=name, cpus=1, memory_bytes=2**30))
         )
-        view = await handle.execute_update(NodeWorkflow.report_orphan_stopped, report)
+        await handle.execute_update(NodeWorkflow.report_orphan_stopped, report)
+        stale = OrphanStoppedReport(task="w-1", run="default/sleepy", status="its run has attempt 4 here", attempt=3)
+        view = await handle.execute_update(NodeWorkflow.report_orphan_stopped, stale)
         assert [(e.state, e.reason) for e in view.history] == [
             ("Ready", "Registered by its agent"),
             ("Ready", "Stopped worker w-0 of run default/sleepy: its run is no longer open (terminated)"),
+            ("Ready", "Stopped worker w-1 (attempt 3) of run default/sleepy: its run no longer has it here"),
         ]
         await handle.terminate()
 

@@ -143,6 +143,15 @@ class TaskEnded(_Msg):
     log_tail: str = ""
 
 
+class ExitedWhileLost(_Msg):
+    """A machine that came back says the worker it lost had exited 0 meanwhile (its exit was kept on the machine)."""
+
+    kind: Literal["exited_while_lost"] = "exited_while_lost"
+    task_id: str
+    attempt: int
+    node: str
+
+
 class TimerFired(_Msg):
     kind: Literal["timer"] = "timer"
     timer: Timer
@@ -189,6 +198,7 @@ Event = Annotated[
     | TaskRunning
     | HeartbeatLate
     | TaskEnded
+    | ExitedWhileLost
     | TimerFired
     | MachineLost
     | CancelRequested

@@ -15,6 +15,7 @@ from workflows.domain.events import (
     Command,
     Created,
     Event,
+    ExitedWhileLost,
     HeartbeatLate,
     MachineLost,
     PlacementUpdate,
@@ -128,6 +129,24 @@ def _ended(step: Step, event: TaskEnded) -> None:
         return
     task.last_failure = LastFailure(exit_code=event.exit_code, reason=reason.text, log_tail=event.log_tail)
     step.end(task, TaskEvent.EXITED_NONZERO, reason)
+
+
+def _exited_while_lost(step: Step, event: ExitedWhileLost) -> None:
+    """The worker was lost with its machine, which came back and read its exit 0 back: it completed, and its restart
+    is called off. Only while it waits out its back-off (not yet run again), outside a gang and RestartJob (whose
+    other workers were stopped for it), and unless restart_policy Always would run it again anyway."""
+    job = step.job
+    task = _current(job, event.task_id, event.attempt)
+    if task is None or task.state is not TaskState.DOWN or task.final or task.node != event.node:
+        return
+    lost = task.last_failure is not None and task.last_failure.reason == R.MachineLost().text
+    policy = group_of(job, task).restart_policy
+    if not lost or step.gang or job.spec.failure_policy == "RestartJob" or policy == "Always":
+        return
+    if job.cancel_requested or job.state in RUN_TERMINAL:
+        return
+    step.move(task, TaskEvent.EXITED_ZERO, R.ExitedWithCode(exit_code=0))
+    task.restart_at, task.final, task.last_failure = None, True, None
 
 
 def _timer(step: Step, event: TimerFired) -> None:
@@ -294,6 +313,8 @@ def _apply(step: Step, event: Event) -> None:
                 step.arm(Timer.STALE_TTL, task, now + timedelta(seconds=heartbeat_ttl(job, task)))
         case TaskEnded():
             _ended(step, event)
+        case ExitedWhileLost():
+            _exited_while_lost(step, event)
         case TimerFired():
             _timer(step, event)
         case MachineLost():

@@ -63,6 +63,9 @@ TRANSITIONS: dict[tuple[TaskState, TaskEvent], TaskState] = {
     (S.RUNNING, E.EXITED_ZERO): S.COMPLETED,
     # Exit other than 0, or OOM.
     (S.RUNNING, E.EXITED_NONZERO): S.FAILED,
+    # Lost with its machine, which came back and says it had exited 0 meanwhile, before it was restarted: it
+    # completed, and is not run again (an Astraeus addition to the spec's diagram).
+    (S.DOWN, E.EXITED_ZERO): S.COMPLETED,
     # The image, the config or the container start failed while setting up.
     (S.PREPARING, E.SETUP_FAILED): S.FAILED,
     # The pull failed.

@@ -208,6 +208,15 @@ class R:
     RunTerminated = _t("RunTerminated", "Its workflow was terminated in Temporal: {why}")
     # A machine's own history: its agent stopped a worker whose run's workflow is closed, terminated or gone.
     OrphanStopped = _t("OrphanStopped", "Stopped worker {task} of run {run}: its run is no longer open ({status})")
+    # A machine's own history: its agent stopped an attempt its (open) run no longer has there (it was lost with
+    # the machine, or the run moved on to a new attempt): no worker runs twice.
+    StaleAttemptStopped = _t(
+        "StaleAttemptStopped", "Stopped worker {task} (attempt {attempt}) of run {run}: its run no longer has it here"
+    )
+    # A start the agent refused: its attempt is no longer the run's on this machine (fencing), so nothing starts.
+    StartRefused = _t(
+        "StartRefused", "Start refused: attempt {attempt} of worker {task} is no longer its run's ({why})"
+    )
     # A waiting worker whose scheduling decision raised: set aside, so that the pass goes on for every other one.
     CannotBeScheduled = _t("CannotBeScheduled", "Cannot be scheduled: {error}")
     # A run whose next decision raised: it fails (its workers stopped) rather than wedge its workflow.
