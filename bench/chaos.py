@@ -118,6 +118,14 @@ def journal_intervals(root: Path, journal: Path) -> list[Interval]:
     return read_journal(text, exits)
 
 
+def unjournaled(root: Path, intervals: list[Interval], namespace: str) -> list[str]:
+    """Attempts the machines started (the process runtime wrote their worker's pid) with no start line: every start
+    of a worker process must be in the journal, or the checks above could miss one."""
+    journaled = {(i.node, i.slug) for i in intervals}
+    started = {(f.parts[-4], f.parts[-2]) for f in (root / "machines").glob(f"*/tasks/{namespace}.*/pid")}
+    return [f"{slug} on {node}" for node, slug in sorted(started - journaled)]
+
+
 def of_namespace(intervals: list[Interval], namespace: str) -> list[Interval]:
     return [i for i in intervals if i.run.startswith(f"{namespace}/")]
 
@@ -347,7 +355,8 @@ async def measure(options: Options, root: Path) -> Outcome:
         burst = await run_burst(cluster, client, options, NAMESPACE, options.faults)
         print("reading back", file=sys.stderr)
         runs = await read_runs(client, options, burst)
-        intervals = journal_intervals(root, root / "journal")
+        intervals = of_namespace(journal_intervals(root, root / "journal"), NAMESPACE)
+        missing = unjournaled(root, intervals, NAMESPACE)
     except BaseException:
         print(cluster.logs_tail(), file=sys.stderr)
         raise
@@ -363,8 +372,9 @@ async def measure(options: Options, root: Path) -> Outcome:
         submit_errors=burst.submit_errors,
         faults=burst.faults,
         runs=runs,
-        intervals=of_namespace(intervals, NAMESPACE),
+        intervals=intervals,
         gpus_per_worker=1,
+        unjournaled=missing,
     )
 
 

@@ -36,6 +36,7 @@ class Outcome:
     runs: list[RunRead]
     intervals: list[Interval]
     gpus_per_worker: int
+    unjournaled: list[str]  # attempts a machine started (their files) that wrote no start line
 
 
 def verdicts(outcome: Outcome) -> list[Verdict]:
@@ -60,20 +61,21 @@ def fault_rows(outcome: Outcome) -> tuple[list[str], list[dict[str, Any]]]:
         gap = longest_gap(outcome.intervals, fault.killed, until) if until > fault.killed else 0.0
         down = (fault.restarted - fault.killed) if fault.restarted is not None else None
         killed_at = fault.killed - outcome.burst_submitted_at
+        ready = fault.ready_again - fault.killed if fault.ready_again is not None else None
         row = {
             "fault": fault.name,
             "killed_at_s": killed_at,
             "down_s": down,
             "resumed_after_s": resumed,
             "longest_gap_s": gap,
-            "ready_again_after_s": fault.ready_again - fault.killed if fault.ready_again else None,
+            "ready_again_after_s": ready,
             "waiting_at_kill": fault.waiting_at_kill,
             "alive_at_kill": fault.alive_at_kill,
             "note": fault.note,
         } | asdict(fault)
         figures.append(row)
         lines.append(
-            f"{fault.name:<20} {_s(killed_at):>9} {_s(down):>6} {_s(resumed):>8} {_s(gap):>6} "
+            f"{fault.name:<20} {_s(killed_at):>9} {_s(down):>6} {_s(resumed):>8} {_s(gap):>6} {_s(ready):>6} "
             f"{fault.waiting_at_kill:>7} {fault.alive_at_kill:>5}  {fault.note}".rstrip()
         )
     return lines, figures
@@ -103,6 +105,7 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
         ("GPUs held by two workers at once", held_twice),
         ("workers without exactly their GPU", wrong_gpus),
         ("workers left running after their run ended", orphans),
+        ("worker starts missing from the journal", outcome.unjournaled),
         ("faults the cluster did not recover from", unresumed),
         ("faults that hit after the burst had drained", after_burst),
     ]

@@ -1,0 +1,150 @@
+"""The fault-injection suite: its pure checks on made-up journals, and a short run of `bench.chaos` (every fault,
+a few dozen runs on 2 machines) that must find 0 runs lost, 0 workers started twice, 0 GPUs held twice."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.chaos_checks import RunRead, gpus_held_twice, judge, read_journal, started_twice
+
+ROOT = Path(__file__).parent.parent
+COMPLETED, WAITING = "AllWorkersCompleted", "WaitingForWorkersToStart"
+
+
+def line(kind: str, run: str, attempt: int, node: str, gpus: str, at: float, pid: int, code: str = "") -> str:
+    return f"{kind} chaos {run} worker-0 {attempt} {node} {gpus} {at} {pid} {code}".rstrip()
+
+
+def test_a_journal_pairs_each_start_with_its_own_processes_end() -> None:
+    text = "\n".join(
+        [
+            line("start", "a", 0, "m-000", "0", 1.0, 10),
+            line("start", "b", 0, "m-000", "1", 1.5, 11),
+            line("term", "b", 0, "m-000", "1", 2.0, 11, "143"),
+            line("end", "a", 0, "m-000", "0", 3.0, 10, "0"),
+            line("start", "c", 0, "m-001", "0", 4.0, 12),
+            "end chaos c worker-0 0 m-0",  # cut short by a kill
+        ]
+    )
+    a, b, c = read_journal(text, {("m-001", "chaos.c.worker-0.0"): 9.0})
+    assert (a.end, a.code, b.end, b.code, c.end, c.code) == (3.0, 0, 2.0, 143, 9.0, None)
+
+
+@pytest.mark.parametrize(
+    ("lines", "same", "overlapping", "after"),
+    [
+        ([line("start", "a", 0, "m-0", "0", 1, 1), line("end", "a", 0, "m-0", "0", 2, 1, "0")], 0, 0, 0),
+        ([line("start", "a", 0, "m-0", "0", 1, 1), line("start", "a", 0, "m-1", "0", 2, 2)], 1, 0, 0),
+        ([line("start", "a", 0, "m-0", "0", 1, 1), line("start", "a", 1, "m-1", "0", 2, 2)], 0, 1, 0),
+        (
+            [
+                line("start", "a", 0, "m-0", "0", 1, 1),
+                line("end", "a", 0, "m-0", "0", 2, 1, "0"),
+                line("start", "a", 1, "m-1", "0", 3, 2),
+                line("end", "a", 1, "m-1", "0", 4, 2, "0"),
+            ],
+            0,
+            0,
+            1,
+        ),
+        (
+            [
+                line("start", "a", 0, "m-0", "0", 1, 1),
+                line("term", "a", 0, "m-0", "0", 2, 1, "143"),
+                line("start", "a", 1, "m-1", "0", 3, 2),
+            ],
+            0,
+            0,
+            0,
+        ),
+    ],
+    ids=[
+        "one start is fine",
+        "one attempt started on two machines",
+        "a second attempt while the first still runs",
+        "a worker run again after it completed",
+        "a restart after a stop is fine",
+    ],
+)
+def test_workers_started_twice_are_found(lines: list[str], same: int, overlapping: int, after: int) -> None:
+    found = started_twice(read_journal("\n".join(lines)))
+    assert (len(found.same_attempt), len(found.overlapping), len(found.after_completing)) == (same, overlapping, after)
+
+
+def test_one_gpu_held_by_two_workers_at_once_is_found_and_one_after_the_other_is_not() -> None:
+    text = "\n".join(
+        [
+            line("start", "a", 0, "m-0", "3", 1, 1),
+            line("end", "a", 0, "m-0", "3", 5, 1, "0"),
+            line("start", "b", 0, "m-0", "3", 4, 2),  # GPU 3 while a holds it
+            line("end", "b", 0, "m-0", "3", 6, 2, "0"),
+            line("start", "c", 0, "m-0", "3", 6.5, 3),  # after both
+            line("start", "d", 0, "m-1", "3", 4, 4),  # another machine
+        ]
+    )
+    assert gpus_held_twice(read_journal(text)) == ["m-0 GPU 3: chaos.a.worker-0.0 and chaos.b.worker-0.0"]
+
+
+@pytest.mark.parametrize(
+    ("read", "journal", "kind"),
+    [
+        (RunRead("chaos/a", closed=True, state="Completed", code=COMPLETED), "end", "ended"),
+        (RunRead("chaos/a", closed=True, state="Completed", code=COMPLETED), "", "lost"),
+        (RunRead("chaos/a", error="no run named a"), "", "lost"),
+        (RunRead("chaos/a", state="Pending", code=WAITING, worker_code="QueuedBehind"), "", "waiting"),
+        (RunRead("chaos/a", state="Running", code="WorkersRunning"), "end", "unsettled"),
+        (RunRead("chaos/a", closed=True, state="Failed", code="Made up"), "", "untrue"),
+    ],
+    ids=[
+        "completed after its worker ended",
+        "completed though its worker never ended",
+        "gone",
+        "waiting in the queue",
+        "running with no worker alive",
+        "a reason outside the vocabulary",
+    ],
+)
+def test_each_run_is_judged_by_its_reason_and_the_journal(read: RunRead, journal: str, kind: str) -> None:
+    lines = [line("start", "a", 0, "m-0", "0", 1, 1)] if journal else []
+    lines += [line("end", "a", 0, "m-0", "0", 2, 1, "0")] if journal == "end" else []
+    assert judge(read, read_journal("\n".join(lines))).kind == kind
+
+
+@pytest.mark.integration
+def test_every_fault_in_turn_loses_no_run_starts_no_worker_twice_and_holds_no_gpu_twice(tmp_path: Path) -> None:
+    """36 runs on 2 machines x 2 GPUs; kill -9 of the control plane, the scheduler, an agent within its lease, an
+    agent past its lease, and the Temporal server, in turn. About a minute on 2 cores."""
+    figures_file = tmp_path / "chaos.json"
+    args = ["--runs", "36", "--machines", "2", "--gpus", "2", "--sleep", "2-4", "--lease-ttl", "8"]
+    args += ["--timeout", "240", "--json", str(figures_file)]
+    # Not subprocess.run(timeout=...): its SIGKILL would leave the cluster's processes behind. SIGTERM makes the
+    # suite end every process it started.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.chaos", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        output, _ = process.communicate(timeout=420)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+        pytest.fail("bench.chaos ran past 420 s:\n" + output.decode(errors="replace"))
+    text = output.decode(errors="replace")
+    assert figures_file.exists(), text
+    figures = json.loads(figures_file.read_text())
+    counts = {label: check["count"] for label, check in figures["checks"].items()}
+    assert counts == dict.fromkeys(counts, 0), text
+    assert figures["settled_s"] is not None, text
+    assert [f["fault"] for f in figures["faults"]] == [
+        "control",
+        "scheduler",
+        "agent-within-lease",
+        "agent-after-lease",
+        "temporal",
+    ], text
+    assert process.returncode == 0, text
