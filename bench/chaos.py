@@ -218,12 +218,11 @@ class Injector:
             name, name
         )
         node = f"m-{int(process.removeprefix('agents-')):03d}" if process.startswith("agents-") else None
-        seen = self.intervals()
+        holder = await self.holder(node) if node else None
+        seen = self.intervals()  # just before the kill
         fault = Fault(name, process, node, killed=time.time())
         fault.waiting_at_kill = self.options.runs - len({i.run for i in seen})
         fault.alive_at_kill = sum(1 for i in seen if i.end is None and (node is None or i.node == node))
-        holder = await self.holder(node) if node else None
-        fault.killed = time.time()
         if name == "temporal":
             await asyncio.to_thread(self.restart_server)
         else:

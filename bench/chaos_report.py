@@ -53,7 +53,10 @@ def left_running(outcome: Outcome) -> list[str]:
 
 
 def fault_rows(outcome: Outcome) -> tuple[list[str], list[dict[str, Any]]]:
-    header = f"{'fault':<20} {'killed at':>9} {'down':>6} {'resumed':>8} {'gap':>6} {'waiting':>7} {'alive':>5}  note"
+    header = (
+        f"{'fault':<20} {'killed at':>9} {'down':>6} {'resumed':>8} {'gap':>6} {'ready':>6} {'waiting':>7} "
+        f"{'alive':>5}  note"
+    )
     lines, figures = [header], []
     for fault in outcome.faults:
         resumed = resumed_after(fault, outcome.intervals)
