@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.chaos_checks import Fault, Interval, RunRead, read_journal, worker_command
@@ -292,6 +293,8 @@ class Injector:
             return
         if view is not None and view.state == NodeState.READY and view.holder not in (None, holder):
             fault.ready_again = time.time()
+            killed = datetime.fromtimestamp(fault.killed, UTC)
+            fault.lease_expired = any(e.at > killed and e.state != NodeState.READY for e in view.history)
 
 
 # ---- reading back -------------------------------------------------------------------------------------------------

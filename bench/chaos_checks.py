@@ -197,6 +197,8 @@ def judge(read: RunRead, intervals: list[Interval]) -> Verdict:
             return Verdict(read.run, "lost", "Completed, but its worker never ran to its end (journal)")
         return Verdict(read.run, "ended", read.reason)
     if read.state in ENDED:
+        if read.state == "Failed" and completed and all(i.code == 0 for i in intervals):
+            return Verdict(read.run, "untrue", f"Failed ({read.reason}) though every attempt of its worker exited 0")
         if not read.closed:
             return Verdict(read.run, "unsettled", f"{read.state} but its workflow is still open: {read.reason}")
         return Verdict(read.run, "ended", read.reason)
@@ -220,8 +222,21 @@ class Fault:
     restarted: float | None = None
     ready_again: float | None = None  # the machine Ready again (agents), when seen
     note: str = ""  # what went wrong with the restart, if anything
+    lease_expired: bool = False  # the machine was not Ready at some time between the kill and its new agent
     waiting_at_kill: int = 0  # runs whose worker had not started yet: the fault hit mid-burst when > 0
     alive_at_kill: int = 0  # worker processes alive (on its machine, for an agent)
+
+
+def not_as_named(fault: Fault) -> str | None:
+    """Why the fault was not the one its name says, if it was not: it must hit mid-burst, and an agent's lease must
+    outlive (or not) its restart."""
+    if fault.waiting_at_kill == 0:
+        return f"{fault.name}: no run was still waiting when it hit (after the burst)"
+    if fault.name == "agent-within-lease" and fault.lease_expired:
+        return f"{fault.name}: the lease of {fault.node} expired before its new agent registered"
+    if fault.name == "agent-after-lease" and not fault.lease_expired:
+        return f"{fault.name}: {fault.node} was never seen not Ready"
+    return None
 
 
 def resumed_after(fault: Fault, intervals: list[Interval]) -> float | None:

@@ -16,6 +16,7 @@ from bench.chaos_checks import (
     gpus_held_twice,
     judge,
     longest_gap,
+    not_as_named,
     resumed_after,
     started_twice,
     without_gpu,
@@ -97,7 +98,7 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
     wrong_gpus = without_gpu(outcome.intervals, outcome.gpus_per_worker)
     orphans = left_running(outcome)
     unresumed = [f"{f.name}: {f.note}" for f in outcome.faults if f.note]
-    after_burst = [f.name for f in outcome.faults if f.waiting_at_kill == 0]
+    not_named = [why for why in map(not_as_named, outcome.faults) if why is not None]
     settled = outcome.burst_settled_at
     took = settled - outcome.burst_submitted_at if settled is not None else None
     checks = [
@@ -110,7 +111,7 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
         ("workers left running after their run ended", orphans),
         ("worker starts missing from the journal", outcome.unjournaled),
         ("faults the cluster did not recover from", unresumed),
-        ("faults that hit after the burst had drained", after_burst),
+        ("faults not as named (after the burst; a lease that expired or not)", not_named),
     ]
     rows: list[tuple[str, str]] = [
         ("runs submitted (submit errors)", f"{len(outcome.runs)} ({len(outcome.submit_errors)})"),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos_checks import RunRead, gpus_held_twice, judge, read_journal, started_twice
+from bench.chaos_checks import Fault, RunRead, gpus_held_twice, judge, not_as_named, read_journal, started_twice
 
 ROOT = Path(__file__).parent.parent
 COMPLETED, WAITING = "AllWorkersCompleted", "WaitingForWorkersToStart"
@@ -100,6 +100,8 @@ def test_one_gpu_held_by_two_workers_at_once_is_found_and_one_after_the_other_is
         (RunRead("chaos/a", state="Pending", code=WAITING, worker_code="QueuedBehind"), "", "waiting"),
         (RunRead("chaos/a", state="Running", code="WorkersRunning"), "end", "unsettled"),
         (RunRead("chaos/a", closed=True, state="Failed", code="Made up"), "", "untrue"),
+        (RunRead("chaos/a", closed=True, state="Failed", code="WorkerLost"), "end", "untrue"),
+        (RunRead("chaos/a", closed=True, state="Failed", code="WorkerLost"), "", "ended"),
     ],
     ids=[
         "completed after its worker ended",
@@ -108,6 +110,8 @@ def test_one_gpu_held_by_two_workers_at_once_is_found_and_one_after_the_other_is
         "waiting in the queue",
         "running with no worker alive",
         "a reason outside the vocabulary",
+        "failed though its worker exited 0",
+        "failed, its worker lost",
     ],
 )
 def test_each_run_is_judged_by_its_reason_and_the_journal(read: RunRead, journal: str, kind: str) -> None:
@@ -116,12 +120,33 @@ def test_each_run_is_judged_by_its_reason_and_the_journal(read: RunRead, journal
     assert judge(read, read_journal("\n".join(lines))).kind == kind
 
 
+@pytest.mark.parametrize(
+    ("fault", "named"),
+    [
+        (Fault("control", "control", waiting_at_kill=3), True),
+        (Fault("control", "control", waiting_at_kill=0), False),
+        (Fault("agent-within-lease", "agents-0", "m-000", waiting_at_kill=3, lease_expired=True), False),
+        (Fault("agent-after-lease", "agents-1", "m-001", waiting_at_kill=3, lease_expired=False), False),
+        (Fault("agent-after-lease", "agents-1", "m-001", waiting_at_kill=3, lease_expired=True), True),
+    ],
+    ids=[
+        "mid-burst",
+        "after the burst",
+        "an agent back within its lease whose lease expired",
+        "an agent back after its lease that never lost it",
+        "an agent back after its lease expired",
+    ],
+)
+def test_a_fault_counts_only_as_what_it_is_named(fault: Fault, named: bool) -> None:
+    assert (not_as_named(fault) is None) == named
+
+
 @pytest.mark.integration
 def test_every_fault_in_turn_loses_no_run_starts_no_worker_twice_and_holds_no_gpu_twice(tmp_path: Path) -> None:
-    """36 runs on 2 machines x 2 GPUs; kill -9 of the control plane, the scheduler, an agent within its lease, an
+    """48 runs on 2 machines x 2 GPUs; kill -9 of the control plane, the scheduler, an agent within its lease, an
     agent past its lease, and the Temporal server, in turn. About a minute on 2 cores."""
     figures_file = tmp_path / "chaos.json"
-    args = ["--runs", "36", "--machines", "2", "--gpus", "2", "--sleep", "2-4", "--lease-ttl", "8"]
+    args = ["--runs", "48", "--machines", "2", "--gpus", "2", "--sleep", "2-4", "--lease-ttl", "8"]
     args += ["--timeout", "240", "--json", str(figures_file)]
     # Not subprocess.run(timeout=...): its SIGKILL would leave the cluster's processes behind. SIGTERM makes the
     # suite end every process it started.
