@@ -1,5 +1,5 @@
 """The fault-injection suite: `python -m bench.chaos [--runs N] [--machines M] [--gpus G] [--faults LIST]
-[--baseline] [--lease-ttl S] [--timeout T] [--json FILE] [--data-dir DIR]`.
+[--baseline] [--restart-policy P] [--lease-ttl S] [--timeout T] [--json FILE] [--data-dir DIR]`.
 
 Starts the cluster as separate processes (`bench.cluster`: the Temporal dev server on a file database, `astraeus
 control`, `astraeus scheduler`, and one `bench.agents` process per machine declaring G fake GPUs), all with a
@@ -59,6 +59,7 @@ class Options:
     sleep: tuple[float, float] = (3.0, 8.0)  # each worker sleeps between these, spread over the runs
     faults: tuple[str, ...] = FAULTS
     baseline: bool = False
+    restart_policy: str = "OnFailure"
     lease_ttl: float = 10.0
     spacing: float = 3.0  # seconds between one fault's resumption and the next kill
     timeout: float = 900.0  # for the burst to settle after its last submit
@@ -80,8 +81,8 @@ class Burst:
     faults: list[Fault] = field(default_factory=list)
 
 
-def spec_for(name: str, namespace: str, seconds: float, journal: Path) -> JobSpec:
-    """One worker of one GPU, default restart policy (OnFailure), that journals its start and end."""
+def spec_for(name: str, namespace: str, seconds: float, journal: Path, restart_policy: str = "OnFailure") -> JobSpec:
+    """One worker of one GPU that journals its start and end."""
     group = {
         "name": "worker",
         "command": worker_command(seconds),
@@ -89,6 +90,7 @@ def spec_for(name: str, namespace: str, seconds: float, journal: Path) -> JobSpe
         "cpu": 0.1,
         "memory_bytes": 0,
         "gpus": 1,
+        "restart_policy": restart_policy,
     }
     return parse_spec({"name": name, "namespace": namespace, "groups": [group]})
 
@@ -140,7 +142,8 @@ async def submit_all(client: AstraeusClient, options: Options, burst: Burst, jou
     async def one(index: int, name: str) -> None:
         async with gate:
             try:
-                await client.submit(spec_for(name, burst.namespace, seconds_for(index, options.sleep), journal))
+                seconds = seconds_for(index, options.sleep)
+                await client.submit(spec_for(name, burst.namespace, seconds, journal, options.restart_policy))
             except Exception as error:  # reported: a run whose submit failed was never ours to lose
                 burst.submit_errors.append(f"{name}: {error}")
 
@@ -409,6 +412,9 @@ def parser() -> argparse.ArgumentParser:
         "--faults", default=",".join(FAULTS), help=f"in this order, comma-separated (default all: {','.join(FAULTS)})"
     )
     p.add_argument("--baseline", action="store_true", help="first the same burst without faults, to compare")
+    p.add_argument(
+        "--restart-policy", choices=["OnFailure", "Never"], default="OnFailure", help="the workers' (OnFailure)"
+    )
     p.add_argument("--lease-ttl", type=float, default=10.0, help="the machines' lease, seconds (default 10)")
     p.add_argument("--spacing", type=float, default=3.0, help="seconds between a fault's resumption and the next")
     p.add_argument("--timeout", type=float, default=900, help="for the burst to settle after its submits (900 s)")
@@ -432,6 +438,7 @@ def options_from(args: argparse.Namespace) -> Options:
         sleep=(float(low), float(high or low)),
         faults=faults,
         baseline=args.baseline,
+        restart_policy=args.restart_policy,
         lease_ttl=args.lease_ttl,
         spacing=args.spacing,
         timeout=args.timeout,
