@@ -208,7 +208,12 @@ class Injector:
     async def inject(self, faults: Sequence[str]) -> None:
         if not faults:
             return
+        deadline = time.monotonic() + self.options.timeout
         while len(self.intervals()) < self.options.first_fault_after:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"fewer than {self.options.first_fault_after} workers started in {self.options.timeout:g} s"
+                )
             await asyncio.sleep(POLL_SECONDS)
         for name in faults:
             fault = await self.one(name)
