@@ -97,18 +97,33 @@ def read_journal(text: str, exit_times: dict[tuple[str, str], float] | None = No
 # ---- workers started twice, GPUs held twice ---------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Case:
+    """One thing a check found, and when it happened (the later start), to tell which fault it followed."""
+
+    text: str
+    at: float
+
+    def __str__(self) -> str:
+        return self.text
+
+
 @dataclass
 class StartedTwice:
-    """Each kind of second start, as `run/task: what` lines."""
+    """Each kind of second start, as `run/task: what` cases."""
 
-    same_attempt: list[str] = field(default_factory=list)  # one attempt's process started more than once
-    overlapping: list[str] = field(default_factory=list)  # two attempts of one worker alive at once
-    after_completing: list[str] = field(default_factory=list)  # started again after an attempt ended with 0
+    same_attempt: list[Case] = field(default_factory=list)  # one attempt's process started more than once
+    overlapping: list[Case] = field(default_factory=list)  # two attempts of one worker alive at once
+    after_completing: list[Case] = field(default_factory=list)  # started again after an attempt ended with 0
+
+    @property
+    def cases(self) -> list[Case]:
+        return self.same_attempt + self.overlapping + self.after_completing
 
     @property
     def workers(self) -> int:
         """Workers (run/task) with any of them."""
-        return len({line.split(":", 1)[0] for line in self.same_attempt + self.overlapping + self.after_completing})
+        return len({case.text.split(":", 1)[0] for case in self.cases})
 
 
 def started_twice(intervals: Iterable[Interval]) -> StartedTwice:
@@ -120,24 +135,26 @@ def started_twice(intervals: Iterable[Interval]) -> StartedTwice:
         name = f"{run}/{task}"
         attempts = [i.attempt for i in starts]
         for attempt in sorted({a for a in attempts if attempts.count(a) > 1}):
-            nodes = ", ".join(i.node for i in starts if i.attempt == attempt)
-            found.same_attempt.append(f"{name}: attempt {attempt} started {attempts.count(attempt)} times ({nodes})")
-        for a, b in itertools.combinations(starts, 2):
-            if a.attempt != b.attempt and a.overlaps(b):
-                found.overlapping.append(
-                    f"{name}: attempts {a.attempt} on {a.node} and {b.attempt} on {b.node} ran at once"
-                )
+            again = [i for i in starts if i.attempt == attempt]
+            nodes = ", ".join(i.node for i in again)
+            text = f"{name}: attempt {attempt} started {len(again)} times ({nodes})"
+            found.same_attempt.append(Case(text, again[1].start))
         for a, b in itertools.combinations(starts, 2):  # sorted by start: b started after a
+            if a.attempt != b.attempt and a.overlaps(b):
+                text = f"{name}: attempts {a.attempt} on {a.node} and {b.attempt} on {b.node} ran at once"
+                found.overlapping.append(Case(text, b.start))
+        for a, b in itertools.combinations(starts, 2):
             if a.code == 0 and a.end is not None and b.start >= a.end:
-                found.after_completing.append(
+                text = (
                     f"{name}: attempt {b.attempt} on {b.node} started after attempt {a.attempt} on {a.node} "
                     "had completed (exit 0)"
                 )
+                found.after_completing.append(Case(text, b.start))
                 break
     return found
 
 
-def gpus_held_twice(intervals: Iterable[Interval]) -> list[str]:
+def gpus_held_twice(intervals: Iterable[Interval]) -> list[Case]:
     """`node GPU i: a and b` for every two workers that held one GPU of one machine at overlapping times."""
     by_gpu: dict[tuple[str, int], list[Interval]] = {}
     for interval in intervals:
@@ -147,7 +164,7 @@ def gpus_held_twice(intervals: Iterable[Interval]) -> list[str]:
     for (node, index), holders in sorted(by_gpu.items()):
         for a, b in itertools.combinations(holders, 2):
             if a.overlaps(b):
-                found.append(f"{node} GPU {index}: {a.slug} and {b.slug}")
+                found.append(Case(f"{node} GPU {index}: {a.slug} and {b.slug}", max(a.start, b.start)))
     return found
 
 
@@ -237,6 +254,12 @@ def not_as_named(fault: Fault) -> str | None:
     if fault.name == "agent-after-lease" and not fault.lease_expired:
         return f"{fault.name}: {fault.node} was never seen not Ready"
     return None
+
+
+def fault_before(at: float, faults: list[Fault]) -> str:
+    """The name of the last fault killed before `at` ("before any fault" when none was)."""
+    before = [f for f in faults if f.killed <= at]
+    return max(before, key=lambda f: f.killed).name if before else "before any fault"
 
 
 def resumed_after(fault: Fault, intervals: list[Interval]) -> float | None:

@@ -9,10 +9,12 @@ from typing import Any
 
 from bench.burst_report import pattern
 from bench.chaos_checks import (
+    Case,
     Fault,
     Interval,
     RunRead,
     Verdict,
+    fault_before,
     gpus_held_twice,
     judge,
     longest_gap,
@@ -53,12 +55,21 @@ def left_running(outcome: Outcome) -> list[str]:
     return [f"{i.slug} on {i.node}" for i in outcome.intervals if i.end is None and i.run in ended]
 
 
-def fault_rows(outcome: Outcome) -> tuple[list[str], list[dict[str, Any]]]:
+def fault_rows(outcome: Outcome, twice: list[Case], held: list[Case]) -> tuple[list[str], list[dict[str, Any]]]:
+    """A row per fault; `twice` and `gpus x2` count the workers started twice and the GPUs held twice whose later
+    start came after that fault (and before the next one)."""
     header = (
         f"{'fault':<20} {'killed at':>9} {'down':>6} {'resumed':>8} {'gap':>6} {'ready':>6} {'waiting':>7} "
-        f"{'alive':>5}  note"
+        f"{'alive':>5} {'twice':>5} {'gpus x2':>7}  note"
     )
     lines, figures = [header], []
+    after = collections.Counter(fault_before(c.at, outcome.faults) for c in twice)
+    held_after = collections.Counter(fault_before(c.at, outcome.faults) for c in held)
+    if after["before any fault"] or held_after["before any fault"]:
+        lines.append(
+            f"{'before any fault':<20} {'':>9} {'':>6} {'':>8} {'':>6} {'':>6} {'':>7} {'':>5} "
+            f"{after['before any fault']:>5} {held_after['before any fault']:>7}"
+        )
     for fault in outcome.faults:
         resumed = resumed_after(fault, outcome.intervals)
         until = fault.killed + resumed if resumed is not None else (outcome.burst_settled_at or fault.killed)
@@ -75,12 +86,15 @@ def fault_rows(outcome: Outcome) -> tuple[list[str], list[dict[str, Any]]]:
             "ready_again_after_s": ready,
             "waiting_at_kill": fault.waiting_at_kill,
             "alive_at_kill": fault.alive_at_kill,
+            "started_twice_after": after[fault.name],
+            "gpus_held_twice_after": held_after[fault.name],
             "note": fault.note,
         } | asdict(fault)
         figures.append(row)
         lines.append(
             f"{fault.name:<20} {_s(killed_at):>9} {_s(down):>6} {_s(resumed):>8} {_s(gap):>6} {_s(ready):>6} "
-            f"{fault.waiting_at_kill:>7} {fault.alive_at_kill:>5}  {fault.note}".rstrip()
+            f"{fault.waiting_at_kill:>7} {fault.alive_at_kill:>5} {after[fault.name]:>5} {held_after[fault.name]:>7}  "
+            f"{fault.note}".rstrip()
         )
     return lines, figures
 
@@ -105,8 +119,8 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
         ("runs lost", [f"{v.run}: {v.why}" for v in judged if v.kind == "lost"]),
         ("runs with an untrue reason", [f"{v.run}: {v.why}" for v in judged if v.kind == "untrue"]),
         ("runs neither ended nor waiting", [f"{v.run}: {v.why}" for v in judged if v.kind == "unsettled"]),
-        ("workers started twice", twice.same_attempt + twice.overlapping + twice.after_completing),
-        ("GPUs held by two workers at once", held_twice),
+        ("workers started twice", [str(c) for c in twice.cases]),
+        ("GPUs held by two workers at once", [str(c) for c in held_twice]),
         ("workers without exactly their GPU", wrong_gpus),
         ("workers left running after their run ended", orphans),
         ("worker starts missing from the journal", outcome.unjournaled),
@@ -129,8 +143,11 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
     lines.append("how the runs ended or wait (reason patterns):")
     ends = collections.Counter(f"{r.state}: {pattern(r.reason)}" for r in outcome.runs if r.error is None)
     lines += [f"  {n:4d} x {text}" for text, n in ends.most_common()]
-    lines.append("what each fault cost (seconds from the kill; gap: longest time no worker started anywhere):")
-    fault_lines, fault_figures = fault_rows(outcome)
+    lines.append(
+        "what each fault cost (seconds from the kill; gap: longest time no worker started anywhere; twice, gpus x2: "
+        "found after it):"
+    )
+    fault_lines, fault_figures = fault_rows(outcome, twice.cases, held_twice)
     lines += ["  " + line for line in fault_lines]
     failures = []
     for label, cases in checks:

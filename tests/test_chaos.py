@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.chaos_checks import Fault, RunRead, gpus_held_twice, judge, not_as_named, read_journal, started_twice
+from bench.chaos_report import Outcome, outcome_lines
 
 ROOT = Path(__file__).parent.parent
 COMPLETED, WAITING = "AllWorkersCompleted", "WaitingForWorkersToStart"
@@ -88,7 +89,9 @@ def test_one_gpu_held_by_two_workers_at_once_is_found_and_one_after_the_other_is
             line("start", "d", 0, "m-1", "3", 4, 4),  # another machine
         ]
     )
-    assert gpus_held_twice(read_journal(text)) == ["m-0 GPU 3: chaos.a.worker-0.0 and chaos.b.worker-0.0"]
+    assert [str(c) for c in gpus_held_twice(read_journal(text))] == [
+        "m-0 GPU 3: chaos.a.worker-0.0 and chaos.b.worker-0.0"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -173,3 +176,30 @@ def test_every_fault_in_turn_loses_no_run_starts_no_worker_twice_and_holds_no_gp
         "temporal",
     ], text
     assert process.returncode == 0, text
+
+
+def test_the_report_fails_a_rerun_and_counts_it_under_the_fault_it_followed() -> None:
+    journal = read_journal(
+        "\n".join(
+            [
+                line("start", "a", 0, "m-001", "0", 10, 1),
+                line("end", "a", 0, "m-001", "0", 12, 1, "0"),
+                line("start", "a", 1, "m-000", "0", 30, 2),
+                line("end", "a", 1, "m-000", "0", 32, 2, "0"),
+            ]
+        )
+    )
+    faults = [
+        Fault("control", "control", killed=5, restarted=6, waiting_at_kill=1),
+        Fault("agent-after-lease", "agents-1", "m-001", killed=11, restarted=25, waiting_at_kill=1, lease_expired=True),
+    ]
+    read = RunRead("chaos/a", closed=True, state="Completed", code=COMPLETED, reason="All workers completed")
+    outcome = Outcome({"machines": 2, "gpus": 2}, 0.0, 40.0, None, [], faults, [read], journal, 1, [])
+    lines, figures, failures = outcome_lines(outcome)
+    assert failures == ["1 workers started twice"], lines
+    assert [(f["fault"], f["started_twice_after"]) for f in figures["faults"]] == [
+        ("control", 0),
+        ("agent-after-lease", 1),
+    ]
+    # From the kill: the first start after the restart anywhere; for an agent, on its own machine (none here).
+    assert [f["resumed_after_s"] for f in figures["faults"]] == [5.0, None]
