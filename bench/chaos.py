@@ -1,5 +1,5 @@
 """The fault-injection suite: `python -m bench.chaos [--runs N] [--machines M] [--gpus G] [--faults LIST]
-[--baseline] [--restart-policy P] [--lease-ttl S] [--timeout T] [--json FILE] [--data-dir DIR]`.
+[--baseline] [--restart-policy P] [--lease-ttl S] [--down S] [--timeout T] [--json FILE] [--data-dir DIR]`.
 
 Starts the cluster as separate processes (`bench.cluster`: the Temporal dev server on a file database, `astraeus
 control`, `astraeus scheduler`, and one `bench.agents` process per machine declaring G fake GPUs), all with a
@@ -43,7 +43,7 @@ FAULTS = ("control", "scheduler", "agent-within-lease", "agent-after-lease", "te
 SUBMIT_CONCURRENCY = 50
 READ_CONCURRENCY = 10
 POLL_SECONDS = 0.5
-DOWN_SECONDS = 1.0  # how long a killed process stays down before it is started again
+AFTER_DOWN_SECONDS = 1.0  # an agent past its lease is started again this long after its machine is seen not Ready
 RESUME_TIMEOUT = 120.0  # seconds to wait for the cluster to start a worker again after a restart
 
 
@@ -61,6 +61,7 @@ class Options:
     baseline: bool = False
     restart_policy: str = "OnFailure"
     lease_ttl: float = 10.0
+    down: float = 1.0  # how long a killed process stays down (an agent past its lease: until its machine is not Ready)
     spacing: float = 3.0  # seconds between one fault's resumption and the next kill
     timeout: float = 900.0  # for the burst to settle after its last submit
     json_path: Path | None = None
@@ -239,7 +240,7 @@ class Injector:
             if name == "agent-after-lease":
                 await self.until_down(fault)
             else:
-                await asyncio.sleep(DOWN_SECONDS)
+                await asyncio.sleep(self.options.down)
             self.cluster.respawn(process)
         fault.restarted = time.time()
         await self.until_resumed(fault, holder)
@@ -252,7 +253,7 @@ class Injector:
         server.process.kill()
         server.process.wait()
         server.stop()  # releases the data dir's lock
-        time.sleep(DOWN_SECONDS)
+        time.sleep(self.options.down)
         server.start()
 
     async def holder(self, node: str) -> str | None:
@@ -270,7 +271,7 @@ class Injector:
             except Exception:
                 state = None
             if state is not None and state != NodeState.READY:
-                await asyncio.sleep(DOWN_SECONDS)
+                await asyncio.sleep(AFTER_DOWN_SECONDS)
                 return
             await asyncio.sleep(POLL_SECONDS)
         fault.note = f"machine {fault.node} still Ready {3 * self.options.lease_ttl + 60:g} s after its agent died; "
@@ -421,6 +422,7 @@ def parser() -> argparse.ArgumentParser:
         "--restart-policy", choices=["OnFailure", "Never"], default="OnFailure", help="the workers' (OnFailure)"
     )
     p.add_argument("--lease-ttl", type=float, default=10.0, help="the machines' lease, seconds (default 10)")
+    p.add_argument("--down", type=float, default=1.0, help="seconds a killed process stays down (default 1)")
     p.add_argument("--spacing", type=float, default=3.0, help="seconds between a fault's resumption and the next")
     p.add_argument("--timeout", type=float, default=900, help="for the burst to settle after its submits (900 s)")
     p.add_argument("--json", dest="json_path", type=Path, help="also write the figures to this file")
@@ -445,6 +447,7 @@ def options_from(args: argparse.Namespace) -> Options:
         baseline=args.baseline,
         restart_policy=args.restart_policy,
         lease_ttl=args.lease_ttl,
+        down=args.down,
         spacing=args.spacing,
         timeout=args.timeout,
         json_path=args.json_path,
