@@ -103,6 +103,7 @@ class Case:
 
     text: str
     at: float
+    node: str | None = None  # the machine of the first of the two: an agent's fault there is the likely cause
 
     def __str__(self) -> str:
         return self.text
@@ -138,18 +139,18 @@ def started_twice(intervals: Iterable[Interval]) -> StartedTwice:
             again = [i for i in starts if i.attempt == attempt]
             nodes = ", ".join(i.node for i in again)
             text = f"{name}: attempt {attempt} started {len(again)} times ({nodes})"
-            found.same_attempt.append(Case(text, again[1].start))
+            found.same_attempt.append(Case(text, again[1].start, again[0].node))
         for a, b in itertools.combinations(starts, 2):  # sorted by start: b started after a
             if a.attempt != b.attempt and a.overlaps(b):
                 text = f"{name}: attempts {a.attempt} on {a.node} and {b.attempt} on {b.node} ran at once"
-                found.overlapping.append(Case(text, b.start))
+                found.overlapping.append(Case(text, b.start, a.node))
         for a, b in itertools.combinations(starts, 2):
             if a.code == 0 and a.end is not None and b.start >= a.end:
                 text = (
                     f"{name}: attempt {b.attempt} on {b.node} started after attempt {a.attempt} on {a.node} "
                     "had completed (exit 0)"
                 )
-                found.after_completing.append(Case(text, b.start))
+                found.after_completing.append(Case(text, b.start, a.node))
                 break
     return found
 
@@ -164,7 +165,7 @@ def gpus_held_twice(intervals: Iterable[Interval]) -> list[Case]:
     for (node, index), holders in sorted(by_gpu.items()):
         for a, b in itertools.combinations(holders, 2):
             if a.overlaps(b):
-                found.append(Case(f"{node} GPU {index}: {a.slug} and {b.slug}", max(a.start, b.start)))
+                found.append(Case(f"{node} GPU {index}: {a.slug} and {b.slug}", max(a.start, b.start), node))
     return found
 
 
@@ -256,10 +257,13 @@ def not_as_named(fault: Fault) -> str | None:
     return None
 
 
-def fault_before(at: float, faults: list[Fault]) -> str:
-    """The name of the last fault killed before `at` ("before any fault" when none was)."""
-    before = [f for f in faults if f.killed <= at]
-    return max(before, key=lambda f: f.killed).name if before else "before any fault"
+def blamed(case: Case, faults: list[Fault]) -> str:
+    """The fault a case most likely followed: the last agent fault on its machine before it, else the last fault
+    before it ("before any fault" when none was)."""
+    before = [f for f in faults if f.killed <= case.at]
+    on_its_machine = [f for f in before if case.node is not None and f.node == case.node]
+    chosen = on_its_machine or before
+    return max(chosen, key=lambda f: f.killed).name if chosen else "before any fault"
 
 
 def resumed_after(fault: Fault, intervals: list[Interval]) -> float | None:

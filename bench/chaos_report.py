@@ -14,7 +14,7 @@ from bench.chaos_checks import (
     Interval,
     RunRead,
     Verdict,
-    fault_before,
+    blamed,
     gpus_held_twice,
     judge,
     longest_gap,
@@ -56,15 +56,15 @@ def left_running(outcome: Outcome) -> list[str]:
 
 
 def fault_rows(outcome: Outcome, twice: list[Case], held: list[Case]) -> tuple[list[str], list[dict[str, Any]]]:
-    """A row per fault; `twice` and `gpus x2` count the workers started twice and the GPUs held twice whose later
-    start came after that fault (and before the next one)."""
+    """A row per fault; `twice` and `gpus x2` count the workers started twice and the GPUs held twice it is blamed
+    for (`blamed`: the last agent fault on the first one's machine before the second start, else the last fault)."""
     header = (
         f"{'fault':<20} {'killed at':>9} {'down':>6} {'resumed':>8} {'gap':>6} {'ready':>6} {'waiting':>7} "
         f"{'alive':>5} {'twice':>5} {'gpus x2':>7}  note"
     )
     lines, figures = [header], []
-    after = collections.Counter(fault_before(c.at, outcome.faults) for c in twice)
-    held_after = collections.Counter(fault_before(c.at, outcome.faults) for c in held)
+    after = collections.Counter(blamed(c, outcome.faults) for c in twice)
+    held_after = collections.Counter(blamed(c, outcome.faults) for c in held)
     if after["before any fault"] or held_after["before any fault"]:
         lines.append(
             f"{'before any fault':<20} {'':>9} {'':>6} {'':>8} {'':>6} {'':>6} {'':>7} {'':>5} "
@@ -145,7 +145,7 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
     lines += [f"  {n:4d} x {text}" for text, n in ends.most_common()]
     lines.append(
         "what each fault cost (seconds from the kill; gap: longest time no worker started anywhere; twice, gpus x2: "
-        "found after it):"
+        "found after it, an agent's on its machine):"
     )
     fault_lines, fault_figures = fault_rows(outcome, twice.cases, held_twice)
     lines += ["  " + line for line in fault_lines]

@@ -178,7 +178,7 @@ def test_every_fault_in_turn_loses_no_run_starts_no_worker_twice_and_holds_no_gp
     assert process.returncode == 0, text
 
 
-def test_the_report_fails_a_rerun_and_counts_it_under_the_fault_it_followed() -> None:
+def test_the_report_fails_a_rerun_and_blames_the_fault_on_its_first_attempts_machine() -> None:
     journal = read_journal(
         "\n".join(
             [
@@ -192,6 +192,7 @@ def test_the_report_fails_a_rerun_and_counts_it_under_the_fault_it_followed() ->
     faults = [
         Fault("control", "control", killed=5, restarted=6, waiting_at_kill=1),
         Fault("agent-after-lease", "agents-1", "m-001", killed=11, restarted=25, waiting_at_kill=1, lease_expired=True),
+        Fault("temporal", "temporal", killed=27, restarted=28, waiting_at_kill=1),  # the re-run comes after this one
     ]
     read = RunRead("chaos/a", closed=True, state="Completed", code=COMPLETED, reason="All workers completed")
     outcome = Outcome({"machines": 2, "gpus": 2}, 0.0, 40.0, None, [], faults, [read], journal, 1, [])
@@ -199,7 +200,8 @@ def test_the_report_fails_a_rerun_and_counts_it_under_the_fault_it_followed() ->
     assert failures == ["1 workers started twice"], lines
     assert [(f["fault"], f["started_twice_after"]) for f in figures["faults"]] == [
         ("control", 0),
-        ("agent-after-lease", 1),
+        ("agent-after-lease", 1),  # the first attempt's machine
+        ("temporal", 0),
     ]
     # From the kill: the first start after the restart anywhere; for an agent, on its own machine (none here).
-    assert [f["resumed_after_s"] for f in figures["faults"]] == [5.0, None]
+    assert [f["resumed_after_s"] for f in figures["faults"]] == [5.0, None, 3.0]
