@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable
 from typing import TypeVar
@@ -172,13 +173,20 @@ class AgentActivities:
         if readiness is not None:
             checking = asyncio.ensure_future(self._check_health(ref, readiness))
         settled_at = time.monotonic() + SETTLED_AFTER_SECONDS
-        settled = min(POLL_SECONDS_SETTLED, settings.stale_grace_seconds / 4)  # heartbeats well within the grace
+        heartbeat = settings.stale_grace_seconds / 4  # heartbeats well within the grace
+        settled = min(POLL_SECONDS_SETTLED, heartbeat)
+        ended = self._runtime.ended_fd(key)  # a worker whose end wakes this watch needs no polling
         try:
             while observed.running:
                 activity.heartbeat()
-                await asyncio.sleep(POLL_SECONDS if time.monotonic() < settled_at else settled)
+                if ended is not None:
+                    await _readable(ended, heartbeat)
+                else:
+                    await asyncio.sleep(POLL_SECONDS if time.monotonic() < settled_at else settled)
                 observed = await asyncio.to_thread(self._runtime.observe, key)
         finally:
+            if ended is not None:
+                os.close(ended)
             if checking is not None:
                 checking.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -376,3 +384,20 @@ async def _heartbeating(work: Awaitable[T]) -> T:
         beater.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beater
+
+
+async def _readable(fd: int, seconds: float) -> None:
+    """Wait until `fd` is readable or `seconds` passed, whichever comes first."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def wake() -> None:
+        loop.remove_reader(fd)
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await asyncio.wait([ready], timeout=seconds)
+    finally:
+        loop.remove_reader(fd)

@@ -30,7 +30,7 @@ from bench.common import children_of, own_cpu_seconds, pid_cpu_seconds, wait_for
 from workers.client import AstraeusClient
 from workers.connect import TEMPORAL_NAMESPACE, connect
 from workers.devserver import DevServer, free_port
-from workers.services import control_worker, scheduler_worker
+from workers.services import SchedulerWorker, control_worker, scheduler_worker
 from workflows.domain.settings import Settings
 from workflows.messages import SCHEDULER_TASK_QUEUE
 
@@ -79,7 +79,7 @@ class Cluster:
         self.client: Client | None = None
         self.services: dict[str, subprocess.Popen[bytes]] = {}  # control, scheduler (--services-apart)
         self.agents: list[subprocess.Popen[bytes]] = []
-        self.workers: list[Worker] = []  # control plane and scheduler in this process
+        self.workers: list[Worker | SchedulerWorker] = []  # control plane and scheduler in this process
         self._running: list[asyncio.Task[None]] = []
         self.commands: dict[str, list[str]] = {}  # each process's arguments, by name, to start it again
 
@@ -151,7 +151,7 @@ class Cluster:
     def agent_names(self) -> list[str]:
         return [f"agents-{first}" for first in range(0, self.machines.count, self.agents_per_process)]
 
-    def _run(self, worker: Worker) -> None:
+    def _run(self, worker: Worker | SchedulerWorker) -> None:
         self.workers.append(worker)
         self._running.append(asyncio.ensure_future(worker.run()))
 

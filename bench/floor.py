@@ -20,6 +20,7 @@ from bench.common import HistoryFigures, latency_rows, ms, now, own_cpu_seconds,
 from bench.floor_workflow import ACTIVITIES, FLOOR_TASK_QUEUE, FloorWorkflow, noop
 from workers.connect import connect
 from workers.devserver import DevServer, free_port
+from workers.services import WORKFLOW_TASK_OPTIONS, workflow_runner
 
 READ_CONCURRENCY = 20
 
@@ -106,7 +107,8 @@ async def run_floor(root: Path | None, count: int, concurrency: int, timeout: fl
                 task_queue=FLOOR_TASK_QUEUE,
                 workflows=[FloorWorkflow],
                 activities=[noop],
-                max_concurrent_workflow_tasks=200,  # as the control plane's worker
+                **WORKFLOW_TASK_OPTIONS,  # as the control plane's worker
+                workflow_runner=workflow_runner("bench.floor_workflow"),  # passed through the sandbox, as ours are
             )
             floor = Floor([Bare(id=f"floor-{i:05d}") for i in range(count)])
             server_pid = server.process.pid if server.process else None

@@ -14,7 +14,7 @@ from temporalio.worker import Worker
 
 from workers.connect import connect
 from workers.devserver import DevServer
-from workers.services import Agent, AgentOptions, control_worker, scheduler_worker, start_agent
+from workers.services import Agent, AgentOptions, SchedulerWorker, control_worker, scheduler_worker, start_agent
 from workflows.domain.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class Embedded:
             "docker_host": docker_host,
         }
         self.settings = settings or Settings()
-        self.workers: list[Worker | Agent] = []
+        self.workers: list[Worker | Agent | SchedulerWorker] = []
         self._running: list[asyncio.Task[None]] = []
         self.client: Client | None = None
 
@@ -70,7 +70,7 @@ class Embedded:
             raise
         return self
 
-    def _run(self, worker: Worker | Agent) -> None:
+    def _run(self, worker: Worker | Agent | SchedulerWorker) -> None:
         self.workers.append(worker)
         running = asyncio.ensure_future(worker.run())
         running.add_done_callback(_log_end)

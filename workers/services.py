@@ -11,11 +11,13 @@ import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
+from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.agent import AgentActivities
 from activities.control import ControlActivities
@@ -37,6 +39,30 @@ from workflows.quotas import QuotasWorkflow
 log = logging.getLogger(__name__)
 
 
+# The workflows' own modules are passed through the sandbox instead of being imported again for every run: that
+# import cost 13 ms of CPU per run here (job.py compiled from source where no bytecode is written; 5 ms with it),
+# 20 times all the rest of creating a workflow instance, and it was the largest cost of a burst's first workflow
+# tasks. Their module state is constants only. The tests run the same workflows in the full sandbox (the default
+# runner of tests/workflows/fakes.py), so a non-deterministic call in them still fails there.
+def workflow_runner(*packages: str) -> SandboxedWorkflowRunner:
+    """The sandbox, with the workflows' own `packages` passed through it."""
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*packages))
+
+
+WORKFLOW_RUNNER = workflow_runner("workflows")
+
+# How the control plane's worker takes workflow tasks. A run's first task comes from the shared queue, its others
+# from this worker's sticky queue. The SDK's default (5 pollers, one in six on the shared queue) took a burst's
+# first tasks one poll round trip at a time: 200 runs waited a median of 17 s for their first task, against 0.6 s
+# with 50 pollers shared evenly (bench/README.md). A run cached stays cached: 4,000 runs and machines fit.
+WORKFLOW_TASK_OPTIONS: dict[str, Any] = {
+    "max_concurrent_workflow_tasks": 200,
+    "workflow_task_poller_behavior": PollerBehaviorSimpleMaximum(maximum=50),
+    "nonsticky_to_sticky_poll_ratio": 1.0,
+    "max_cached_workflows": 4000,
+}
+
+
 def control_worker(client: Client, settings: Settings) -> Worker:
     """Hosts every JobWorkflow and NodeWorkflow."""
     control = ControlActivities(settings, client)
@@ -46,17 +72,38 @@ def control_worker(client: Client, settings: Settings) -> Worker:
         workflows=[JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow],
         # machine_lost: for machines that called it here (the scheduler tells runs now)
         activities=[control.load_settings, control.machine_lost, control.cancel_run_workflow],
-        max_concurrent_workflow_tasks=200,
+        workflow_runner=WORKFLOW_RUNNER,
+        **WORKFLOW_TASK_OPTIONS,
     )
 
 
-async def scheduler_worker(client: Client) -> Worker:
+class SchedulerWorker:
+    """The scheduler service's Temporal worker (place, release, node_changed, ...) and its sweep, which runs only
+    while the worker does."""
+
+    def __init__(self, service: SchedulerService, worker: Worker) -> None:
+        self.service = service
+        self.worker = worker
+
+    async def run(self) -> None:
+        self.service.sweeping = asyncio.ensure_future(self.service.sweep_forever())
+        try:
+            await self.worker.run()
+        finally:
+            self.service.sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.service.sweeping
+
+    async def shutdown(self) -> None:
+        await self.worker.shutdown()
+
+
+async def scheduler_worker(client: Client) -> SchedulerWorker:
     """Rebuilds the scheduler's view from the durable truth, then serves place / release / node_changed, and
     sweeps away runs that closed without giving their room back."""
     service = SchedulerService(client)
     await service.rebuild()
-    service.sweeping = asyncio.ensure_future(service.sweep_forever())
-    return Worker(
+    worker = Worker(
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
         activities=[
@@ -69,6 +116,7 @@ async def scheduler_worker(client: Client) -> Worker:
         ],
         max_concurrent_activities=100,
     )
+    return SchedulerWorker(service, worker)
 
 
 @dataclass

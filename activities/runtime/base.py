@@ -107,6 +107,10 @@ class Runtime(Protocol):
     def observe(self, key: TaskKey) -> Observed:
         """Running, exited with a code, or not found on this machine."""
 
+    def ended_fd(self, key: TaskKey) -> int | None:
+        """A new file descriptor that becomes readable once the attempt has ended, for the caller to wait on and
+        close; None when this runtime cannot tell (the caller polls `observe`)."""
+
     def probe(self, key: TaskKey, readiness: Readiness) -> tuple[bool, str]:
         """Run the readiness check once against the running attempt, within its timeout: whether it passed, and
         a short detail ("exited with code 1", "HTTP 503", "connection refused", "timed out after 2s")."""

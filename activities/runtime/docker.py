@@ -108,6 +108,10 @@ class DockerRuntime:
         assert readiness.command is not None
         return self._exec(container, readiness.command, readiness.timeout_seconds)
 
+    def ended_fd(self, key: TaskKey) -> int | None:
+        """None: the engine's events are not watched per container; the agent polls `observe`."""
+        return None
+
     def observe(self, key: TaskKey) -> Observed:
         """Running while the engine says so; exited with its code and whether the kernel killed it for memory;
         not found when there is no container, or one that never started."""

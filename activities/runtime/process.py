@@ -11,6 +11,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -26,8 +27,10 @@ from activities.runtime.shim import write_atomically
 from workflows.domain.reasons import R
 from workflows.domain.spec import Readiness
 
-# The directory that holds the `activities` package: the shim runs as `python -m activities.runtime.shim`.
+# The directory that holds the `activities` package: workers find it on their PYTHONPATH.
 _IMPORT_ROOT = Path(__file__).resolve().parents[2]
+# The shim runs as a script with the standard library only (no site, no environment): it starts in a few ms.
+_SHIM = Path(__file__).resolve().with_name("shim.py")
 _START_WAIT_SECONDS = 5.0
 _KILL_WAIT_SECONDS = 5.0
 _POLL_SECONDS = 0.01
@@ -41,6 +44,7 @@ class ProcessRuntime:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._shims: dict[int, subprocess.Popen[bytes]] = {}  # shims this instance spawned, to reap them
+        self._spawned: dict[str, subprocess.Popen[bytes]] = {}  # the same, by attempt slug, while they live
 
     def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Start the attempt unless it already exists; returns once its worker started (or already ended).
@@ -55,9 +59,9 @@ class ProcessRuntime:
             if _exists(directory, "shim.pid") or _exists(directory, "exit"):
                 return
             (directory / "launch.json").write_text(json.dumps(_recorded(launch)))
-            shim = self._spawn_shim(key, launch, directory)
+            shim, ready = self._spawn_shim(key, launch, directory)
             write_atomically(directory / "shim.pid", f"{shim.pid}\n")
-        self._wait_until_started(directory, shim)
+        self._wait_until_started(directory, shim, ready)
 
     def ensure_image(self, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """A process has no image: nothing to pull. What it could never start is refused here already, so a gang
@@ -66,6 +70,11 @@ class ProcessRuntime:
 
     def observe(self, key: TaskKey) -> Observed:
         """Exited with a code, running while its shim lives, else not found (no directory, or a dead shim)."""
+        shim = self._spawned.get(key.slug)
+        if shim is not None:  # one this instance spawned: whether it lives costs one waitpid, no file read
+            if shim.poll() is None:
+                return Observed(running=True)
+            del self._spawned[key.slug]
         directory = self._dir(key)
         code = _read_int(directory / "exit")
         if code is None:
@@ -77,6 +86,17 @@ class ProcessRuntime:
         if code is None:
             return Observed(running=False, not_found=True)
         return Observed(running=False, exit_code=code)
+
+    def ended_fd(self, key: TaskKey) -> int | None:
+        """A pidfd of the attempt's shim, readable once it exited (its worker ended and the exit file is written);
+        None for a shim this instance did not spawn (an agent that restarted polls those) or one already gone."""
+        shim = self._spawned.get(key.slug)
+        if shim is None or shim.poll() is not None:
+            return None
+        try:
+            return os.pidfd_open(shim.pid)
+        except (OSError, AttributeError):  # not Linux 5.3+: poll
+            return None
 
     def probe(self, key: TaskKey, readiness: Readiness) -> tuple[bool, str]:
         """An HTTP GET to 127.0.0.1 (the worker shares the machine's network), or the command run as the worker
@@ -144,12 +164,14 @@ class ProcessRuntime:
     def _dir(self, key: TaskKey) -> Path:
         return self.root / key.slug
 
-    def _spawn_shim(self, key: TaskKey, launch: Launch, directory: Path) -> subprocess.Popen[bytes]:
-        shim_module = ["-m", "activities.runtime.shim", "--dir", str(directory), "--"]
-        command = [sys.executable, *shim_module, *launch.command]
+    def _spawn_shim(self, key: TaskKey, launch: Launch, directory: Path) -> tuple[subprocess.Popen[bytes], int]:
+        """The shim, and the read end of the pipe it closes once its worker started (or could not start)."""
+        ready, ready_for_shim = os.pipe()
+        shim_args = ["-I", "-S", str(_SHIM), "--dir", str(directory), "--ready-fd", str(ready_for_shim), "--"]
+        command = [sys.executable, *shim_args, *launch.command]
         # The shim's own output (a traceback, say) goes to the worker's log, where people look.
-        with open(directory / "log", "ab") as log:
-            try:
+        try:
+            with open(directory / "log", "ab") as log:
                 shim = subprocess.Popen(
                     command,
                     cwd=directory,
@@ -158,19 +180,33 @@ class ProcessRuntime:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    pass_fds=(ready_for_shim,),
                 )
-            except ValueError as err:  # a NUL byte in an argument or a variable
-                raise RuntimeFailure(R.InvalidTask(error=str(err))) from err
-            except OSError as err:
-                raise RuntimeFailure(R.ContainerStartFailed(error=str(err))) from err
+        except ValueError as err:  # a NUL byte in an argument or a variable
+            os.close(ready)
+            raise RuntimeFailure(R.InvalidTask(error=str(err))) from err
+        except OSError as err:
+            os.close(ready)
+            raise RuntimeFailure(R.ContainerStartFailed(error=str(err))) from err
+        finally:
+            os.close(ready_for_shim)
         self._shims[shim.pid] = shim
-        return shim
+        self._spawned[key.slug] = shim
+        return shim, ready
 
-    def _wait_until_started(self, directory: Path, shim: subprocess.Popen[bytes]) -> None:
-        """Wait until the shim started the worker (or recorded that it could not); fail if the shim died."""
-        if _wait_for_file(directory, _START_WAIT_SECONDS, lambda: shim.poll() is not None):
+    def _wait_until_started(self, directory: Path, shim: subprocess.Popen[bytes], ready: int) -> None:
+        """Wait until the shim started the worker (or recorded that it could not); fail if the shim died. The shim
+        closes its end of `ready` then, or when it dies: no polling."""
+        try:
+            closed, _, _ = select.select([ready], [], [], _START_WAIT_SECONDS)
+        finally:
+            os.close(ready)
+        if _exists(directory, "pid") or _exists(directory, "exit"):
             return
-        if shim.poll() is not None and not _exists(directory, "exit"):
+        if closed:  # closed with neither file written: the shim died, and is reaped within moments
+            with suppress(subprocess.TimeoutExpired):
+                shim.wait(timeout=_KILL_WAIT_SECONDS)
+        if shim.returncode is not None and not _exists(directory, "exit"):
             error = f"the shim exited with code {shim.returncode} before starting the command"
             raise RuntimeFailure(R.ContainerStartFailed(error=error))
         # Still starting after the wait (a loaded machine): observe reports it running while its shim lives.

@@ -192,7 +192,7 @@ async def test_a_slow_check_never_delays_the_heartbeats(machine: Machine) -> Non
     beats: list[float] = []
     supervised = SuperviseInput(
         ref=ref(),
-        settings=Settings(),
+        settings=Settings(stale_grace_seconds=1),
         readiness=Readiness(command=["sleep", "10"], period_seconds=0.05, timeout_seconds=1.5),
     )
     environment = ActivityEnvironment()
@@ -203,7 +203,7 @@ async def test_a_slow_check_never_delays_the_heartbeats(machine: Machine) -> Non
     gaps = [later - earlier for earlier, later in itertools.pairwise(beats)]
 
     assert machine.runs.health() == [(False, "timed out after 1.5s")]
-    assert len(beats) >= 4 and max(gaps) < 1.0  # it beats every 0.25 s while the check hangs
+    assert len(beats) >= 4 and max(gaps) < 0.5  # a quarter of the grace (0.25 s) while the check hangs
     await ActivityEnvironment().run(machine.agent.stop_task, StopTaskInput(ref=ref(), grace_seconds=1))
     await asyncio.wait_for(supervising, 5)
 
@@ -214,3 +214,48 @@ async def test_a_worker_without_a_readiness_check_is_never_told_healthy(machine:
 
     assert (await ActivityEnvironment().run(machine.agent.supervise_task, supervised)).exit_code == 0
     assert [name for _, name, _ in machine.runs.signals] == ["task_running"]
+
+
+# ---- watching a worker ----------------------------------------------------------------------------------------------
+
+
+async def test_a_worker_this_agent_started_is_watched_without_polling_and_its_end_told_at_once(
+    machine: Machine,
+) -> None:
+    """The watch wakes when the worker's shim exits (a pidfd), not every quarter second: a worker that runs 1.5 s
+    is looked at a few times, not six, and its end is seen within moments."""
+    await start(machine, group(command=["sleep", "1.5"]))
+    looks: list[float] = []
+    observe = machine.runtime.observe
+
+    def counted(key: Any) -> Observed:
+        looks.append(time.monotonic())
+        return observe(key)
+
+    machine.runtime.observe = counted  # type: ignore[method-assign]
+    supervised = SuperviseInput(ref=ref(), settings=Settings(), reattach=False, readiness=None)
+    began = time.monotonic()
+    ended = await ActivityEnvironment().run(machine.agent.supervise_task, supervised)
+    assert ended.exit_code == 0
+    assert len(looks) <= 3, f"looked {len(looks)} times"
+    assert looks[-1] - began < 2.5
+
+
+def test_the_process_runtime_hands_a_descriptor_readable_once_the_attempt_ended(machine: Machine) -> None:
+    import select
+
+    from activities.runtime.base import Launch
+
+    runtime = machine.runtime
+    key = task_key(ref())
+    assert runtime.ended_fd(key) is None  # never started here
+    runtime.start(key, Launch(command=["sleep", "30"]))
+    fd = runtime.ended_fd(key)
+    assert fd is not None
+    try:
+        assert select.select([fd], [], [], 0.2)[0] == []
+        runtime.stop(key, grace_seconds=1)
+        assert select.select([fd], [], [], 5)[0] == [fd]
+    finally:
+        os.close(fd)
+    assert runtime.ended_fd(key) is None  # ended: nothing to wait for

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -132,8 +133,13 @@ def test_stop_ends_a_worker_with_sigterm_within_the_grace(runtime: ProcessRuntim
     assert runtime.observe(key()) == Observed(running=False, exit_code=143)
 
 
-def test_stop_kills_a_worker_that_ignores_sigterm_after_the_grace(runtime: ProcessRuntime) -> None:
-    runtime.start(key(), Launch(command=["sh", "-c", 'trap "" TERM; sleep 60']))
+def test_stop_kills_a_worker_that_ignores_sigterm_after_the_grace(runtime: ProcessRuntime, root: Path) -> None:
+    runtime.start(key(), Launch(command=["sh", "-c", 'trap "" TERM; touch trapped; sleep 60']))
+    wait_for_text(root / key().slug / "pid")
+    deadline = time.monotonic() + 5  # start returns once the worker runs, maybe before sh set its trap
+    while not (root / key().slug / "trapped").exists():
+        assert time.monotonic() < deadline, "sh never set its trap"
+        time.sleep(0.01)
 
     started = time.monotonic()
     runtime.stop(key(), grace_seconds=0.5)
@@ -365,3 +371,26 @@ def test_an_http_check_fails_on_a_closed_port_and_on_a_silent_one(runtime: Proce
             "timed out after 0.3s",
         )
         assert time.monotonic() - began < 2
+
+
+def test_the_shim_refuses_a_command_line_it_cannot_read_naming_what_is_wrong(tmp_path: Path) -> None:
+    from activities.runtime import shim
+
+    assert shim.parse(["--dir", "d", "--ready-fd", "7", "--", "sleep", "1"]) == ("d", 7, ["sleep", "1"])
+    assert shim.parse(["--dir", "d", "--", "true"]) == ("d", None, ["true"])
+    for argv, error in (
+        (["--", "true"], "--dir is required"),
+        (["--dir", "d", "--"], "no command after --"),
+        (["--dir"], "--dir needs a value"),
+        (["--dir", "d", "--ready-fd", "x", "--", "true"], "--ready-fd must be a file descriptor, not 'x'"),
+        (["--dir", "d", "-v", "--", "true"], "unexpected argument '-v'"),
+    ):
+        with pytest.raises(ValueError) as refused:
+            shim.parse(argv)
+        assert str(refused.value) == error
+    # As the runtime runs it: a script, with no site and no environment.
+    ran = subprocess.run(
+        [sys.executable, "-I", "-S", shim.__file__, "--dir", str(tmp_path)], capture_output=True, text=True
+    )
+    assert (ran.returncode, ran.stderr) == (1, f"shim.py: no command after --\n{shim.USAGE}\n")
+    assert list(tmp_path.iterdir()) == []
