@@ -230,7 +230,7 @@ class Injector:
         node = f"m-{int(process.removeprefix('agents-')):03d}" if process.startswith("agents-") else None
         holder = await self.holder(node) if node else None
         seen = self.intervals()  # just before the kill
-        fault = Fault(name, process, node, killed=time.time())
+        fault = Fault(name, process, node, killed=time.time(), lease_ttl=self.options.lease_ttl)
         fault.waiting_at_kill = self.options.runs - len({i.run for i in seen})
         fault.alive_at_kill = sum(1 for i in seen if i.end is None and (node is None or i.node == node))
         if name == "temporal":

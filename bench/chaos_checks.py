@@ -241,6 +241,7 @@ class Fault:
     ready_again: float | None = None  # the machine Ready again (agents), when seen
     note: str = ""  # what went wrong with the restart, if anything
     lease_expired: bool = False  # the machine was not Ready at some time between the kill and its new agent
+    lease_ttl: float = 0.0  # the machines' lease (node_lease_ttl_seconds)
     waiting_at_kill: int = 0  # runs whose worker had not started yet: the fault hit mid-burst when > 0
     alive_at_kill: int = 0  # worker processes alive (on its machine, for an agent)
 
@@ -250,8 +251,9 @@ def not_as_named(fault: Fault) -> str | None:
     outlive (or not) its restart."""
     if fault.waiting_at_kill == 0:
         return f"{fault.name}: no run was still waiting when it hit (after the burst)"
-    if fault.name == "agent-within-lease" and fault.lease_expired:
-        return f"{fault.name}: the lease of {fault.node} expired before its new agent registered"
+    back = fault.ready_again - fault.killed if fault.ready_again is not None else None
+    if fault.name == "agent-within-lease" and back is not None and back > fault.lease_ttl:
+        return f"{fault.name}: the new agent of {fault.node} registered {back:.1f} s after the kill, past the lease"
     if fault.name == "agent-after-lease" and not fault.lease_expired:
         return f"{fault.name}: {fault.node} was never seen not Ready"
     return None
@@ -264,6 +266,18 @@ def blamed(case: Case, faults: list[Fault]) -> str:
     on_its_machine = [f for f in before if case.node is not None and f.node == case.node]
     chosen = on_its_machine or before
     return max(chosen, key=lambda f: f.killed).name if chosen else "before any fault"
+
+
+def lost_within_lease(fault: Fault) -> str | None:
+    """A machine that went Down although its new agent registered within the lease's TTL of the kill: the lease
+    did not last as long as it says."""
+    back = fault.ready_again - fault.killed if fault.ready_again is not None else None
+    if fault.name != "agent-within-lease" or not fault.lease_expired or back is None or back > fault.lease_ttl:
+        return None
+    return (
+        f"{fault.node} went Down though its new agent registered {back:.1f} s after the kill "
+        f"(lease {fault.lease_ttl:g} s)"
+    )
 
 
 def resumed_after(fault: Fault, intervals: list[Interval]) -> float | None:

@@ -18,6 +18,7 @@ from bench.chaos_checks import (
     gpus_held_twice,
     judge,
     longest_gap,
+    lost_within_lease,
     not_as_named,
     resumed_after,
     started_twice,
@@ -113,6 +114,7 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
     orphans = left_running(outcome)
     unresumed = [f"{f.name}: {f.note}" for f in outcome.faults if f.note]
     not_named = [why for why in map(not_as_named, outcome.faults) if why is not None]
+    short_leases = [why for why in map(lost_within_lease, outcome.faults) if why is not None]
     settled = outcome.burst_settled_at
     took = settled - outcome.burst_submitted_at if settled is not None else None
     checks = [
@@ -125,7 +127,8 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
         ("workers left running after their run ended", orphans),
         ("worker starts missing from the journal", outcome.unjournaled),
         ("faults the cluster did not recover from", unresumed),
-        ("faults not as named (after the burst; a lease that expired or not)", not_named),
+        ("machines Down though their agent was back within the lease", short_leases),
+        ("faults not as named (after the burst; an agent back within its lease or not)", not_named),
     ]
     rows: list[tuple[str, str]] = [
         ("runs submitted (submit errors)", f"{len(outcome.runs)} ({len(outcome.submit_errors)})"),

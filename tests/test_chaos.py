@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos_checks import Fault, RunRead, gpus_held_twice, judge, not_as_named, read_journal, started_twice
+from bench.chaos_checks import (
+    Fault,
+    RunRead,
+    gpus_held_twice,
+    judge,
+    lost_within_lease,
+    not_as_named,
+    read_journal,
+    started_twice,
+)
 from bench.chaos_report import Outcome, outcome_lines
 
 ROOT = Path(__file__).parent.parent
@@ -124,18 +133,33 @@ def test_each_run_is_judged_by_its_reason_and_the_journal(read: RunRead, journal
 
 
 @pytest.mark.parametrize(
+    ("ready_again", "expired", "found"),
+    [(3, True, True), (3, False, False), (12, True, False)],
+    ids=["Down though back within the lease", "kept its lease", "back after the lease: not the lease's fault"],
+)
+def test_a_machine_down_though_its_agent_was_back_within_the_lease_is_found(
+    ready_again: float, expired: bool, found: bool
+) -> None:
+    fault = Fault("agent-within-lease", "agents-0", "m-000", 0, ready_again=ready_again, lease_expired=expired)
+    fault.lease_ttl = 10
+    assert (lost_within_lease(fault) is not None) == found
+
+
+@pytest.mark.parametrize(
     ("fault", "named"),
     [
         (Fault("control", "control", waiting_at_kill=3), True),
         (Fault("control", "control", waiting_at_kill=0), False),
-        (Fault("agent-within-lease", "agents-0", "m-000", waiting_at_kill=3, lease_expired=True), False),
+        (Fault("agent-within-lease", "agents-0", "m-000", 0, waiting_at_kill=3, ready_again=12, lease_ttl=10), False),
+        (Fault("agent-within-lease", "agents-0", "m-000", 0, waiting_at_kill=3, ready_again=3, lease_ttl=10), True),
         (Fault("agent-after-lease", "agents-1", "m-001", waiting_at_kill=3, lease_expired=False), False),
         (Fault("agent-after-lease", "agents-1", "m-001", waiting_at_kill=3, lease_expired=True), True),
     ],
     ids=[
         "mid-burst",
         "after the burst",
-        "an agent back within its lease whose lease expired",
+        "an agent back only after its lease",
+        "an agent back within its lease",
         "an agent back after its lease that never lost it",
         "an agent back after its lease expired",
     ],
