@@ -259,13 +259,13 @@ def not_as_named(fault: Fault) -> str | None:
     return None
 
 
-def blamed(case: Case, faults: list[Fault]) -> str:
-    """The fault a case most likely followed: the last agent fault on its machine before it, else the last fault
-    before it ("before any fault" when none was)."""
-    before = [f for f in faults if f.killed <= case.at]
-    on_its_machine = [f for f in before if case.node is not None and f.node == case.node]
+def blamed(case: Case, faults: list[Fault]) -> int | None:
+    """The index of the fault a case most likely followed: the last agent fault on its machine before it, else the
+    last fault before it (None: before any fault)."""
+    before = [i for i, f in enumerate(faults) if f.killed <= case.at]
+    on_its_machine = [i for i in before if case.node is not None and faults[i].node == case.node]
     chosen = on_its_machine or before
-    return max(chosen, key=lambda f: f.killed).name if chosen else "before any fault"
+    return max(chosen, key=lambda i: faults[i].killed) if chosen else None
 
 
 def lost_within_lease(fault: Fault) -> str | None:

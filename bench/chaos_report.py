@@ -66,12 +66,12 @@ def fault_rows(outcome: Outcome, twice: list[Case], held: list[Case]) -> tuple[l
     lines, figures = [header], []
     after = collections.Counter(blamed(c, outcome.faults) for c in twice)
     held_after = collections.Counter(blamed(c, outcome.faults) for c in held)
-    if after["before any fault"] or held_after["before any fault"]:
+    if after[None] or held_after[None]:
         lines.append(
             f"{'before any fault':<20} {'':>9} {'':>6} {'':>8} {'':>6} {'':>6} {'':>7} {'':>5} "
-            f"{after['before any fault']:>5} {held_after['before any fault']:>7}"
+            f"{after[None]:>5} {held_after[None]:>7}"
         )
-    for fault in outcome.faults:
+    for index, fault in enumerate(outcome.faults):
         resumed = resumed_after(fault, outcome.intervals)
         until = fault.killed + resumed if resumed is not None else (outcome.burst_settled_at or fault.killed)
         gap = longest_gap(outcome.intervals, fault.killed, until) if until > fault.killed else 0.0
@@ -87,14 +87,14 @@ def fault_rows(outcome: Outcome, twice: list[Case], held: list[Case]) -> tuple[l
             "ready_again_after_s": ready,
             "waiting_at_kill": fault.waiting_at_kill,
             "alive_at_kill": fault.alive_at_kill,
-            "started_twice_after": after[fault.name],
-            "gpus_held_twice_after": held_after[fault.name],
+            "started_twice_after": after[index],
+            "gpus_held_twice_after": held_after[index],
             "note": fault.note,
         } | asdict(fault)
         figures.append(row)
         lines.append(
             f"{fault.name:<20} {_s(killed_at):>9} {_s(down):>6} {_s(resumed):>8} {_s(gap):>6} {_s(ready):>6} "
-            f"{fault.waiting_at_kill:>7} {fault.alive_at_kill:>5} {after[fault.name]:>5} {held_after[fault.name]:>7}  "
+            f"{fault.waiting_at_kill:>7} {fault.alive_at_kill:>5} {after[index]:>5} {held_after[index]:>7}  "
             f"{fault.note}".rstrip()
         )
     return lines, figures
