@@ -171,7 +171,7 @@ def test_a_fault_counts_only_as_what_it_is_named(fault: Fault, named: bool) -> N
 @pytest.mark.integration
 def test_every_fault_in_turn_loses_no_run_starts_no_worker_twice_and_holds_no_gpu_twice(tmp_path: Path) -> None:
     """48 runs on 2 machines x 2 GPUs; kill -9 of the control plane, the scheduler, an agent within its lease, an
-    agent past its lease, and the Temporal server, in turn. About a minute on 2 cores."""
+    agent past its lease, and the Temporal server, in turn. About 80 s on 2 cores."""
     figures_file = tmp_path / "chaos.json"
     args = ["--runs", "48", "--machines", "2", "--gpus", "2", "--sleep", "2-4", "--lease-ttl", "8"]
     args += ["--timeout", "240", "--json", str(figures_file)]
