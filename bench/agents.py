@@ -1,5 +1,5 @@
 """Several node agents in one process, for benchmarks: `python -m bench.agents --temporal HOST:PORT --data-dir DIR
---first I --count K [--gpus 8xH100-80GB] [--cpus C] [--memory-bytes B]`.
+--first I --count K [--gpus 8xH100-80GB] [--cpus C] [--memory-bytes B] [--settings FILE]`.
 
 Each agent is what `astraeus agent` runs (`workers.services.start_agent`: its own inventory, process runtime,
 task queue and registration), named `<prefix>-<i>` with its files under `DIR/<name>`; they share this process's
@@ -18,9 +18,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from bench.common import run_and_exit
+from workers.cli import load_settings
 from workers.connect import connect
 from workers.services import AgentOptions, start_agent
-from workflows.domain.settings import Settings
 
 
 def machine_name(prefix: str, index: int) -> str:
@@ -29,7 +29,7 @@ def machine_name(prefix: str, index: int) -> str:
 
 async def serve(args: argparse.Namespace) -> None:
     client = await connect(args.temporal, wait=timedelta(seconds=30))
-    settings = Settings()
+    settings = load_settings(args.settings)
     options = [
         AgentOptions(
             name=machine_name(args.prefix, i),
@@ -62,6 +62,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", help="GPUs each machine declares, e.g. 8xH100-80GB")
     p.add_argument("--cpus", type=float, help="CPU cores each machine offers")
     p.add_argument("--memory-bytes", type=int, help="memory each machine offers")
+    p.add_argument("--settings", help="YAML file overriding the spec's timers (as `astraeus agent --settings`)")
     return p
 
 

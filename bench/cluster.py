@@ -62,17 +62,26 @@ def become_subreaper() -> bool:
 
 
 class Cluster:
-    def __init__(self, root: Path, machines: Machines, agents_per_process: int, services_apart: bool) -> None:
+    def __init__(
+        self,
+        root: Path,
+        machines: Machines,
+        agents_per_process: int,
+        services_apart: bool,
+        settings: Path | None = None,
+    ) -> None:
         self.root = root
         self.machines = machines
         self.agents_per_process = max(1, min(agents_per_process, machines.count))
         self.services_apart = services_apart
+        self.settings = settings  # a --settings YAML for every process (services apart only; None: the defaults)
         self.server = DevServer(root / "temporal", port=free_port(), ui_port=None)
         self.client: Client | None = None
         self.services: dict[str, subprocess.Popen[bytes]] = {}  # control, scheduler (--services-apart)
         self.agents: list[subprocess.Popen[bytes]] = []
         self.workers: list[Worker | SchedulerWorker] = []  # control plane and scheduler in this process
         self._running: list[asyncio.Task[None]] = []
+        self.commands: dict[str, list[str]] = {}  # each process's arguments, by name, to start it again
 
     @property
     def agent_processes(self) -> int:
@@ -86,10 +95,14 @@ class Cluster:
         become_subreaper()
         await asyncio.to_thread(self.server.start)
         self.client = await connect(self.server.address, wait=timedelta(seconds=30))
+        given = ["--settings", str(self.settings)] if self.settings is not None else []
         if self.services_apart:
             for service in ("control", "scheduler"):
-                self.services[service] = self._spawn(service, "-m", "workers.cli", service, "--temporal", self.address)
+                args = ["-m", "workers.cli", service, "--temporal", self.address, *given]
+                self.services[service] = self._spawn(service, *args)
         else:
+            if self.settings is not None:
+                raise ValueError("settings from a file need the services apart")
             self._run(control_worker(self.client, Settings()))
             self._run(await scheduler_worker(self.client))
         for first in range(0, self.machines.count, self.agents_per_process):
@@ -97,6 +110,7 @@ class Cluster:
             flags = ["--temporal", self.address, "--data-dir", str(self.root / "machines"), "--prefix", "m"]
             flags += ["--first", str(first), "--count", str(count), "--gpus", self.machines.declared]
             flags += ["--cpus", f"{self.machines.cpus:g}", "--memory-bytes", str(self.machines.memory_bytes)]
+            flags += given
             self.agents.append(self._spawn(f"agents-{first}", "-m", "bench.agents", *flags))
         client = AstraeusClient(self.client)
         await wait_for_poller(self.client, SCHEDULER_TASK_QUEUE, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
@@ -108,10 +122,34 @@ class Cluster:
         return self.server.address
 
     def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        self.commands[name] = list(args)
         with (self.root / f"{name}.log").open("ab") as log:
             return subprocess.Popen(
                 [sys.executable, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+
+    def kill(self, name: str) -> None:
+        """kill -9 a process this cluster started (`control`, `scheduler`, `agents-<first>`), and reap it."""
+        process = self.process(name)
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+    def respawn(self, name: str) -> subprocess.Popen[bytes]:
+        """Start a process again as it was first started (its log goes on)."""
+        process = self._spawn(name, *self.commands[name])
+        if name in self.services:
+            self.services[name] = process
+        else:
+            self.agents[self.agent_names.index(name)] = process
+        return process
+
+    def process(self, name: str) -> subprocess.Popen[bytes]:
+        return self.services[name] if name in self.services else self.agents[self.agent_names.index(name)]
+
+    @property
+    def agent_names(self) -> list[str]:
+        return [f"agents-{first}" for first in range(0, self.machines.count, self.agents_per_process)]
 
     def _run(self, worker: Worker | SchedulerWorker) -> None:
         self.workers.append(worker)
