@@ -114,6 +114,26 @@ class AgentActivities:
         self._unwatched: set[TaskKey] = set()  # attempts whose watch ended before they did (their run lost them?)
         self._returned: dict[TaskKey, float] = {}  # attempts whose watch returned their exit lately, and when
 
+    async def adopt_attempts(self) -> int:
+        """At the start of an agent process: the attempts its machine holds (an earlier process's) are watched by
+        no one, so each that still runs, or exited 0 within RETURNED_KEPT_SECONDS, is told to its run when it ends
+        as an exit its run may have lost with the machine (`task_exited_while_lost`); a run that did not lose it
+        ignores that. Those whose runs no longer have them (the machine was lost meanwhile) are stopped now, before
+        the machine takes work again: their GPUs are free when the scheduler counts them free. Returns how many it
+        adopted."""
+        keys = await asyncio.to_thread(self._runtime.attempts)
+        observed = await asyncio.gather(*(asyncio.to_thread(self._runtime.observe, key) for key in keys))
+        now = time.time()
+        adopted = [
+            key
+            for key, seen in zip(keys, observed, strict=True)
+            if seen.running
+            or (seen.exit_code == 0 and seen.ended_at is not None and now - seen.ended_at < RETURNED_KEPT_SECONDS)
+        ]
+        self._unwatched.update(adopted)
+        await self._stop_orphans()
+        return len(adopted)
+
     def registered(self, view: NodeView) -> None:
         """The machine's workflow took this agent's registration (its first, or again after its lease expired): it
         holds the lease again, and looks at once for attempts its runs no longer have."""
@@ -161,7 +181,8 @@ class AgentActivities:
                 self._look_for_orphans()
                 await self._report_gpu_health()
                 await self._report_pressure()
-                await asyncio.sleep(min(input.renew_seconds, GPU_HEALTH_SECONDS))
+                # Twice per renewal: a crashed agent's lease expires at least 5/6 of its TTL after its last look.
+                await asyncio.sleep(min(input.renew_seconds / 2, GPU_HEALTH_SECONDS))
         except asyncio.CancelledError:
             details = activity.cancellation_details()
             replaced = self.registrations != registrations  # this agent registered again: a new lease replaces it

@@ -272,6 +272,9 @@ async def register(client: Client, node: NodeInventory, settings: Settings, inst
     raise AssertionError("unreachable")
 
 
+LEASE_HEARTBEAT_THROTTLE = timedelta(seconds=1)
+
+
 class Agent:
     """A node agent: one Temporal worker on the machine's task queue (its workers' activities) and one on its own
     lease queue. It runs until shut down. When its lease expires (it was paused, or cut off from Temporal) it
@@ -305,6 +308,10 @@ class Agent:
             task_queue=lease_task_queue(self.name, activities.instance),
             activities=[activities.hold_lease],
             graceful_shutdown_timeout=timedelta(seconds=1),
+            # Every renewal reaches the server when it is made. The SDK's default sends a heartbeat at most every
+            # 0.8 x its timeout (the lease), so a lease renewed last 24 s before a crash expired 6 s after it.
+            max_heartbeat_throttle_interval=LEASE_HEARTBEAT_THROTTLE,
+            default_heartbeat_throttle_interval=LEASE_HEARTBEAT_THROTTLE,
         )
 
     async def run(self) -> None:
@@ -403,5 +410,6 @@ async def start_agent(client: Client, options: AgentOptions, settings: Settings)
         client, node, runtime, preparer, gpu_watch(node), pressure_watch(options), settings, instance=instance
     )
     agent = Agent(client, activities, settings.stop_grace_seconds, settings)
+    await activities.adopt_attempts()
     activities.registered(await register(client, node, settings, instance))
     return agent

@@ -77,6 +77,7 @@ class Observed:
     exit_code: int | None = None
     oom: bool = False
     not_found: bool = False
+    ended_at: float | None = field(default=None, compare=False)  # when it exited (epoch seconds), if known
 
 
 class RuntimeFailure(Exception):

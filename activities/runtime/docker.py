@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import docker
@@ -121,7 +123,8 @@ class DockerRuntime:
         state = container.attrs["State"]
         if state["Status"] in _RUNNING_STATES:
             return Observed(running=True)
-        return Observed(running=False, exit_code=int(state["ExitCode"]), oom=bool(state["OOMKilled"]))
+        ended = _timestamp(state.get("FinishedAt"))
+        return Observed(running=False, exit_code=int(state["ExitCode"]), oom=bool(state["OOMKilled"]), ended_at=ended)
 
     def stop(self, key: TaskKey, grace_seconds: float) -> None:
         """SIGTERM (or the image's stop signal), the grace period, then SIGKILL; returns once it has ended."""
@@ -384,3 +387,14 @@ def trim_bytes(data: bytes, max_bytes: int) -> bytes:
     if len(data) <= max_bytes:
         return data
     return data[-max_bytes:].lstrip(bytes(range(0x80, 0xC0)))
+
+
+def _timestamp(text: str | None) -> float | None:
+    """The engine's RFC 3339 time (nanoseconds, "Z") as seconds since the epoch; None when unset or unreadable."""
+    if not text or text.startswith("0001-"):
+        return None
+    trimmed = re.sub(r"(\.\d{6})\d+", r"\1", text).replace("Z", "+00:00")
+    try:
+        return datetime.fromisoformat(trimmed).timestamp()
+    except ValueError:
+        return None

@@ -85,6 +85,8 @@ class ProcessRuntime:
             code = _read_int(directory / "exit")
         if code is None:
             return Observed(running=False, not_found=True)
+        with suppress(FileNotFoundError):
+            return Observed(running=False, exit_code=code, ended_at=(directory / "exit").stat().st_mtime)
         return Observed(running=False, exit_code=code)
 
     def ended_fd(self, key: TaskKey) -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
@@ -269,6 +270,33 @@ async def test_a_worker_whose_watch_ended_before_it_did_and_that_exited_0_is_tol
         await asyncio.sleep(0.2)  # told once
     finally:
         await machine.release()
+    assert temporal.signals == [
+        ("job/default/train", "task_exited_while_lost", ExitedWhileLostReport(task_id="w-0", attempt=2, node="n0"))
+    ]
+
+
+async def test_an_agent_started_again_tells_exits_its_former_process_never_read_and_stops_what_runs_no_longer_have(
+    root: Path,
+) -> None:
+    # Issue 11, finding 8, for an agent process killed and started again: its former process watched these workers;
+    # the new one knows them only from the machine. One exited 0 a moment ago, one long ago (its run heard it
+    # then), one failed; one still runs though its run has closed. Before the machine takes work again, the new
+    # process stops the last one, and tells the recent exit 0 to its run (which ignores it unless it lost it).
+    temporal = Temporal(
+        {"job/default/train": WorkflowExecutionStatus.RUNNING, "job/default/over": WorkflowExecutionStatus.COMPLETED}
+    )
+    former = Machine(root, temporal, Settings())
+    recent, old, failed = key("train", "w-0", attempt=2), key("train", "w-1"), key("train", "w-2")
+    for worker, code in ((recent, 0), (old, 0), (failed, 3)):
+        former.run(worker, ["sh", "-c", f"exit {code}"])
+    stray = former.run(key("over"))
+    await until(lambda: not any(former.runs(k) for k in (recent, old, failed)))
+    long_ago = time.time() - 3600
+    os.utime(root / "tasks" / old.slug / "exit", (long_ago, long_ago))
+
+    again = Machine(root, temporal, Settings(orphan_check_seconds=0.05))  # the new process, before it registers
+    assert await again.agent.adopt_attempts() == 2  # the recent exit, and the one still running
+    assert not again.runs(stray)
     assert temporal.signals == [
         ("job/default/train", "task_exited_while_lost", ExitedWhileLostReport(task_id="w-0", attempt=2, node="n0"))
     ]
