@@ -343,11 +343,11 @@ async def read_runs(client: AstraeusClient, options: Options, burst: Burst) -> l
 
 
 def settings_file(root: Path, options: Options) -> Path:
-    """A short lease (so that "restarted after its lease expired" is quick) and a short restart back-off."""
+    """A short lease (so that "restarted after its lease expired" is quick); the restart back-off stays the spec's
+    (10 s): a worker lost with its machine is run again no sooner, and one that exited 0 meanwhile is not at all
+    when its machine comes back within that time."""
     path = root / "settings.yaml"
-    path.write_text(
-        f"node_lease_ttl_seconds: {options.lease_ttl:g}\nbackoff_base_seconds: 1\nbackoff_cap_seconds: 10\n"
-    )
+    path.write_text(f"node_lease_ttl_seconds: {options.lease_ttl:g}\n")
     return path
 
 
