@@ -470,7 +470,7 @@ class JobWorkflow:
 
     @workflow.signal(name="machine_lost")
     def machine_lost(self, report: MachineLostReport) -> None:
-        self._inbox.append(ev.MachineLost(node=report.node, removed=report.removed))
+        self._inbox.append(ev.MachineLost(node=report.node, removed=report.removed, lost_at=report.lost_at))
 
     @workflow.signal(name="task_exited_while_lost")
     def task_exited_while_lost(self, report: ExitedWhileLostReport) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -136,10 +137,13 @@ class ExitedWhileLostReport(_Msg):
 
 
 class MachineLostReport(_Msg):
-    """Signal `machine_lost`: the machine's lease expired (or it was removed from the cluster)."""
+    """Signal `machine_lost`: the machine's lease expired (or it was removed from the cluster) at `lost_at`, on its
+    NodeWorkflow's clock. A run ignores it for an attempt whose start it heard of at or after then: that attempt was
+    started by an agent that registered since. None (senders and histories from before) is about every attempt."""
 
     node: str
     removed: bool = False
+    lost_at: datetime | None = None
 
 
 # ---- Scheduler activities ---------------------------------------------------------------------------------------

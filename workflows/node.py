@@ -4,7 +4,7 @@ queue is its lease, so renewals cost no history. A lease that times out makes th
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -55,9 +55,10 @@ class NodeWorkflow:
             if expired and self._registrations == held:
                 self._view = self._view.model_copy(update={"holder": None})  # the lease is no one's any more
                 if self._view.state is not NodeState.REMOVED:
+                    lost_at = workflow.now()  # taken now: an agent may register while the scheduler is told
                     self._change(NodeState.DOWN, R.MachineLost())
                     await self._notify()
-                    await self._tell_runs(removed=False)
+                    await self._tell_runs(removed=False, lost_at=lost_at)
 
     async def _hold_lease(self, ttl: float) -> bool:
         """Hold the lease until it expires (True) or a new registration replaces it (False)."""
@@ -80,11 +81,12 @@ class NodeWorkflow:
             return False
         return True
 
-    async def _tell_runs(self, removed: bool) -> None:
-        """Every run with a worker on this machine learns it is gone (its workers go Down)."""
+    async def _tell_runs(self, removed: bool, lost_at: datetime) -> None:
+        """Every run with a worker on this machine learns it is gone (its workers go Down), and when: the report
+        may reach a run after a new agent of the machine started one of its workers, which must not count lost."""
         await workflow.execute_activity(
             "machine_lost",
-            MachineLostReport(node=self._view.name, removed=removed),
+            MachineLostReport(node=self._view.name, removed=removed, lost_at=lost_at),
             task_queue=SCHEDULER_TASK_QUEUE,  # the scheduler knows every worker on the machine
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=PATIENT,
@@ -212,9 +214,10 @@ class NodeWorkflow:
     async def remove(self, request: CordonRequest) -> NodeView:
         """The machine leaves the cluster: the scheduler forgets it and its workers go Down ("Machine removed from
         the cluster"). An agent that registers again brings it back."""
+        removed_at = workflow.now()
         self._change(NodeState.REMOVED, R.MachineRemoved())
         await self._notify()
-        await self._tell_runs(removed=True)
+        await self._tell_runs(removed=True, lost_at=removed_at)
         return self._view
 
     @cordon.validator

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -433,6 +433,17 @@ async def test_a_lost_machine_is_told_to_every_run_holding_room_on_it() -> None:
     on_n0 = next(job for job, _, node, _ in placements(cluster) if node == "n0")
     assert await svc.machine_lost(MachineLostReport(node="n0")) == 1
     assert cluster.sent("machine_lost") == [(on_n0, MachineLostReport(node="n0"))]
+
+
+async def test_a_lost_machine_is_told_with_when_it_was_lost() -> None:
+    """The run needs the time of the loss to tell it from a start by the machine's next agent (chaos run-0019)."""
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=2)})
+    svc = await service(cluster)
+    await place(svc, request(run="a", gpus=2))
+    report = MachineLostReport(node="n0", lost_at=datetime(2025, 1, 1, 3, 41, 17, tzinfo=UTC))
+    assert await svc.machine_lost(report) == 1
+    assert cluster.sent("machine_lost") == [("job/default/a", report)]
+    assert cluster.sent("machine_lost")[0][1].lost_at == datetime(2025, 1, 1, 3, 41, 17, tzinfo=UTC)
 
 
 async def test_a_run_placed_at_once_is_answered_in_the_call_and_not_signalled() -> None:

@@ -14,6 +14,7 @@ from workflows.domain.events import (
     Created,
     Event,
     ExitedWhileLost,
+    HeartbeatLate,
     MachineLost,
     Place,
     PlacementUpdate,
@@ -820,3 +821,98 @@ def test_a_late_exit_of_a_worker_already_running_again_changes_nothing() -> None
     before = story.job
     assert story.step(21, ExitedWhileLost(task_id="w-0", attempt=0, node="n0")) == []
     assert story.job.task("w-0") == before.task("w-0")
+
+
+# ---- a late report of a machine loss that came before the worker's start (chaos run-0019) -----------------------
+
+
+def test_a_loss_reported_after_a_new_agent_started_the_worker_leaves_it_running() -> None:
+    """The machine was lost at 2.5 s, came back and its new agent started w-0 (reported at 3 s); the report of the
+    loss reaches the run only at 4 s: it is about an agent that is gone, not this attempt."""
+    story = protocol_2_story()
+    story.step(3, TaskRunning(task_id="w-0", attempt=0, started=True))
+    assert story.step(4, MachineLost(node="n0", lost_at=at(2.5))) == []
+    assert story.status("w-0") == ("Running", "Container running")
+    assert story.status() == ("Running", "1 of 1 workers running")
+    assert story.job.task("w-0").last_failure is None
+
+
+def test_a_start_and_an_earlier_loss_decided_together_leave_the_worker_running() -> None:
+    story = protocol_2_story()
+    story.step(4, TaskRunning(task_id="w-0", attempt=0, started=True), MachineLost(node="n0", lost_at=at(3)))
+    assert story.status("w-0") == ("Running", "Container running")
+
+
+@pytest.mark.parametrize(
+    "lost_at",
+    [None, at(3.5), at(10)],
+    ids=["the report does not say when", "lost after the start", "lost after it went running"],
+)
+def test_a_loss_after_the_start_or_undated_still_takes_the_worker_down(lost_at: datetime | None) -> None:
+    story = running_story(1)  # started at 3 s, running at 4 s
+    assert story.step(10, MachineLost(node="n0", lost_at=lost_at)) == [
+        Release(task_id="w-0", attempt=0),
+        ArmTimer(timer=Timer.RESTART, task_id="w-0", attempt=0, at=at(20)),
+    ]
+    assert story.status("w-0") == ("Down", "Machine lost: its lease expired")
+
+
+def test_a_worker_started_by_the_machines_old_agent_is_lost_even_if_it_went_running_after_the_loss() -> None:
+    """Protocol 1: started at 3 s, its supervisor's report of it running at 4 s; lost at 3.5 s."""
+    story = running_story(1)
+    story.step(10, MachineLost(node="n0", lost_at=at(3.5)))
+    assert story.status("w-0") == ("Down", "Machine lost: its lease expired")
+
+
+def test_a_worker_started_at_the_moment_of_the_loss_is_the_new_agents() -> None:
+    story = running_story(1)  # started at 3 s
+    assert story.step(10, MachineLost(node="n0", lost_at=at(3))) == []
+    assert story.status("w-0") == ("Running", "Container running")
+
+
+@pytest.mark.parametrize("lost_at", [None, at(1), at(2.5)], ids=["no time", "lost before its placement", "lost since"])
+def test_a_worker_placed_but_not_started_yet_is_lost_whenever_the_loss_was(lost_at: datetime | None) -> None:
+    story = protocol_2_story()  # placed on n0 at 2 s: Preparing
+    story.step(4, MachineLost(node="n0", lost_at=lost_at))
+    assert story.status("w-0") == ("Down", "Machine lost: its lease expired")
+
+
+def test_an_earlier_attempts_start_does_not_shield_an_attempt_not_started_yet() -> None:
+    """Attempt 0 started at 3 s and was lost; attempt 1 is placed on n0 again, not started: a loss it hears of
+    is about it, even one dated after attempt 0's start."""
+    story = running_story(1)
+    story.step(10, MachineLost(node="n0"))
+    story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0))
+    story.start(21, "w-0", "n0", attempt=1)
+    story.step(22, MachineLost(node="n0", lost_at=at(5)))
+    assert story.status("w-0") == ("Down", "Machine lost: its lease expired")
+    assert story.job.task("w-0").attempt == 1
+
+
+def test_a_restarted_attempt_started_after_a_second_loss_keeps_running_when_that_loss_is_reported_late() -> None:
+    story = running_story(1)
+    story.step(10, MachineLost(node="n0"))
+    story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0))
+    story.start(21, "w-0", "n0", attempt=1)
+    story.step(23, TaskStarted(task_id="w-0", attempt=1), TaskRunning(task_id="w-0", attempt=1))
+    assert story.step(24, MachineLost(node="n0", lost_at=at(22))) == []
+    assert story.status("w-0") == ("Running", "Container running")
+
+
+def test_a_worker_stopping_that_a_new_agent_started_is_not_counted_lost_while_stopping() -> None:
+    story = protocol_2_story()
+    story.step(3, TaskRunning(task_id="w-0", attempt=0, started=True))
+    story.step(4, StopRequested(task_id="w-0"))
+    assert story.step(5, MachineLost(node="n0", lost_at=at(2.5))) == []
+    assert story.status("w-0")[0] == "Stopping"
+
+
+def test_a_long_history_folded_past_the_start_still_knows_when_the_worker_went_running() -> None:
+    story = running_story(1, settings=Settings(history_keep=10))  # started at 3 s, running at 4 s
+    for second in range(5, 25, 2):
+        story.step(second, HeartbeatLate(task_id="w-0", attempt=0))
+        story.step(second + 1, TaskRunning(task_id="w-0", attempt=0, heartbeat=True))
+    assert story.job.task("w-0").summarised > 0
+    assert story.step(30, MachineLost(node="n0", lost_at=at(3.5))) == []
+    assert story.step(31, MachineLost(node="n0", lost_at=at(4.5))) != []
+    assert story.status("w-0") == ("Down", "Machine lost: its lease expired")

@@ -115,6 +115,32 @@ async def test_a_lost_machine_takes_its_workers_down_and_they_restart_by_policy(
     assert (status.state, status.reason) == ("Completed", "All workers completed")
 
 
+async def test_a_late_report_of_a_loss_before_the_worker_started_leaves_it_running(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    """Chaos run-0019: the machine was lost, came back, and its new agent started the worker; the report of the
+    loss, dated before that start, reaches the run only then. The worker is not counted lost (nor run twice)."""
+    job = spec(unique("lostgen"))
+    async with fake_cluster(time_skipping.client, Script(hold={"w-0.0"})) as cluster:
+        handle = await start(time_skipping, job)
+        described = await until(handle, lambda d: d.status.state == "Running")
+        started = next(e.at for e in described.tasks[0].history if e.state == "Starting")
+        stale = MachineLostReport(node="n0", lost_at=started - timedelta(seconds=1))
+        await handle.signal("machine_lost", stale)
+        await handle.execute_update("cancel")  # decided after the signal, in its order
+        status = await run_result(handle)
+        described = await handle.query("describe", result_type=JobDescription)
+    assert pairs(described.tasks[0].history)[-4:] == [
+        ("Starting", "Container started"),
+        ("Running", "Container running"),
+        ("Stopping", "Run cancelled"),
+        ("Cancelled", "Stopped on request"),
+    ]
+    assert (described.tasks[0].attempt, described.tasks[0].restarts) == (0, 0)
+    assert [attempt for _, attempt, _ in cluster.supervisors] == [0]
+    assert status.state == "Cancelled"
+
+
 async def test_a_worker_past_its_time_limit_is_stopped_and_fails_the_run(time_skipping: WorkflowEnvironment) -> None:
     job = parse_spec(
         {

@@ -160,11 +160,13 @@ class TimerFired(_Msg):
 
 
 class MachineLost(_Msg):
-    """A machine's lease expired (or it was removed): its workers are Down."""
+    """A machine's lease expired (or it was removed) at `lost_at`: its workers are Down, but for an attempt whose
+    start was reported at or after `lost_at` (a new agent of the machine started it). None: every worker there."""
 
     kind: Literal["machine_lost"] = "machine_lost"
     node: str
     removed: bool = False
+    lost_at: datetime | None = None
 
 
 class CancelRequested(_Msg):

@@ -228,10 +228,29 @@ def _planned(step: Step, event: WorkersPlanned) -> None:
     step.commands.append(ArmTimer(timer=Timer.REPLAN, task_id=group.name, attempt=0, at=at))
 
 
+_SETTING_UP = frozenset({TaskState.PENDING, TaskState.PREPARING, TaskState.PULLING, TaskState.READY_TO_START})
+
+
+def _started_at(task: TaskRecord) -> datetime | None:
+    """When the run heard that the worker's current attempt was started (its latest Starting entry since it was last
+    set up), or None if it has not been. A history folded past that entry falls back to when it went Running."""
+    for entry in reversed(task.history):
+        if entry.code == R.HistorySummarised.code:
+            break
+        if entry.state == TaskState.STARTING:
+            return entry.at
+        if entry.state in _SETTING_UP:
+            return None
+    return task.running_since
+
+
 def _machine_lost(step: Step, event: MachineLost) -> None:
     for task in step.job.tasks:
         if task.node != event.node or task.state not in TASK_ON_NODE:
             continue
+        started = _started_at(task)
+        if event.lost_at is not None and started is not None and started >= event.lost_at:
+            continue  # a late report of an earlier loss: a new agent of the machine started this attempt since
         if task.state is TaskState.STOPPING:
             gone = R.MachineRemovedWhileStopping() if event.removed else R.MachineLostWhileStopping()
         else:
