@@ -131,7 +131,7 @@ class AgentActivities:
             or (seen.exit_code == 0 and seen.ended_at is not None and now - seen.ended_at < RETURNED_KEPT_SECONDS)
         ]
         self._unwatched.update(adopted)
-        await self._stop_orphans()
+        await self._stop_orphans(tell=False)  # told at the first look once registered: that waits for nothing
         return len(adopted)
 
     def registered(self, view: NodeView) -> None:
@@ -490,7 +490,7 @@ class AgentActivities:
         self._orphan_look_due = now + self._settings.orphan_check_seconds
         self._orphan_look = asyncio.ensure_future(self._stop_orphans())
 
-    async def _stop_orphans(self) -> None:
+    async def _stop_orphans(self, tell: bool = True) -> None:
         """Stop every worker that runs here while its run's workflow is closed, terminated (the Temporal UI's
         Terminate button) or gone, or while its open run no longer has that attempt here (it was lost with the
         machine, or the run moved on): nothing else would ever stop it. Each stop is written in the machine's
@@ -515,8 +515,9 @@ class AgentActivities:
                     log.warning("%s: could not stop %s: %s", self._inventory.name, key.slug, err)
                     continue
                 self._orphans_untold.append(report)
-        await self._tell_orphans_stopped()
-        await self._tell_exits_while_lost()
+        if tell:
+            await self._tell_orphans_stopped()
+            await self._tell_exits_while_lost()
 
     async def _tell_exits_while_lost(self) -> None:
         """Tell each run whose worker's watch ended before the worker did, and which then exited 0, that it did

@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -257,11 +258,18 @@ async def register(client: Client, node: NodeInventory, settings: Settings, inst
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
     )
     request = RegisterRequest(inventory=node, instance=instance)
-    for _ in range(2):
+    deadline, pause = time.monotonic() + REGISTER_RETRY_SECONDS, 0.5
+    while True:
         try:
             return await handle.execute_update(NodeWorkflow.register, request)
         except WorkflowUpdateFailedError as error:
             cause = error.cause
+            if _unprocessed(cause) and time.monotonic() < deadline:
+                # The machine's workflow did not get to it (its task failed or timed out on a busy control plane).
+                log.warning("%s: registration not processed, trying again in %.1f s: %s", node.name, pause, cause)
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, 5.0)
+                continue
             holder = str(cause.details[0]) if isinstance(cause, ApplicationError) and cause.details else ""
             if request.take_over or not (isinstance(cause, ApplicationError) and cause.type == "LeaseHeld"):
                 raise RegistrationRefused(f"machine {node.name} could not register: {cause}") from None
@@ -269,7 +277,16 @@ async def register(client: Client, node: NodeInventory, settings: Settings, inst
                 raise RegistrationRefused(str(cause.message)) from None
             log.info("%s: its agent %s is gone: taking the machine over", node.name, holder)
             request = request.model_copy(update={"take_over": holder})
-    raise AssertionError("unreachable")
+
+
+REGISTER_RETRY_SECONDS = 60.0  # how long a registration the machine's workflow did not process is tried again
+
+
+def _unprocessed(cause: BaseException) -> bool:
+    """Whether an update failed because the workflow never processed it (not a refusal): worth trying again."""
+    return (isinstance(cause, ApplicationError) and cause.type == "UnprocessedUpdate") or (
+        "UnprocessedUpdate" in str(cause)
+    )
 
 
 LEASE_HEARTBEAT_THROTTLE = timedelta(seconds=1)

@@ -297,6 +297,13 @@ async def test_an_agent_started_again_tells_exits_its_former_process_never_read_
     again = Machine(root, temporal, Settings(orphan_check_seconds=0.05))  # the new process, before it registers
     assert await again.agent.adopt_attempts() == 2  # the recent exit, and the one still running
     assert not again.runs(stray)
+    assert temporal.signals == []  # told once registered: its registration waits for nothing
+    again.hold_lease()
+    try:
+        await until(lambda: len(temporal.signals) == 1)
+        await asyncio.sleep(0.2)  # told once
+    finally:
+        await again.release()
     assert temporal.signals == [
         ("job/default/train", "task_exited_while_lost", ExitedWhileLostReport(task_id="w-0", attempt=2, node="n0"))
     ]
