@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import logging
 import os
 import signal
 import sys
@@ -314,9 +313,7 @@ def options_from(args: argparse.Namespace) -> Options:
 
 def main(argv: Sequence[str] | None = None) -> None:
     options = options_from(parser().parse_args(argv))
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    print(f"load average at the start: {os.getloadavg()[0]:.2f}", file=sys.stderr)
-    run_and_exit(bench(options))
+    run_and_exit(bench(options), show_load=True)
 
 
 if __name__ == "__main__":

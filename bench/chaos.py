@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
-import os
 import signal
 import sys
 import tempfile
@@ -457,9 +455,7 @@ def options_from(args: argparse.Namespace) -> Options:
 
 def main(argv: Sequence[str] | None = None) -> None:
     options = options_from(parser().parse_args(argv))
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    print(f"load average at the start: {os.getloadavg()[0]:.2f}", file=sys.stderr)
-    run_and_exit(bench(options), "bench.chaos")
+    run_and_exit(bench(options), "bench.chaos", show_load=True)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from bench.common import children_of, own_cpu_seconds, pid_cpu_seconds, wait_for
 from workers.client import AstraeusClient
 from workers.connect import TEMPORAL_NAMESPACE, connect
 from workers.devserver import DevServer, free_port
+from workers.embedded import shut_down
 from workers.services import SchedulerWorker, control_worker, scheduler_worker
 from workflows.domain.settings import Settings
 from workflows.messages import SCHEDULER_TASK_QUEUE
@@ -185,12 +186,7 @@ class Cluster:
         await asyncio.gather(*(asyncio.to_thread(end_process, p) for p in self.agents))
         await asyncio.gather(*(asyncio.to_thread(end_workers, d) for d in self.machine_dirs))
         await asyncio.gather(*(asyncio.to_thread(end_process, p) for p in self.services.values()))
-        for worker in reversed(self.workers):
-            with contextlib.suppress(Exception):
-                await worker.shutdown()
-        for task in self._running:
-            with contextlib.suppress(BaseException):
-                await task
+        await shut_down(self.workers, self._running)
         await asyncio.to_thread(self.server.stop)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import math
 import os
 import resource
@@ -27,9 +28,13 @@ from workflows.domain.nodes import NodeState
 WORKFLOW_TASK_PROBLEMS = (EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED, EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT)
 
 
-def run_and_exit(work: Coroutine[Any, Any, list[str] | None], name: str = "bench") -> NoReturn:
-    """Run a benchmark's coroutine, print the lines it returns, and exit: 143 when SIGTERM stopped it, 1 on an
-    error (said on stderr), skipping interpreter finalization (see workers/cli.py main())."""
+def run_and_exit(work: Coroutine[Any, Any, list[str] | None], name: str = "bench", show_load: bool = False) -> NoReturn:
+    """Run a benchmark's coroutine (logging warnings; with `show_load`, first saying the load average, since the
+    machine is shared), print the lines it returns, and exit: 143 when SIGTERM stopped it, 1 on an error (said on
+    stderr), skipping interpreter finalization (see workers/cli.py main())."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if show_load:
+        print(f"load average at the start: {os.getloadavg()[0]:.2f}", file=sys.stderr)
     code = 0
     try:
         lines = asyncio.run(work)

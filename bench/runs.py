@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import collections
 import itertools
-import logging
 import os
 import signal
 import statistics
@@ -283,7 +282,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run_and_exit(bench(args.runs, args.machines, args.workers_per_run, args.sleep, args.timeout, args.gang))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -79,13 +80,20 @@ class Embedded:
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
-        for worker in reversed(self.workers):
-            with contextlib.suppress(Exception):
-                await worker.shutdown()
-        for task in self._running:
-            with contextlib.suppress(BaseException):
-                await task
+        await shut_down(self.workers, self._running)
         await asyncio.to_thread(self.server.stop)
+
+
+async def shut_down(
+    workers: Sequence[Worker | Agent | SchedulerWorker], running: Sequence[asyncio.Future[None]]
+) -> None:
+    """Shut the parts down, the last started first, then wait for each to end; what they raise was logged."""
+    for worker in reversed(workers):
+        with contextlib.suppress(Exception):
+            await worker.shutdown()
+    for task in running:
+        with contextlib.suppress(BaseException):
+            await task
 
 
 def _log_end(running: asyncio.Task[None]) -> None:
