@@ -22,16 +22,16 @@ from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
-from temporalio.worker import Worker
 
 from activities.runtime.process import ProcessRuntime
+from activities.scheduler_link import SchedulerDoor
 from bench.agents import machine_name
 from bench.common import children_of, own_cpu_seconds, pid_cpu_seconds, wait_for_machines
 from workers.client import AstraeusClient
 from workers.connect import TEMPORAL_NAMESPACE, connect
 from workers.devserver import DevServer, free_port
 from workers.embedded import shut_down
-from workers.services import SchedulerWorker, control_worker, scheduler_worker
+from workers.services import ControlWorker, Part, scheduler_worker
 from workflows.domain.settings import Settings
 from workflows.messages import SCHEDULER_TASK_QUEUE
 
@@ -80,7 +80,7 @@ class Cluster:
         self.client: Client | None = None
         self.services: dict[str, subprocess.Popen[bytes]] = {}  # control, scheduler (--services-apart)
         self.agents: list[subprocess.Popen[bytes]] = []
-        self.workers: list[Worker | SchedulerWorker] = []  # control plane and scheduler in this process
+        self.workers: list[Part] = []  # control plane and scheduler in this process
         self._running: list[asyncio.Task[None]] = []
         self.commands: dict[str, list[str]] = {}  # each process's arguments, by name, to start it again
 
@@ -98,14 +98,16 @@ class Cluster:
         self.client = await connect(self.server.address, wait=timedelta(seconds=30))
         given = ["--settings", str(self.settings)] if self.settings is not None else []
         if self.services_apart:
-            for service in ("control", "scheduler"):
-                args = ["-m", "workers.cli", service, "--temporal", self.address, *given]
+            door = f"127.0.0.1:{free_port()}"  # the scheduler's, the same after a restart
+            for service, flag in (("control", "--scheduler"), ("scheduler", "--listen")):
+                args = ["-m", "workers.cli", service, "--temporal", self.address, flag, door, *given]
                 self.services[service] = self._spawn(service, *args)
         else:
             if self.settings is not None:
                 raise ValueError("settings from a file need the services apart")
-            self._run(control_worker(self.client, Settings()))
-            self._run(await scheduler_worker(self.client))
+            scheduler_door = SchedulerDoor("127.0.0.1:0")
+            self._run(ControlWorker(self.client, Settings(), scheduler_door.address))
+            self._run(await scheduler_worker(self.client, scheduler_door))
         for first in range(0, self.machines.count, self.agents_per_process):
             count = min(self.agents_per_process, self.machines.count - first)
             flags = ["--temporal", self.address, "--data-dir", str(self.root / "machines"), "--prefix", "m"]
@@ -152,7 +154,7 @@ class Cluster:
     def agent_names(self) -> list[str]:
         return [f"agents-{first}" for first in range(0, self.machines.count, self.agents_per_process)]
 
-    def _run(self, worker: Worker | SchedulerWorker) -> None:
+    def _run(self, worker: Part) -> None:
         self.workers.append(worker)
         self._running.append(asyncio.ensure_future(worker.run()))
 

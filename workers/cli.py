@@ -115,21 +115,40 @@ async def cmd_dev(args: argparse.Namespace) -> int:
     return 0
 
 
-async def cmd_control(args: argparse.Namespace) -> int:
-    from workers.services import control_worker
+def scheduler_address(given: str | None) -> str:
+    """The scheduler's door: the flag, else $ASTRAEUS_SCHEDULER, else 127.0.0.1:7244; refused unless HOST:PORT."""
+    from activities.scheduler_link import DEFAULT_ADDRESS, parse_address
 
+    chosen = given or os.environ.get("ASTRAEUS_SCHEDULER") or DEFAULT_ADDRESS
+    try:
+        parse_address(chosen)
+    except ValueError as error:
+        raise AstraeusError(str(error)) from None
+    return chosen
+
+
+async def cmd_control(args: argparse.Namespace) -> int:
+    from workers.services import ControlWorker
+
+    scheduler = scheduler_address(args.scheduler)
     client = await connect(address(args.temporal))
     await ensure_search_attributes(client)
-    await control_worker(client, load_settings(args.settings)).run()
+    await ControlWorker(client, load_settings(args.settings), scheduler).run()
     return 0
 
 
 async def cmd_scheduler(args: argparse.Namespace) -> int:
+    from activities.scheduler_link import SchedulerDoor
     from workers.services import scheduler_worker
 
     load_settings(args.settings)
+    listen = scheduler_address(args.listen)
     client = await connect(address(args.temporal))
-    worker = await scheduler_worker(client)
+    try:
+        door = SchedulerDoor(listen)
+    except OSError as error:
+        raise AstraeusError(f"scheduler: {error}") from None
+    worker = await scheduler_worker(client, door)
     await worker.run()
     return 0
 
@@ -383,8 +402,13 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--docker-host", help="the Docker engine (default $DOCKER_HOST, else its socket)")
     machine_flags(dev)
 
-    command("control", cmd_control, "the control plane: hosts every run's and machine's workflow", process=True)
-    command("scheduler", cmd_scheduler, "the scheduler service: places workers on machines", process=True)
+    control = command("control", cmd_control, "the control plane: hosts every run's and machine's workflow",
+                      process=True)  # fmt: skip
+    control.add_argument("--scheduler", help="the scheduler's door HOST:PORT (default $ASTRAEUS_SCHEDULER or "
+                         "127.0.0.1:7244)")  # fmt: skip
+    scheduler = command("scheduler", cmd_scheduler, "the scheduler service: places workers on machines", process=True)
+    scheduler.add_argument("--listen", help="HOST:PORT of its door for the control plane (default "
+                           "$ASTRAEUS_SCHEDULER or 127.0.0.1:7244)")  # fmt: skip
     agent = command("agent", cmd_agent, "a node agent: runs this machine's workers", process=True)
     agent.add_argument("--name", required=True, help="this machine's name")
     agent.add_argument("--data-dir", default=".astraeus/agent", help="where workers' files and logs live")

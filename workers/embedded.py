@@ -11,11 +11,11 @@ from pathlib import Path
 from types import TracebackType
 
 from temporalio.client import Client
-from temporalio.worker import Worker
 
+from activities.scheduler_link import SchedulerDoor
 from workers.connect import connect
 from workers.devserver import DevServer
-from workers.services import Agent, AgentOptions, SchedulerWorker, control_worker, scheduler_worker, start_agent
+from workers.services import AgentOptions, ControlWorker, Part, scheduler_worker, start_agent
 from workflows.domain.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class Embedded:
             "docker_host": docker_host,
         }
         self.settings = settings or Settings()
-        self.workers: list[Worker | Agent | SchedulerWorker] = []
+        self.workers: list[Part] = []
         self._running: list[asyncio.Task[None]] = []
         self.client: Client | None = None
 
@@ -57,8 +57,9 @@ class Embedded:
         await asyncio.to_thread(self.server.start)
         try:
             self.client = await connect(self.server.address, wait=timedelta(seconds=30))
-            self._run(control_worker(self.client, self.settings))
-            self._run(await scheduler_worker(self.client))
+            door = SchedulerDoor("127.0.0.1:0")  # any free port: the control plane is told which
+            self._run(ControlWorker(self.client, self.settings, door.address))
+            self._run(await scheduler_worker(self.client, door))
             for i in range(self.node_count):
                 options = AgentOptions(
                     name=f"local-{i}",
@@ -71,7 +72,7 @@ class Embedded:
             raise
         return self
 
-    def _run(self, worker: Worker | Agent | SchedulerWorker) -> None:
+    def _run(self, worker: Part) -> None:
         self.workers.append(worker)
         running = asyncio.ensure_future(worker.run())
         running.add_done_callback(_log_end)
@@ -84,9 +85,7 @@ class Embedded:
         await asyncio.to_thread(self.server.stop)
 
 
-async def shut_down(
-    workers: Sequence[Worker | Agent | SchedulerWorker], running: Sequence[asyncio.Future[None]]
-) -> None:
+async def shut_down(workers: Sequence[Part], running: Sequence[asyncio.Future[None]]) -> None:
     """Shut the parts down, the last started first, then wait for each to end; what they raise was logged."""
     for worker in reversed(workers):
         with contextlib.suppress(Exception):

@@ -30,6 +30,7 @@ from activities.runtime.base import Runtime
 from activities.runtime.docker import DockerRuntime
 from activities.runtime.process import ProcessRuntime
 from activities.scheduler import SchedulerService
+from activities.scheduler_link import DEFAULT_ADDRESS, SchedulerDoor, SchedulerLink
 from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView, lease_task_queue, node_id, node_task_queue
 from workflows.domain.settings import Settings
 from workflows.job import JobWorkflow
@@ -67,46 +68,76 @@ WORKFLOW_TASK_OPTIONS: dict[str, Any] = {
 }
 
 
-def control_worker(client: Client, settings: Settings) -> Worker:
-    """Hosts every JobWorkflow and NodeWorkflow."""
-    control = ControlActivities(settings, client)
-    return Worker(
-        client,
-        task_queue=CONTROL_TASK_QUEUE,
-        workflows=[JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow],
-        # machine_lost: for machines that called it here (the scheduler tells runs now)
-        activities=[control.load_settings, control.machine_lost, control.cancel_run_workflow],
-        workflow_runner=WORKFLOW_RUNNER,
-        **WORKFLOW_TASK_OPTIONS,
-    )
+class ControlWorker:
+    """The control plane's Temporal worker, hosting every JobWorkflow and NodeWorkflow, and its link to the
+    scheduler's door at `scheduler` (HOST:PORT: the runs' `place` and `release`, as local activities), closed when
+    the worker ends."""
 
-
-class SchedulerWorker:
-    """The scheduler service's Temporal worker (place, release, node_changed, ...) and its sweep, which runs only
-    while the worker does."""
-
-    def __init__(self, service: SchedulerService, worker: Worker) -> None:
-        self.service = service
-        self.worker = worker
+    def __init__(self, client: Client, settings: Settings, scheduler: str = DEFAULT_ADDRESS) -> None:
+        control = ControlActivities(settings, client)
+        self.link = SchedulerLink(scheduler)
+        self.worker = Worker(
+            client,
+            task_queue=CONTROL_TASK_QUEUE,
+            workflows=[JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow],
+            # machine_lost: for machines that called it here (the scheduler tells runs now)
+            activities=[
+                control.load_settings,
+                control.machine_lost,
+                control.cancel_run_workflow,
+                self.link.place,
+                self.link.release,
+            ],
+            workflow_runner=WORKFLOW_RUNNER,
+            **WORKFLOW_TASK_OPTIONS,
+        )
 
     async def run(self) -> None:
-        self.service.sweeping = asyncio.ensure_future(self.service.sweep_forever())
         try:
             await self.worker.run()
         finally:
-            self.service.sweeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.service.sweeping
+            await self.link.close()
 
     async def shutdown(self) -> None:
         await self.worker.shutdown()
 
 
-async def scheduler_worker(client: Client) -> SchedulerWorker:
-    """Rebuilds the scheduler's view from the durable truth, then serves place / release / node_changed, and
-    sweeps away runs that closed without giving their room back."""
+class SchedulerWorker:
+    """The scheduler service's Temporal worker (node_changed, quotas_changed, ...; place and release for runs of
+    protocols before 3), its door (place and release for the others) and its sweep, which run only while the
+    worker does."""
+
+    def __init__(self, service: SchedulerService, worker: Worker, door: SchedulerDoor) -> None:
+        self.service = service
+        self.worker = worker
+        self.door = door
+
+    async def run(self) -> None:
+        self.service.sweeping = asyncio.ensure_future(self.service.sweep_forever())
+        try:
+            await self.door.open(self.service)
+            await self.worker.run()
+        finally:
+            self.service.sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.service.sweeping
+            await self.door.close()
+
+    async def shutdown(self) -> None:
+        await self.worker.shutdown()
+
+
+async def scheduler_worker(client: Client, door: SchedulerDoor | None = None) -> SchedulerWorker:
+    """Rebuilds the scheduler's view from the durable truth, then serves place / release (at its door, default
+    DEFAULT_ADDRESS, bound before the rebuild so that calls wait for it) and node_changed, and sweeps away runs
+    that closed without giving their room back."""
+    door = door or SchedulerDoor()
     service = SchedulerService(client)
-    await service.rebuild()
+    try:
+        await service.rebuild()
+    except BaseException:
+        await door.close()
+        raise
     worker = Worker(
         client,
         task_queue=SCHEDULER_TASK_QUEUE,
@@ -120,7 +151,7 @@ async def scheduler_worker(client: Client) -> SchedulerWorker:
         ],
         max_concurrent_activities=100,
     )
-    return SchedulerWorker(service, worker)
+    return SchedulerWorker(service, worker, door)
 
 
 @dataclass
@@ -414,6 +445,10 @@ class Agent:
             log.warning("%s: could not read who holds the machine now: %s", self.name, err)
             return None
         return view.holder if view.holder != self.activities.instance else None
+
+
+# What the embedded default and the benchmarks run side by side in one process: each has run() and shutdown().
+Part = Worker | ControlWorker | SchedulerWorker | Agent
 
 
 async def start_agent(client: Client, options: AgentOptions, settings: Settings) -> Agent:

@@ -281,14 +281,11 @@ class JobWorkflow:
         return TaskRef(namespace=spec.namespace, job=spec.name, task_id=task_id, attempt=attempt)
 
     async def _place(self, command: ev.Place) -> None:
-        result = await workflow.execute_activity(
+        result = await self._scheduler(
             "place",
             PlaceInput(requests=command.requests),
-            task_queue=SCHEDULER_TASK_QUEUE,
-            result_type=PlaceResult,  # None in histories from before the scheduler answered in its result
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=PATIENT,
-            summary=f"place {', '.join(r.task_id for r in command.requests)}",
+            PlaceResult,  # None in histories from before the scheduler answered in its result
+            f"place {', '.join(r.task_id for r in command.requests)}",
         )
         for answer in result.answers if result is not None else []:
             self._inbox.append(ev.PlacementUpdate(**answer.model_dump()))
@@ -307,13 +304,34 @@ class JobWorkflow:
 
     async def _release(self, command: ev.Release) -> None:
         assert self._job is not None
-        await workflow.execute_activity(
+        await self._scheduler(
             "release",
             ReleaseInput(job_id=self._job.id, task_id=command.task_id, attempt=command.attempt),
+            None,
+            f"release {command.task_id}",
+        )
+
+    async def _scheduler(self, name: str, message: PlaceInput | ReleaseInput, result: type | None, summary: str) -> Any:
+        """Call the scheduler: since protocol 3 a local activity through the scheduler's door (one marker event,
+        and no workflow task of its own: activities/scheduler_link.py), before that an activity on its queue."""
+        assert self._job is not None
+        if self._job.protocol >= 3:
+            return await workflow.execute_local_activity(
+                name,
+                message,
+                result_type=result,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=PATIENT,
+                summary=summary,
+            )
+        return await workflow.execute_activity(
+            name,
+            message,
             task_queue=SCHEDULER_TASK_QUEUE,
+            result_type=result,
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=PATIENT,
-            summary=f"release {command.task_id}",
+            summary=summary,
         )
 
     async def _start(self, command: ev.Start) -> None:

@@ -34,8 +34,9 @@ class _Msg(BaseModel):
 # What a control plane of this version does for the runs it creates. 1: a worker is started by `start_task`, then
 # watched by `supervise_task` (two activities), and every run's workflow completes with its Status. 2: one activity,
 # `run_task`, starts and watches a worker; machine loss is told by the scheduler (no AstraeusNodes); no reset timer
-# for a count of 0; a Failed run's workflow fails and a Cancelled one's is Canceled.
-PROTOCOL = 2
+# for a count of 0; a Failed run's workflow fails and a Cancelled one's is Canceled. 3: `place` and `release` are
+# local activities of the control plane, through the scheduler's door (activities/scheduler_link.py).
+PROTOCOL = 3
 
 
 class LoadSettingsResult(_Msg):

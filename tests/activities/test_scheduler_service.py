@@ -463,11 +463,12 @@ async def test_the_scheduler_processes_sweep_ends_with_its_worker(time_skipping:
     go on calling a server that is gone."""
     from temporalio.worker import Worker
 
+    from activities.scheduler_link import SchedulerDoor
     from workers.services import SchedulerWorker
 
     service = SchedulerService(time_skipping.client)
     worker = Worker(time_skipping.client, task_queue=unique("scheduler"), activities=[service.place])
-    scheduler = SchedulerWorker(service, worker)
+    scheduler = SchedulerWorker(service, worker, SchedulerDoor("127.0.0.1:0"))
     running = asyncio.ensure_future(scheduler.run())
     while scheduler.service.sweeping is None:
         await asyncio.sleep(0.01)

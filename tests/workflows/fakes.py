@@ -184,7 +184,8 @@ async def fake_cluster(client: Client, script: Script, settings: Settings | None
             client,
             task_queue=CONTROL_TASK_QUEUE,
             workflows=[JobWorkflow, NodeWorkflow],
-            activities=[cluster.load_settings, control.cancel_run_workflow],
+            # place and release: the local activities of protocol 3 (the scheduler's queue serves older runs')
+            activities=[cluster.load_settings, control.cancel_run_workflow, cluster.place, cluster.release],
         ),
         Worker(
             client, task_queue=SCHEDULER_TASK_QUEUE, activities=[cluster.place, cluster.release, cluster.plan_workers]

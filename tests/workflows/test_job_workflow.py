@@ -169,17 +169,21 @@ async def test_stop_one_worker_and_refuse_bad_stops(time_skipping: WorkflowEnvir
     assert (status.state, status.reason) == ("Cancelled", "All workers ended; some were cancelled")
 
 
-async def test_a_one_worker_run_costs_one_activity_per_step_and_one_signal(time_skipping: WorkflowEnvironment) -> None:
-    """The scheduler answers `place` in its result; one activity (run_task) starts and watches the worker, telling
-    the run once that it was started and runs; only the state's search attribute is written, when it changes."""
+async def test_a_one_worker_run_costs_one_activity_one_signal_and_at_most_20_events(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    """Protocol 3: the scheduler's `place` and `release` are local activities (one marker each, in a workflow task
+    the run has anyway); one activity (run_task) starts and watches the worker, telling the run once that it was
+    started and runs; only the state's search attribute is written, when it changes."""
     from temporalio.api.enums.v1 import EventType
 
     job = spec(unique("cheap"))
-    async with fake_cluster(time_skipping.client, Script()):
+    async with fake_cluster(time_skipping.client, Script()) as cluster:
         handle = await start(time_skipping, job)
         await handle.result()
         history = await handle.fetch_history()
     events = history.events
+    kinds = [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in events]
     scheduled = [
         e.activity_task_scheduled_event_attributes.activity_type.name
         for e in events
@@ -190,11 +194,15 @@ async def test_a_one_worker_run_costs_one_activity_per_step_and_one_signal(time_
         for e in events
         if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
     ]
+    markers = [e for e in events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
     upserts = [e for e in events if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES]
-    assert scheduled == ["place", "run_task", "release"]
+    assert scheduled == ["run_task"]
     assert signals == ["task_running"]
+    assert len(markers) == 3  # load_settings, place, release
+    assert cluster.released == [("w-0", 0)]
     assert len(upserts) == 2  # Running, then Completed
-    assert len(events) <= 30
+    assert kinds.count("WORKFLOW_TASK_COMPLETED") == 3, kinds  # created and placed; running; ended and released
+    assert len(events) <= 20, kinds
 
 
 async def test_a_run_whose_events_cannot_be_decided_fails_and_stops_its_workers(

@@ -18,11 +18,12 @@ HISTORIES = sorted((Path(__file__).parent.parent / "histories").glob("*.json"))
 def test_histories_are_committed() -> None:
     protocol_1 = {"hello", "fail", "restarts", "cancel", "gang", "groups"}
     protocol_2 = {f"{name}-p2" for name in [*protocol_1, "ui-cancel"]}
-    assert {p.stem for p in HISTORIES} >= protocol_1 | protocol_2
+    protocol_3 = {f"{name}-p3" for name in [*protocol_1, "ui-cancel"]}
+    assert {p.stem for p in HISTORIES} >= protocol_1 | protocol_2 | protocol_3
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_a_committed_history_replays(path: Path) -> None:
-    history = WorkflowHistory.from_json(f"job/default/{path.stem.removesuffix('-p2')}", path.read_text())
+    history = WorkflowHistory.from_json(f"job/default/{path.stem.split('-p')[0]}", path.read_text())
     replayer = Replayer(workflows=[JobWorkflow, NodeWorkflow], data_converter=pydantic_data_converter)
     await replayer.replay_workflow(history)

@@ -1,0 +1,114 @@
+"""The scheduler's door: a run's `place` and `release` reach the real scheduler service over HTTP, calls made while
+it rebuilds wait for it, a scheduler away or a wrong token is an error the local activity tries again, and a bad
+address is refused naming it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from activities.scheduler import SchedulerService
+from activities.scheduler_link import SchedulerDoor, SchedulerLink, parse_address
+from tests.activities.test_scheduler_service import FakeCluster, placements, service
+from tests.domain.builders import machine, request
+from workers.cli import run
+from workflows.messages import PlaceInput, PlacementAnswer, ReleaseInput
+
+
+@pytest.fixture
+async def door() -> AsyncIterator[SchedulerDoor]:
+    door = SchedulerDoor("127.0.0.1:0")
+    yield door
+    await door.close()
+
+
+async def test_place_and_release_through_the_door_reach_the_scheduler(door: SchedulerDoor) -> None:
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=1)})
+    svc = await service(cluster)
+    await door.open(svc)
+    link = SchedulerLink(door.address)
+    try:
+        first = await link.place(PlaceInput(requests=[request(run="a", gpus=1)]))
+        second = await link.place(PlaceInput(requests=[request(run="b", gpus=1)]))
+        assert first.answers == [PlacementAnswer(task_id="w-0", attempt=0, node="n0", address="127.0.0.1")]
+        assert [(a.node, a.reason) for a in second.answers] == [
+            (None, "Next to run (priority 0): waits for running work to end")
+        ]
+        await link.release(ReleaseInput(job_id="job/default/a", task_id="w-0", attempt=0))
+        await svc.outbox.idle()
+        assert placements(cluster) == [("job/default/b", "w-0", "n0", "")]  # told by signal once room freed
+    finally:
+        await link.close()
+
+
+async def test_a_call_made_while_the_scheduler_rebuilds_waits_for_it(door: SchedulerDoor) -> None:
+    """The door is bound before the rebuild (so the control plane knows it), and opened after: a call meanwhile
+    waits in the socket's queue rather than failing."""
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=1)})
+    link = SchedulerLink(door.address)
+    try:
+        call = asyncio.ensure_future(link.place(PlaceInput(requests=[request(run="a", gpus=1)])))
+        await asyncio.sleep(0.3)
+        assert not call.done()
+        await door.open(await service(cluster))
+        result = await asyncio.wait_for(call, 10)
+        assert [a.node for a in result.answers] == ["n0"]
+    finally:
+        await link.close()
+
+
+async def test_a_scheduler_away_is_an_error_that_names_it() -> None:
+    closed = SchedulerDoor("127.0.0.1:0")
+    address = closed.address
+    await closed.close()
+    link = SchedulerLink(address)
+    try:
+        with pytest.raises(RuntimeError, match=rf"^the scheduler at {address} did not answer /place: ConnectError"):
+            await link.place(PlaceInput(requests=[request(run="a", gpus=1)]))
+    finally:
+        await link.close()
+
+
+async def test_a_door_with_a_token_refuses_calls_without_it(door: SchedulerDoor) -> None:
+    guarded = SchedulerDoor("127.0.0.1:0", token="s3cret")
+    svc: SchedulerService = await service(FakeCluster(nodes={"n0": machine("n0", gpus=1)}))
+    await guarded.open(svc)
+    without, wrong, right = (SchedulerLink(guarded.address, token=t) for t in ("", "guess", "s3cret"))
+    try:
+        for link in (without, wrong):
+            with pytest.raises(RuntimeError) as refused:
+                await link.place(PlaceInput(requests=[request(run="a", gpus=1)]))
+            assert str(refused.value) == (
+                f"the scheduler at {guarded.address} answered /place with 401: "
+                '{"error":"the scheduler\'s token is missing or wrong"}'
+            )
+        result = await right.place(PlaceInput(requests=[request(run="a", gpus=1)]))
+        assert [a.node for a in result.answers] == ["n0"]
+    finally:
+        for link in (without, wrong, right):
+            await link.close()
+        await guarded.close()
+
+
+@pytest.mark.parametrize("address", ["7244", "localhost", ":7244", "localhost:http", "localhost:70000"])
+def test_an_address_that_is_not_host_and_port_is_refused(address: str) -> None:
+    with pytest.raises(ValueError) as error:
+        parse_address(address)
+    assert str(error.value) == f"scheduler address {address!r}: expected HOST:PORT, e.g. 127.0.0.1:7244"
+
+
+def test_the_scheduler_and_control_commands_refuse_a_bad_address(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["scheduler", "--listen", "nowhere", "--temporal", "127.0.0.1:1"]) == 2
+    assert run(["control", "--scheduler", "nowhere:x", "--temporal", "127.0.0.1:1"]) == 2
+    assert capsys.readouterr().err == (
+        "astraeus: scheduler address 'nowhere': expected HOST:PORT, e.g. 127.0.0.1:7244\n"
+        "astraeus: scheduler address 'nowhere:x': expected HOST:PORT, e.g. 127.0.0.1:7244\n"
+    )
+
+
+async def test_a_second_scheduler_on_the_same_door_is_refused(door: SchedulerDoor) -> None:
+    with pytest.raises(OSError) as error:
+        SchedulerDoor(door.address)
+    assert str(error.value) == f"the scheduler cannot listen on {door.address}: Address already in use"
