@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import logging
 import math
 import os
@@ -191,9 +192,22 @@ def read_history(events: Iterable[HistoryEvent]) -> HistoryFigures:
             attributes_failed = event.activity_task_failed_event_attributes
             name = scheduled.get(attributes_failed.scheduled_event_id, ("?", at))[0]
             figures.activity_problems.append(f"{name} failed ({attributes_failed.failure.message[:200]})")
+        elif event.HasField("marker_recorded_event_attributes"):
+            local = _local_activity(event)
+            if local is not None and local[1] > 1:
+                figures.activity_retries.append((f"{local[0]} (local)", f"attempt {local[1]}"))
         if event.event_type in WORKFLOW_TASK_PROBLEMS:
             figures.workflow_task_problems.append(describe_problem(event))
     return figures
+
+
+def _local_activity(event: HistoryEvent) -> tuple[str, int] | None:
+    """A local activity's name and the attempt that finished it, from its marker (the SDK's own JSON)."""
+    marker = event.marker_recorded_event_attributes
+    if marker.marker_name != "core_local_activity" or "data" not in marker.details:
+        return None
+    data = json.loads(marker.details["data"].payloads[0].data)
+    return str(data.get("activity_type", "?")), int(data.get("attempt", 1))
 
 
 def describe_problem(event: HistoryEvent) -> str:

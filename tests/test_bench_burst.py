@@ -62,3 +62,20 @@ def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
     assert (figures["submitted"], figures["running"]) == (6, 4)
     assert sum(item["runs"] for item in figures["reasons_now"]) == 2
     assert figures["floor"]["completed"] == 3
+
+
+def test_a_local_activity_tried_again_counts_as_a_retry() -> None:
+    """Protocol 3's place and release are local activities: their retries show only in their markers."""
+    from temporalio.client import WorkflowHistory
+
+    from bench.common import read_history
+
+    history = WorkflowHistory.from_json("job/default/hello", (ROOT / "tests/histories/hello-p3.json").read_text())
+    assert read_history(history.events).activity_retries == []
+    for event in history.events:
+        if event.HasField("marker_recorded_event_attributes"):
+            payload = event.marker_recorded_event_attributes.details["data"].payloads[0]
+            data = json.loads(payload.data)
+            if data["activity_type"] == "place":
+                payload.data = json.dumps(data | {"attempt": 3}).encode()
+    assert read_history(history.events).activity_retries == [("place (local)", "attempt 3")]

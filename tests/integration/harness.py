@@ -32,6 +32,7 @@ class Cluster:
         self.settings.write_text(yaml.safe_dump(SETTINGS | settings))
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.agent_dirs: list[Path] = []
+        self.scheduler = f"127.0.0.1:{free_port()}"  # the scheduler's door: a cluster of its own beside others
 
     @property
     def address(self) -> str:
@@ -49,7 +50,11 @@ class Cluster:
         log = (self.root / f"{name}.log").open("ab")
         cmd = [ASTRAEUS, *args, "--temporal", self.address, "--settings", str(self.settings)]
         self.processes[name] = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "ASTRAEUS_SCHEDULER": self.scheduler, **(env or {})},
         )
 
     def spawn_agent(self, name: str, *flags: str, env: dict[str, str] | None = None) -> None:
