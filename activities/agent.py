@@ -214,6 +214,8 @@ class AgentActivities:
     async def _start(self, input: StartTaskInput) -> tuple[list[int], bool]:
         key = task_key(input.ref)
         began, registrations = time.monotonic(), self.registrations
+        details = activity.info().heartbeat_details
+        _beat(str(details[0]) if details else "starting")  # at once: a start that queues is not a dead agent
         if self._doubtful(activity.info()):
             await self._fence(input.ref)
 

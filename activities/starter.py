@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from activities.prepare import Preparer, Waiting
@@ -32,6 +33,10 @@ Fence = Callable[[], Awaitable[None]]
 
 PREPARE_RETRY_SECONDS = 1.0
 REPORT_TIMEOUT_SECONDS = 30.0
+# Starts and pulls run on threads of their own: a start mostly waits (fork, exec, the shim's or the engine's own
+# start), and on the default pool (6 threads on 2 cores, shared with every observe and log read, and by every
+# machine of a process hosting several) a burst's starts waited for each other's.
+START_THREADS = 16
 
 
 class SetupEnded(Exception):
@@ -52,6 +57,7 @@ class Starter:
         retry_seconds: float = PREPARE_RETRY_SECONDS,
     ) -> None:
         self._runtime = runtime
+        self._threads = ThreadPoolExecutor(max_workers=START_THREADS, thread_name_prefix="start")
         self._retry_seconds = retry_seconds
         self._preparer = preparer
         self._gpus = gpus
@@ -238,7 +244,7 @@ class Starter:
                 log.warning("%s: could not report %r: %s", key.slug, reason.text, err)
 
         try:
-            await asyncio.to_thread(work, on_progress)
+            await loop.run_in_executor(self._threads, work, on_progress)
         finally:
             self._doing.pop(key.slug, None)
 

@@ -33,7 +33,7 @@ from bench.cluster import Cluster, Machines
 from bench.common import HistoryFigures, ms, now, read_history, run_and_exit
 from bench.floor import Floor, run_floor
 from bench.runs import spec_for
-from workers.client import AstraeusClient, AstraeusError
+from workers.client import AstraeusClient, AstraeusError, run_result
 from workflows.domain.spec import job_id
 from workflows.messages import SA_NAMESPACE, SA_STATE
 
@@ -168,7 +168,7 @@ async def idle_runs(client: AstraeusClient, count_: int, sleep: float) -> list[R
 async def cancel(client: AstraeusClient, run: Run) -> None:
     try:
         await client.cancel(run.namespace, run.name)
-        await asyncio.wait_for(client.temporal.get_workflow_handle(job_id(run.namespace, run.name)).result(), 60)
+        await asyncio.wait_for(run_result(client.temporal.get_workflow_handle(job_id(run.namespace, run.name))), 60)
     except Exception as error:  # figures first; a run that will not end is stopped with everything else
         print(f"  could not cancel {run.name}: {error}", file=sys.stderr)
 

@@ -57,3 +57,18 @@ def test_submit_of_an_invalid_spec_names_the_field(tmp_path: Path, capsys: pytes
     assert capsys.readouterr().err == (
         f"astraeus: {path}: invalid run spec:\ngroups.0.gpus: Input should be greater than or equal to 0\n"
     )
+
+
+def test_the_readmes_commands_for_running_apart_parse() -> None:
+    """They point at hosts that do not exist here: each is at least a command with flags the CLI has."""
+    import shlex
+
+    from workers.cli import parser
+
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Running it for real", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    commands = [shlex.split(line.split("#", 1)[0]) for line in block.strip().splitlines()]
+    assert [c[1] for c in commands] == ["control", "scheduler", "agent"]
+    for command in commands:
+        assert command[0] == "astraeus"
+        parser().parse_args(command[1:])

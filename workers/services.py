@@ -59,9 +59,11 @@ WORKFLOW_RUNNER = workflow_runner("workflows")
 # How the control plane's worker takes workflow tasks. A run's first task comes from the shared queue, its others
 # from this worker's sticky queue. The SDK's default (5 pollers, one in six on the shared queue) took a burst's
 # first tasks one poll round trip at a time: 200 runs waited a median of 17 s for their first task, against 0.6 s
-# with 50 pollers shared evenly (bench/README.md). A run cached stays cached: 4,000 runs and machines fit.
+# with 50 pollers shared evenly (bench/README.md). A run cached stays cached: 4,000 runs and machines fit. A run's
+# first task runs its local activities (load_settings, place) while it holds its slot: as many of those as tasks.
 WORKFLOW_TASK_OPTIONS: dict[str, Any] = {
     "max_concurrent_workflow_tasks": 200,
+    "max_concurrent_local_activities": 200,
     "workflow_task_poller_behavior": PollerBehaviorSimpleMaximum(maximum=50),
     "nonsticky_to_sticky_poll_ratio": 1.0,
     "max_cached_workflows": 4000,

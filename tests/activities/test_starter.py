@@ -206,3 +206,30 @@ async def test_a_stop_during_the_barrier_setup_ends_it_and_gives_its_gpus_back(m
     with pytest.raises(SetupEnded, match=r"^Stopped on request$"):
         await asyncio.wait_for(waiting, 5)
     assert await machine.start(key("next"), group(gpus=3)) == [0, 1, 3]
+
+
+async def test_starts_wait_on_threads_of_their_own_not_on_the_shared_pool(tmp_path: Path) -> None:
+    """A start mostly waits (fork, exec, the shim's own start). START_THREADS starts of one machine wait at once,
+    each blocked until all are under way: on the shared default pool (6 threads on 2 cores) the last of them would
+    queue behind the first, as a burst's starts did for longer than a run's heartbeat timeout."""
+    import threading
+
+    from activities.starter import START_THREADS
+
+    all_under_way = threading.Barrier(START_THREADS, timeout=10)
+
+    class Waiting(ProcessRuntime):
+        def start(self, *args: Any, **kwargs: Any) -> None:
+            all_under_way.wait()
+            super().start(*args, **kwargs)
+
+    m = Machine(tmp_path, [])
+    m.runtime = Waiting(tmp_path / "tasks")
+    m.starter = Starter(m.runtime, Preparer(tmp_path), lambda: [], m.report, retry_seconds=0.05)
+    try:
+        keys = [key(f"w-{i}") for i in range(START_THREADS)]
+        await asyncio.wait_for(asyncio.gather(*(m.start(k, group(command=["sleep", "30"])) for k in keys)), 30)
+        assert sorted(k.slug for k in m.runtime.attempts()) == sorted(k.slug for k in keys)
+    finally:
+        for k in m.runtime.attempts():
+            m.runtime.stop(k, grace_seconds=0)
