@@ -336,7 +336,7 @@ class AstraeusClient:
         try:
             await listed.fetch_next_page(page_size=limit)
         except RPCError as error:
-            if error.status == RPCStatusCode.INVALID_ARGUMENT and page:
+            if page and error.status != RPCStatusCode.UNAVAILABLE:  # the server cannot read it (INTERNAL here)
                 raise AstraeusError(f"--page {page}: not a page token that ls printed") from None
             raise
         runs = [await summary(wf) for wf in listed.current_page or []]
