@@ -109,7 +109,7 @@ def _conditions(v: NodeView) -> str:
     notes = [f"cordoned: {v.cordon}" if v.cordon else "cordoned"] if v.cordon is not None else []
     if inv:
         notes += [f"{c} pressure" for c in inv.pressure]
-        notes += [f"GPU {g.index} {g.fault}" for g in inv.gpus if g.fault is not None]
+        notes += [f"GPU {g.index}: {g.fault}" for g in inv.gpus if g.fault is not None]
         notes += [f"GPU {g.index} at risk: {g.at_risk}" for g in inv.gpus if g.fault is None and g.at_risk]
         notes += [f"refuses runs: {inv.refuses_runs}"] if inv.refuses_runs else []
     return "; ".join(notes) or "-"
