@@ -87,7 +87,8 @@ def test_a_terminated_runs_worker_is_stopped_by_its_machine_which_says_why(clust
     described = cluster.describe("sleepy")
     assert (described["status"]["state"], described["status"]["reason"]) == ("Terminated", terminated)
     assert pairs(described["history"])[-2:] == [("Running", "1 of 1 workers running"), ("Terminated", terminated)]
-    assert cluster.cli("status", "sleepy").stdout == f"Terminated: {terminated}\n"
+    status = cluster.cli("status", "sleepy", check=False)
+    assert (status.returncode, status.stdout) == (6, f"Terminated: {terminated}\n")
     summary = ("default", "sleepy", "Terminated")
     assert summary in [(r["namespace"], r["name"], r["state"]) for r in cluster.json("ls")["runs"]]
     assert summary in [
