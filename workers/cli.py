@@ -254,17 +254,14 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     client = await _client(args)
     await client.submit(spec)
     run = f"{spec.namespace}/{spec.name}"  # as the other verbs take it
+    value = {"run": run, "id": spec.job_id, "namespace": spec.namespace, "name": spec.name}
     if args.follow:
-        print(f"submitted {run}", flush=True)
+        print(json.dumps(value) if args.json else f"submitted {run}", flush=True)  # then one event a line
         return await _follow(args, client, spec.namespace, spec.name)
     if args.wait:
         print(f"submitted {run}", file=sys.stderr, flush=True)  # stdout has the run's end, as `wait` prints it
         return await _wait(args, client, spec.namespace, spec.name)
-    emit(
-        args,
-        {"run": run, "id": spec.job_id, "namespace": spec.namespace, "name": spec.name},
-        lambda: f"submitted {run}",
-    )
+    emit(args, value, lambda: f"submitted {run}")
     return ExitCode.OK
 
 
@@ -463,7 +460,7 @@ def _global_options(p: argparse.ArgumentParser, names: Sequence[str], *, top: bo
         else:
             action = p.add_argument(f"--{name}", default=default, help=GLOBAL_HELP[name])
             if name == "settings":
-                action.complete = shtab.FILE  # type: ignore[attr-defined]
+                action.complete = shtab.FILE  # type: ignore[attr-defined]  # shtab reads it
 
 
 def parser() -> argparse.ArgumentParser:
@@ -576,8 +573,9 @@ def parser() -> argparse.ArgumentParser:
     stop.add_argument("-n", "--namespace", default="default")
     logs = command("logs", cmd_logs, "print a worker's output (stdout and stderr)")
     logs.add_argument("task", help="RUN/TASK, e.g. hello/worker-0")
-    logs.add_argument("--tail", type=int, help="only the last N lines")
-    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the worker ends")
+    how = logs.add_mutually_exclusive_group()
+    how.add_argument("--tail", type=int, help="only the last N lines")
+    how.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the worker ends")
     logs.add_argument("-n", "--namespace", default="default")
     nodes = command("nodes", cmd_nodes, "list machines, or cordon, uncordon or remove one", read=True)
     nodes.add_argument("verb", nargs="?", choices=["ls", "cordon", "uncordon", "remove"], default="ls")
