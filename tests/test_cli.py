@@ -98,6 +98,15 @@ def test_an_option_before_a_verb_it_does_not_apply_to_is_refused() -> None:
     result = astraeus("--json", "schema")
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == "astraeus: error: --json does not apply to schema"
+    result = astraeus("--settings", "s.yaml", "ls")
+    assert result.stderr.splitlines()[-1] == "astraeus: error: --settings does not apply to ls"
+
+
+def test_settings_given_before_a_process_verb_are_read(tmp_path: Path) -> None:
+    missing = tmp_path / "none.yaml"
+    result = astraeus("--settings", str(missing), "scheduler", "--temporal", NOWHERE)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"astraeus: --settings {missing}: [Errno 2] No such file or directory")
 
 
 def test_an_unknown_state_is_refused_naming_the_states() -> None:
