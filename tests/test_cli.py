@@ -117,6 +117,8 @@ def test_an_unknown_state_is_refused_naming_the_states() -> None:
         "'Completed', 'Failed', 'Cancelled', 'Terminated')"
     )
     assert astraeus("wait", "hello", "--for", "Done").returncode == 2
+    assert "argument --timeout: '-1': expected seconds, 0 or more" in astraeus("wait", "hello", "--timeout=-1").stderr
+    assert "argument --limit: '0': expected a number, 1 or more" in astraeus("ls", "--limit", "0").stderr
 
 
 def test_an_invalid_spec_exits_2_before_connecting(tmp_path: Path) -> None:

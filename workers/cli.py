@@ -81,6 +81,24 @@ def split_run(run: str, namespace: str) -> tuple[str, str]:
     raise AstraeusError(f"{run}: expected NAME, NAMESPACE/NAME or job/NAMESPACE/NAME")
 
 
+def seconds(value: str) -> float:
+    """`--timeout`: seconds, 0 or more."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{value!r}: expected seconds, 0 or more")
+    return number
+
+
+def positive(value: str) -> int:
+    """`--limit`: a count, 1 or more."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number, 1 or more")
+    return int(value)
+
+
 def byte_size(value: str) -> int:
     """A size on the command line: bytes, or with a unit (`64GiB`, `512MiB`, `80GB`)."""
     try:
@@ -266,8 +284,6 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 
 
 async def cmd_ls(args: argparse.Namespace) -> int:
-    if args.limit < 1:
-        raise AstraeusError(f"--limit {args.limit}: expected a number of runs, 1 or more")
     page = await (await _client(args)).ls(args.namespace, args.state, limit=args.limit, page=args.page)
     emit(args, page, lambda: render_runs(page.runs, datetime.now(UTC)))
     if page.next_page and not args.json:
@@ -284,8 +300,6 @@ async def cmd_status(args: argparse.Namespace) -> int:
 
 async def cmd_wait(args: argparse.Namespace) -> int:
     ns, name = split_run(args.run, args.namespace)
-    if args.timeout is not None and args.timeout < 0:
-        raise AstraeusError(f"--timeout {args.timeout}: expected seconds, 0 or more")
     return await _wait(args, await _client(args), ns, name)
 
 
@@ -490,7 +504,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("-n", "--namespace", default="default")
 
     def wait_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--timeout", type=float, help="give up after this many seconds (exit 7)")
+        p.add_argument("--timeout", type=seconds, help="give up after this many seconds (exit 7)")
 
     dev = command("dev", cmd_dev, "the embedded default: Temporal dev server, control plane, scheduler, agents",
                   process=True)  # fmt: skip
@@ -550,7 +564,7 @@ def parser() -> argparse.ArgumentParser:
     ls = command("ls", cmd_ls, "list runs: open ones first, then the latest to end", read=True)
     ls.add_argument("-n", "--namespace", help="only this namespace")
     ls.add_argument("--state", choices=RUN_STATES, help="only runs in this state")
-    ls.add_argument("--limit", type=int, default=100, help="at most this many runs (default 100)")
+    ls.add_argument("--limit", type=positive, default=100, help="at most this many runs (default 100)")
     ls.add_argument("--page", help="the next page: the token a previous ls printed")
     wait = command("wait", cmd_wait, "wait until a run ends (or reaches --for STATE); exit by its state", read=True)
     run_arg(wait)
