@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from workers.cli import load_settings, load_spec, run
-from workers.client import AstraeusError
+from workers.cli import DISTRIBUTION, load_settings, load_spec, parser, run, split_run
+from workers.client import AstraeusError, new_output
+from workers.exits import ExitCode, exit_for_state
 
 ROOT = Path(__file__).parent.parent
 
@@ -72,3 +77,144 @@ def test_the_readmes_commands_for_running_apart_parse() -> None:
     for command in commands:
         assert command[0] == "astraeus"
         parser().parse_args(command[1:])
+
+
+# ---- scripting: as a user runs it --------------------------------------------------------------------------------
+
+ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
+NOWHERE = "127.0.0.1:1"  # nothing listens there
+
+
+def astraeus(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ASTRAEUS, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_version_is_the_installed_distributions() -> None:
+    result = astraeus("--version")
+    assert (result.returncode, result.stdout) == (0, f"astraeus {metadata.version(DISTRIBUTION)}\n")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--temporal", NOWHERE, "status", "hello"],
+        ["status", "hello", "--temporal", NOWHERE],
+        ["--json", "ls", "--temporal", NOWHERE],
+    ],
+    ids=["global option before the verb", "after the verb", "json before, temporal after"],
+)
+def test_a_temporal_that_cannot_be_reached_exits_4_wherever_the_option_is_given(args: list[str]) -> None:
+    result = astraeus(*args)
+    assert result.returncode == ExitCode.UNREACHABLE == 4
+    assert result.stderr.startswith(f"astraeus: cannot reach Temporal at {NOWHERE}: ")
+
+
+def test_an_option_before_a_verb_it_does_not_apply_to_is_refused() -> None:
+    result = astraeus("--json", "schema")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == "astraeus: error: --json does not apply to schema"
+    result = astraeus("--settings", "s.yaml", "ls")
+    assert result.stderr.splitlines()[-1] == "astraeus: error: --settings does not apply to ls"
+
+
+def test_settings_given_before_a_process_verb_are_read(tmp_path: Path) -> None:
+    missing = tmp_path / "none.yaml"
+    result = astraeus("--settings", str(missing), "scheduler", "--temporal", NOWHERE)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"astraeus: --settings {missing}: [Errno 2] No such file or directory")
+
+
+def test_an_unknown_state_is_refused_naming_the_states() -> None:
+    result = astraeus("ls", "--state", "Done", "--temporal", NOWHERE)
+    assert result.returncode == ExitCode.BAD_INPUT == 2
+    assert result.stderr.splitlines()[-1] == (
+        "astraeus ls: error: argument --state: invalid choice: 'Done' (choose from 'Pending', 'Starting', 'Running', "
+        "'Completed', 'Failed', 'Cancelled', 'Terminated')"
+    )
+    assert astraeus("wait", "hello", "--for", "Done").returncode == 2
+    assert "argument --timeout: '-1': expected seconds, 0 or more" in astraeus("wait", "hello", "--timeout=-1").stderr
+    assert "argument --limit: '0': expected a number, 1 or more" in astraeus("ls", "--limit", "0").stderr
+
+
+def test_an_invalid_spec_exits_2_before_connecting(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\ngroups: [{name: w}]\n")
+    result = astraeus("submit", str(path), "--wait", "--temporal", NOWHERE)
+    assert (result.returncode, result.stderr.splitlines()[-1]) == (2, "groups.0.command: Field required")
+
+
+def test_sizes_are_taken_with_units() -> None:
+    args = parser().parse_args(["quota", "set", "ml", "--memory-bytes", "64GiB"])
+    assert args.memory_bytes == 64 * 2**30
+    assert parser().parse_args(["agent", "--name", "a", "--memory-bytes", "1073741824"]).memory_bytes == 2**30
+    result = astraeus("quota", "set", "ml", "--memory-bytes", "lots")
+    assert result.returncode == 2
+    assert "argument --memory-bytes: 'lots': expected a size, e.g. 68719476736, 64GiB or 512MiB" in result.stderr
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_prints_a_script_that_knows_every_verb(shell: str) -> None:
+    result = astraeus("completion", shell)
+    assert result.returncode == 0
+    for word in ("submit", "wait", "logs", "completion", "--follow", "--temporal"):
+        assert word in result.stdout
+    if shell == "bash":
+        loaded = subprocess.run(
+            ["bash", "-c", f"{result.stdout}\ncomplete -p astraeus"], capture_output=True, text=True
+        )
+        assert loaded.returncode == 0, loaded.stderr
+        assert "astraeus" in loaded.stdout
+    else:
+        assert result.stdout.startswith("#compdef astraeus")
+
+
+def test_a_closed_pipe_ends_the_command_quietly() -> None:
+    """`astraeus schema | head -1`: the reader has gone before the output is written."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        process = subprocess.run([ASTRAEUS, "schema"], stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert (process.returncode, process.stderr) == (ExitCode.CLOSED_PIPE, "")
+
+
+# ---- pure parts -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("state", "code"),
+    [("Completed", 0), ("Running", 0), ("Pending", 0), ("Failed", 1), ("Cancelled", 5), ("Terminated", 6)],
+)
+def test_a_run_state_maps_to_its_exit_code(state: str, code: int) -> None:
+    assert exit_for_state(state) == code
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("hello", ("default", "hello")), ("ml/hello", ("ml", "hello")), ("job/ml/hello", ("ml", "hello"))],
+    ids=["a name", "as submit prints it", "the workflow id"],
+)
+def test_a_run_is_named_as_submit_prints_it(given: str, expected: tuple[str, str]) -> None:
+    assert split_run(given, "default") == expected
+
+
+def test_a_run_named_with_too_many_parts_is_refused() -> None:
+    with pytest.raises(AstraeusError, match="expected NAME, NAMESPACE/NAME or job/NAMESPACE/NAME"):
+        split_run("a/b/c/d", "default")
+
+
+@pytest.mark.parametrize(
+    ("shown", "text", "new"),
+    [
+        ("", "a\n", "a\n"),
+        ("a\n", "a\nb\n", "b\n"),
+        ("a\nb", "a\nbc\n", "c\n"),
+        ("a\nb\n", "b\nc\n", "c\n"),
+        ("a\nb\n", "x\ny\n", "x\ny\n"),
+        ("a\nb\n", "a\nb\n", ""),
+    ],
+    ids=["first read", "a line added", "a line finished", "the window slid", "more than a window", "nothing new"],
+)
+def test_following_a_log_prints_only_what_is_new(shown: str, text: str, new: str) -> None:
+    assert new_output(shown, text) == new

@@ -10,7 +10,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from workers.client import AstraeusError
+from workers.client import AstraeusError, NotFound
 from workflows.domain.nodes import NodeView, node_id
 from workflows.domain.quotas import Quota
 from workflows.messages import CONTROL_TASK_QUEUE, QUOTAS_WORKFLOW_ID, CordonRequest, QuotasInput, RemoveQuotaRequest
@@ -45,7 +45,7 @@ async def remove_quota(client: Client, namespace: str) -> list[Quota]:
     except RPCError as error:
         if error.status != RPCStatusCode.NOT_FOUND:
             raise
-        raise AstraeusError(f"namespace {namespace} has no quota") from None
+        raise NotFound(f"namespace {namespace} has no quota") from None
 
 
 async def quotas(client: Client) -> list[Quota]:
@@ -67,7 +67,7 @@ async def node_verb(client: Client, name: str, verb: str, reason: str | None = N
     except RPCError as error:
         if error.status != RPCStatusCode.NOT_FOUND:
             raise
-        raise AstraeusError(f"no machine named {name}") from None
+        raise NotFound(f"no machine named {name}") from None
 
 
 def render_quotas(listed: list[Quota]) -> str:

@@ -10,20 +10,30 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
 from typing import Any, get_args
 
+import shtab
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ByteSize, TypeAdapter, ValidationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.runtime.base import RuntimeUnavailable
-from workers.client import AstraeusClient, AstraeusError
+from workers.client import AstraeusClient, AstraeusError, NotFound, Unreachable
 from workers.connect import address, connect, ensure_search_attributes
-from workers.render import render_describe, render_events, render_history, render_nodes, render_runs
+from workers.exits import ExitCode, exit_for_state
+from workers.render import render_describe, render_events, render_history, render_nodes, render_runs, render_status
 from workflows.domain.constraints import RACK_LABEL, Capability
 from workflows.domain.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, format_errors, parse_spec
+from workflows.domain.status import RUN_TERMINAL, RunState, Status
+from workflows.domain.views import TERMINATED
+
+DISTRIBUTION = "astraeus"  # whose metadata `--version` reads
+RUN_STATES = [*(s.value for s in RunState), TERMINATED]  # what `ls --state` and `wait --for` accept
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -59,11 +69,42 @@ def load_spec(path: str) -> JobSpec:
 
 
 def split_run(run: str, namespace: str) -> tuple[str, str]:
-    """`name` (in --namespace) or `namespace/name`."""
-    if "/" in run:
-        ns, name = run.split("/", 1)
-        return ns, name
-    return namespace, run
+    """`name` (in --namespace), `namespace/name` (as `submit` prints it), or the run's workflow id
+    `job/namespace/name` (as the Temporal UI shows it)."""
+    parts = run.split("/")
+    if len(parts) == 3 and parts[0] == "job":
+        parts = parts[1:]
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    if len(parts) == 1:
+        return namespace, run
+    raise AstraeusError(f"{run}: expected NAME, NAMESPACE/NAME or job/NAMESPACE/NAME")
+
+
+def seconds(value: str) -> float:
+    """`--timeout`: seconds, 0 or more."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{value!r}: expected seconds, 0 or more")
+    return number
+
+
+def positive(value: str) -> int:
+    """`--limit`: a count, 1 or more."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number, 1 or more")
+    return int(value)
+
+
+def byte_size(value: str) -> int:
+    """A size on the command line: bytes, or with a unit (`64GiB`, `512MiB`, `80GB`)."""
+    try:
+        return int(TypeAdapter(ByteSize).validate_python(value))
+    except ValidationError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a size, e.g. 68719476736, 64GiB or 512MiB") from None
 
 
 def emit(args: argparse.Namespace, value: Any, human: Callable[[], str]) -> None:
@@ -242,34 +283,76 @@ async def _client(args: argparse.Namespace) -> AstraeusClient:
     try:
         return AstraeusClient(await connect(address(args.temporal)))
     except RuntimeError as error:
-        raise AstraeusError(f"cannot reach Temporal at {address(args.temporal)}: {error}") from None
+        raise Unreachable(f"cannot reach Temporal at {address(args.temporal)}: {error}") from None
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
     spec = load_spec(args.file)
     client = await _client(args)
-    run_id = await client.submit(spec)
-    emit(args, {"id": run_id, "namespace": spec.namespace, "name": spec.name}, lambda: f"submitted {run_id}")
-    return 0
+    await client.submit(spec)
+    run = f"{spec.namespace}/{spec.name}"  # as the other verbs take it
+    value = {"run": run, "id": spec.job_id, "namespace": spec.namespace, "name": spec.name}
+    if args.follow:
+        print(json.dumps(value) if args.json else f"submitted {run}", flush=True)  # then one event a line
+        return await _follow(args, client, spec.namespace, spec.name)
+    if args.wait:
+        print(f"submitted {run}", file=sys.stderr, flush=True)  # stdout has the run's end, as `wait` prints it
+        return await _wait(args, client, spec.namespace, spec.name)
+    emit(args, value, lambda: f"submitted {run}")
+    return ExitCode.OK
 
 
 async def cmd_ls(args: argparse.Namespace) -> int:
-    runs = await (await _client(args)).ls(args.namespace, args.state)
-    emit(args, runs, lambda: render_runs(runs))
-    return 0
+    page = await (await _client(args)).ls(args.namespace, args.state, limit=args.limit, page=args.page)
+    emit(args, page, lambda: render_runs(page.runs, datetime.now(UTC)))
+    if page.next_page and not args.json:
+        print(f"more runs: astraeus ls --page {page.next_page}", file=sys.stderr)
+    return ExitCode.OK
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
     ns, name = split_run(args.run, args.namespace)
     status = await (await _client(args)).status(ns, name)
-    emit(args, status, lambda: f"{status.state}: {status.reason}")
-    return 0
+    emit(args, status, lambda: render_status(status))
+    return exit_for_state(status.state)
+
+
+async def cmd_wait(args: argparse.Namespace) -> int:
+    ns, name = split_run(args.run, args.namespace)
+    return await _wait(args, await _client(args), ns, name)
+
+
+async def _wait(args: argparse.Namespace, client: AstraeusClient, ns: str, name: str) -> int:
+    """Wait until the run reaches `--for` (default: until it ends), or `--timeout` passes; print its status and exit
+    by it (a run that ended without reaching the state awaited exits by the state it ended in)."""
+    until = getattr(args, "for_state", None)
+    try:
+        async with asyncio.timeout(args.timeout):
+            status = await _reached(client, ns, name, until)
+    except TimeoutError:
+        status = await client.status(ns, name)
+        print(f"astraeus: {ns}/{name} is {status.state} after {args.timeout:g} s: {status.reason}", file=sys.stderr)
+        return ExitCode.TIMEOUT
+    emit(args, status, lambda: render_status(status))
+    return exit_for_state(status.state)
+
+
+async def _reached(client: AstraeusClient, ns: str, name: str, until: str | None, poll: float = 0.5) -> Status:
+    """The run's status once it is in (or has been in) the state `until`, or has ended."""
+    if until is None or until in RUN_TERMINAL:
+        return await client.result(ns, name)
+    while True:
+        described = await client.describe(ns, name)
+        status = described.status
+        if status.state in (*RUN_TERMINAL, TERMINATED) or any(e.state == until for e in described.history):
+            return status
+        await asyncio.sleep(poll)
 
 
 async def cmd_describe(args: argparse.Namespace) -> int:
     ns, name = split_run(args.run, args.namespace)
     described = await (await _client(args)).describe(ns, name)
-    emit(args, described, lambda: render_describe(described))
+    emit(args, described, lambda: render_describe(described, args.utc))
     return 0
 
 
@@ -277,7 +360,7 @@ async def cmd_history(args: argparse.Namespace) -> int:
     ns, name = split_run(args.run, args.namespace)
     described = await (await _client(args)).describe(ns, name)
     value = {"run": described.history, "tasks": {t.id: t.history for t in described.tasks}}
-    emit(args, value, lambda: render_history(described))
+    emit(args, value, lambda: render_history(described, args.utc))
     return 0
 
 
@@ -286,11 +369,16 @@ async def cmd_events(args: argparse.Namespace) -> int:
     client = await _client(args)
     if not args.follow:
         stream = await client.events(ns, name)
-        emit(args, stream, lambda: render_events(stream))
+        emit(args, stream, lambda: render_events(stream, args.utc))
         return 0
+    return await _follow(args, client, ns, name)
+
+
+async def _follow(args: argparse.Namespace, client: AstraeusClient, ns: str, name: str) -> int:
+    """Print every event as it comes until the run ends; exit by the state it ended in."""
     async for event in client.follow(ns, name):
-        print(json.dumps(event.model_dump(mode="json")) if args.json else render_events([event]), flush=True)
-    return 0
+        print(json.dumps(event.model_dump(mode="json")) if args.json else render_events([event], args.utc), flush=True)
+    return exit_for_state((await client.status(ns, name)).state)
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
@@ -317,9 +405,14 @@ async def cmd_logs(args: argparse.Namespace) -> int:
     if args.tail is not None and args.tail < 1:
         raise AstraeusError(f"--tail {args.tail}: expected a number of lines, 1 or more")
     ns, name = split_run(run, args.namespace)
-    text = await (await _client(args)).logs(ns, name, task, lines=args.tail or 100_000)
-    sys.stdout.write(text)
-    return 0
+    client = await _client(args)
+    if not args.follow:
+        sys.stdout.write(await client.logs(ns, name, task, lines=args.tail or 100_000))
+        return ExitCode.OK
+    async for text in client.follow_logs(ns, name, task):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    return ExitCode.OK
 
 
 async def cmd_nodes(args: argparse.Namespace) -> int:
@@ -367,30 +460,70 @@ async def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_completion(args: argparse.Namespace) -> int:
+    print(shtab.complete(parser(), shell=args.shell), end="")
+    return 0
+
+
+def version() -> str:
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 # ---- parser -----------------------------------------------------------------------------------------------------
+
+# Options every verb that uses them takes before or after its name: `astraeus --temporal X ls` as `astraeus ls
+# --temporal X`. Each is declared on the top parser and on the verbs it applies to (there with a suppressed default,
+# so that a verb's parser does not overwrite what was given before the verb).
+GLOBAL_HELP = {
+    "temporal": "Temporal frontend HOST:PORT (default $ASTRAEUS_TEMPORAL or 127.0.0.1:7233)",
+    "settings": "YAML file overriding the spec's timers and defaults",
+    "json": "print JSON",
+    "utc": "show times in UTC (default: this machine's zone, marked)",
+}
+
+
+def _global_options(p: argparse.ArgumentParser, names: Sequence[str], *, top: bool) -> None:
+    for name in names:
+        default = (False if name in ("json", "utc") else None) if top else argparse.SUPPRESS
+        if name in ("json", "utc"):
+            p.add_argument(f"--{name}", action="store_true", default=default, help=GLOBAL_HELP[name])
+        else:
+            action = p.add_argument(f"--{name}", default=default, help=GLOBAL_HELP[name])
+            if name == "settings":
+                action.complete = shtab.FILE  # type: ignore[attr-defined]  # shtab reads it
 
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="astraeus", description=__doc__)
-    sub = top.add_subparsers(dest="command", required=True)
+    top.add_argument("--version", action="version", version=f"astraeus {version()}")
+    _global_options(top, list(GLOBAL_HELP), top=True)
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler: Handler, help: str, *, process: bool = False, read: bool = False) -> Any:
         p = sub.add_parser(name, help=help, description=help)
-        p.set_defaults(handler=handler)
-        if name != "schema":
-            p.add_argument("--temporal", help="Temporal frontend HOST:PORT (default $ASTRAEUS_TEMPORAL or 7233)")
-        if process:
-            p.add_argument("--settings", help="YAML file overriding the spec's timers and defaults")
-        if read:
-            p.add_argument("--json", action="store_true", help="print JSON")
-        else:
-            p.set_defaults(json=False)
+        takes = [
+            *(["temporal"] if name not in ("schema", "completion") else []),
+            *(["settings"] if process else []),
+            *(["json", "utc"] if read else []),
+        ]
+        _global_options(p, takes, top=False)
+        p.set_defaults(handler=handler, takes=takes)
         return p
 
     def machine_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--gpus", help="declare GPUs, e.g. 8xH100-80GB (default: read them with NVML)")
         p.add_argument("--cpus", type=float, help="CPU cores to offer (default: all)")
-        p.add_argument("--memory-bytes", type=int, help="memory to offer (default: all)")
+        p.add_argument("--memory-bytes", type=byte_size, help="memory to offer, e.g. 64GiB (default: all)")
+
+    def run_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("run", help="NAME, NAMESPACE/NAME or job/NAMESPACE/NAME")
+        p.add_argument("-n", "--namespace", default="default")
+
+    def wait_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--timeout", type=seconds, help="give up after this many seconds (exit 7)")
 
     dev = command("dev", cmd_dev, "the embedded default: Temporal dev server, control plane, scheduler, agents",
                   process=True)  # fmt: skip
@@ -445,10 +578,22 @@ def parser() -> argparse.ArgumentParser:
     machine_flags(agent)
 
     submit = command("submit", cmd_submit, "submit a run spec (YAML)", read=True)
-    submit.add_argument("file")
-    ls = command("ls", cmd_ls, "list runs", read=True)
+    submit.add_argument("file").complete = shtab.FILE
+    then = submit.add_mutually_exclusive_group()
+    then.add_argument("--wait", action="store_true", help="then wait until the run ends; exit by its state")
+    then.add_argument(
+        "--follow", "-f", action="store_true", help="then print its events until it ends; exit by its state"
+    )
+    wait_flags(submit)
+    ls = command("ls", cmd_ls, "list runs: open ones first, then the latest to end", read=True)
     ls.add_argument("-n", "--namespace", help="only this namespace")
-    ls.add_argument("--state", help="only runs in this state (Pending, Running, Completed, ...)")
+    ls.add_argument("--state", choices=RUN_STATES, help="only runs in this state")
+    ls.add_argument("--limit", type=positive, default=100, help="at most this many runs (default 100)")
+    ls.add_argument("--page", help="the next page: the token a previous ls printed")
+    wait = command("wait", cmd_wait, "wait until a run ends (or reaches --for STATE); exit by its state", read=True)
+    run_arg(wait)
+    wait.add_argument("--for", dest="for_state", choices=RUN_STATES, help="the state to wait for (default: its end)")
+    wait_flags(wait)
     for name, handler, help in (
         ("status", cmd_status, "a run's state and reason"),
         ("describe", cmd_describe, "a run, its workers and why they wait"),
@@ -457,8 +602,7 @@ def parser() -> argparse.ArgumentParser:
         ("cancel", cmd_cancel, "cancel a run: stop every worker"),
     ):
         p = command(name, handler, help, read=True)
-        p.add_argument("run", help="NAME or NAMESPACE/NAME")
-        p.add_argument("-n", "--namespace", default="default")
+        run_arg(p)
         if name == "events":
             p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
     stop = command("stop", cmd_stop, "stop one worker", read=True)
@@ -467,7 +611,9 @@ def parser() -> argparse.ArgumentParser:
     stop.add_argument("-n", "--namespace", default="default")
     logs = command("logs", cmd_logs, "print a worker's output (stdout and stderr)")
     logs.add_argument("task", help="RUN/TASK, e.g. hello/worker-0")
-    logs.add_argument("--tail", type=int, help="only the last N lines")
+    how = logs.add_mutually_exclusive_group()
+    how.add_argument("--tail", type=int, help="only the last N lines")
+    how.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the worker ends")
     logs.add_argument("-n", "--namespace", default="default")
     nodes = command("nodes", cmd_nodes, "list machines, or cordon, uncordon or remove one", read=True)
     nodes.add_argument("verb", nargs="?", choices=["ls", "cordon", "uncordon", "remove"], default="ls")
@@ -478,9 +624,11 @@ def parser() -> argparse.ArgumentParser:
     quota.add_argument("namespace", nargs="?")
     quota.add_argument("--gpus", type=int, help="GPUs its workers may hold at once (default: no limit)")
     quota.add_argument("--cpu", type=float, help="CPU cores its workers may hold at once")
-    quota.add_argument("--memory-bytes", type=int, help="memory its workers may hold at once")
+    quota.add_argument("--memory-bytes", type=byte_size, help="memory its workers may hold at once, e.g. 512GiB")
     quota.add_argument("--pool", action="append", default=[], help="the only pools whose machines it may use")
     command("schema", cmd_schema, "print the run spec's JSON Schema")
+    completion = command("completion", cmd_completion, "print a shell completion script: bash or zsh")
+    completion.add_argument("shell", choices=["bash", "zsh"])
     return top
 
 
@@ -488,13 +636,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The console script. Exits with os._exit: the Temporal client's Rust threads can crash a finalizing
     interpreter (temporalio/sdk-python#300), so the process skips finalization once its output is flushed."""
     code = run(argv)
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _closed_pipe()
     sys.stderr.flush()
     os._exit(code)
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    top = parser()
+    args = top.parse_args(argv)
+    for name in GLOBAL_HELP:
+        if getattr(args, name) not in (None, False) and name not in args.takes:
+            top.error(f"--{name} does not apply to {args.command}")
     level = logging.INFO if args.command in ("dev", "control", "scheduler", "agent") else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -502,9 +657,33 @@ def run(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(handler(args))
     except AstraeusError as error:
         print(f"astraeus: {error}", file=sys.stderr)
-        return 2
+        return _exit_for_error(error)
+    except RPCError as error:
+        if error.status != RPCStatusCode.UNAVAILABLE:
+            raise
+        print(f"astraeus: Temporal at {address(args.temporal)} stopped answering: {error}", file=sys.stderr)
+        return ExitCode.UNREACHABLE
     except KeyboardInterrupt:
-        return 130
+        return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _exit_for_error(error: AstraeusError) -> ExitCode:
+    if isinstance(error, NotFound):
+        return ExitCode.NOT_FOUND
+    if isinstance(error, Unreachable):
+        return ExitCode.UNREACHABLE
+    return ExitCode.BAD_INPUT
+
+
+def _closed_pipe() -> ExitCode:
+    """The reader went away (`astraeus history RUN | head -1`): nothing more can be shown, and nothing is wrong with
+    the command. Point stdout at /dev/null so that flushing what is left does not raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return ExitCode.CLOSED_PIPE
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -11,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio.client import (
     Client,
+    WorkflowExecution,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
@@ -31,16 +33,17 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.domain.nodes import NodeView
 from workflows.domain.spec import JobSpec, job_id
-from workflows.domain.status import RunState, Status
+from workflows.domain.status import TASK_ENDED, RunState, Status
 from workflows.domain.views import (
     TERMINATED,
     Event,
     JobDescription,
+    TaskView,
     terminated_description,
     terminated_events,
     terminated_status,
 )
-from workflows.job import JobWorkflow, search_attributes
+from workflows.job import PRIORITY_KEY, STATE_KEY, JobWorkflow, search_attributes
 from workflows.logs import LogsWorkflow
 from workflows.messages import (
     CONTROL_TASK_QUEUE,
@@ -56,7 +59,15 @@ from workflows.messages import (
 
 
 class AstraeusError(Exception):
-    """Bad input or an unknown object: the message names what is wrong; nothing changed."""
+    """Bad input: the message names what is wrong; nothing changed."""
+
+
+class NotFound(AstraeusError):
+    """No such run, worker, machine or quota."""
+
+
+class Unreachable(AstraeusError):
+    """Temporal cannot be reached."""
 
 
 class Terminated(BaseModel):
@@ -104,10 +115,41 @@ async def run_result(handle: WorkflowHandle[Any, Any]) -> Status:
 
 
 class RunSummary(BaseModel):
+    """One run as `astraeus ls` shows it: read from the visibility store, never by asking the run."""
+
     namespace: str
     name: str
     state: str
-    reason: str
+    created_at: datetime
+    priority: int | None = None
+    workers: int | None = None  # as its spec asks (a group of total_gpus: its machines, else 1)
+    gpus: int | None = None  # GPUs its spec asks for in all
+
+
+class RunPage(BaseModel):
+    """A page of `ls`: the runs, newest first, and the token of the next page (None on the last)."""
+
+    runs: list[RunSummary]
+    next_page: str | None = None
+
+
+def run_memo(spec: JobSpec, now: datetime) -> dict[str, Any]:
+    """What `ls` shows of a run that its search attributes do not hold: written once at submit, carried across
+    continue-as-new by Temporal."""
+    workers = sum((g.machines or 1) if g.planned else g.replicas for g in spec.groups)
+    gpus = sum(g.total_gpus or 0 if g.planned else g.replicas * g.gpus for g in spec.groups)
+    return {"workers": workers, "gpus": gpus, "created_at": now.isoformat()}
+
+
+async def summary(wf: WorkflowExecution) -> RunSummary:
+    """A run's line of `ls`, from its visibility record alone (search attributes and memo)."""
+    _, ns, name = wf.id.split("/", 2)
+    attrs = wf.typed_search_attributes
+    state = TERMINATED if wf.status == WorkflowExecutionStatus.TERMINATED else attrs.get(STATE_KEY) or "?"
+    memo = await wf.memo()
+    created = datetime.fromisoformat(memo["created_at"]) if "created_at" in memo else wf.start_time
+    return RunSummary(namespace=ns, name=name, state=state, created_at=created, priority=attrs.get(PRIORITY_KEY),
+                      workers=memo.get("workers"), gpus=memo.get("gpus"))  # fmt: skip
 
 
 class AstraeusClient:
@@ -127,6 +169,7 @@ class AstraeusClient:
                 task_queue=CONTROL_TASK_QUEUE,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 search_attributes=search_attributes(spec, RunState.PENDING),
+                memo=run_memo(spec, datetime.now(UTC)),
                 static_summary=f"run {spec.namespace}/{spec.name}",
             )
         except WorkflowAlreadyStartedError:
@@ -138,7 +181,7 @@ class AstraeusClient:
             return await self._handle(namespace, name).query(query, result_type=result_type)
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
-                raise AstraeusError(f"no run named {name} in namespace {namespace}") from None
+                raise NotFound(f"no run named {name} in namespace {namespace}") from None
             raise
         except WorkflowQueryFailedError as error:
             raise AstraeusError(f"run {namespace}/{name}: {error}") from None
@@ -148,7 +191,7 @@ class AstraeusClient:
             return await terminated(self._handle(namespace, name))
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
-                raise AstraeusError(f"no run named {name} in namespace {namespace}") from None
+                raise NotFound(f"no run named {name} in namespace {namespace}") from None
             raise
 
     async def status(self, namespace: str, name: str) -> Status:
@@ -174,7 +217,7 @@ class AstraeusClient:
             return await run_result(self._handle(namespace, name))
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
-                raise AstraeusError(f"no run named {name} in namespace {namespace}") from None
+                raise NotFound(f"no run named {name} in namespace {namespace}") from None
             raise
 
     async def follow(self, namespace: str, name: str, poll_seconds: float = 0.5) -> AsyncIterator[Event]:
@@ -182,7 +225,12 @@ class AstraeusClient:
         seen = 0
         handle = self._handle(namespace, name)
         while True:
-            closed = (await handle.describe()).status != WorkflowExecutionStatus.RUNNING
+            try:
+                closed = (await handle.describe()).status != WorkflowExecutionStatus.RUNNING
+            except RPCError as error:
+                if error.status == RPCStatusCode.NOT_FOUND:
+                    raise NotFound(f"no run named {name} in namespace {namespace}") from None
+                raise
             stream = await self.events(namespace, name)
             for event in stream[seen:]:
                 yield event
@@ -215,20 +263,46 @@ class AstraeusClient:
         self, namespace: str, name: str, task_id: str, lines: int = 100_000, max_bytes: int = 1 << 20
     ) -> str:
         """A worker's output (its current attempt's), read on the machine that runs or ran it."""
+        task = await self._task(namespace, name, task_id)
+        if task.node is None:
+            raise AstraeusError(f"worker {task_id} of run {name} is on no machine now ({task.status.state})")
+        return await self._read_log(namespace, name, task, task.node, lines, max_bytes)
+
+    async def follow_logs(
+        self, namespace: str, name: str, task_id: str, poll_seconds: float = 1.0
+    ) -> AsyncIterator[str]:
+        """A worker's output, then what it writes next, until the worker ended for good (a worker that restarts:
+        each attempt's output in turn). Each read is a short LogsWorkflow on its machine."""
+        attempt, shown = None, ""
+        while True:
+            task = await self._task(namespace, name, task_id)
+            over = task.status.state in TASK_ENDED and task.restart_at is None
+            if task.node is not None:
+                if task.attempt != attempt:
+                    attempt, shown = task.attempt, ""
+                text = await self._read_log(namespace, name, task, task.node, 100_000, 1 << 20)
+                yield new_output(shown, text)
+                shown = text
+            if over:
+                return
+            await asyncio.sleep(poll_seconds)
+
+    async def _task(self, namespace: str, name: str, task_id: str) -> TaskView:
         described = await self.describe(namespace, name)
         task = next((t for t in described.tasks if t.id == task_id), None)
         if task is None:
-            raise AstraeusError(f"run {namespace}/{name} has no worker {task_id}")
-        if task.node is None:
-            raise AstraeusError(f"worker {task_id} of run {name} is on no machine now ({task.status.state})")
-        ref = TaskRef(namespace=namespace, job=name, task_id=task_id, attempt=task.attempt)
+            raise NotFound(f"run {namespace}/{name} has no worker {task_id}")
+        return task
+
+    async def _read_log(self, namespace: str, name: str, task: TaskView, node: str, lines: int, max_bytes: int) -> str:
+        ref = TaskRef(namespace=namespace, job=name, task_id=task.id, attempt=task.attempt)
         read = ReadLogInput(ref=ref, lines=lines, max_bytes=max_bytes)
-        request = LogsInput(node=task.node, read=read)
+        request = LogsInput(node=node, read=read)
         try:
             result = await self.temporal.execute_workflow(
                 LogsWorkflow.run,
                 request,
-                id=f"logs/{namespace}/{name}/{task_id}/{uuid.uuid4()}",
+                id=f"logs/{namespace}/{name}/{task.id}/{uuid.uuid4()}",
                 task_queue=CONTROL_TASK_QUEUE,
                 execution_timeout=timedelta(seconds=request.answer_within_seconds + 10),
             )
@@ -238,12 +312,15 @@ class AstraeusClient:
                 why = f"it did not answer within {request.answer_within_seconds:g} s (is its agent running?)"
             else:
                 why = str(cause)
-            raise AstraeusError(f"cannot read the log of {task_id} on machine {task.node}: {why}") from None
+            raise AstraeusError(f"cannot read the log of {task.id} on machine {node}: {why}") from None
         return result.text
 
-    async def ls(self, namespace: str | None = None, state: str | None = None) -> list[RunSummary]:
-        """Runs, newest first, filtered by namespace and state (search attributes). A run whose workflow was
-        terminated is Terminated, whatever state it last recorded (its AstraeusState stays that one)."""
+    async def ls(
+        self, namespace: str | None = None, state: str | None = None, *, limit: int = 100, page: str | None = None
+    ) -> RunPage:
+        """Runs, newest first, filtered by namespace and state, `limit` at most, from one visibility query (search
+        attributes and memo); `page` is the token a previous page gave. A run whose workflow was terminated is
+        Terminated, whatever state it last recorded (its AstraeusState stays that one)."""
         query = 'WorkflowType="JobWorkflow"'
         if namespace:
             query += f' AND {SA_NAMESPACE}="{_quote(namespace)}"'
@@ -251,24 +328,36 @@ class AstraeusClient:
             query += ' AND ExecutionStatus="Terminated"'
         elif state:
             query += f' AND {SA_STATE}="{_quote(state)}" AND ExecutionStatus!="Terminated"'
-        runs = []
-        async for wf in self.temporal.list_workflows(query):
-            _, ns, name = wf.id.split("/", 2)
-            try:
-                status = await self._query(ns, name, "status", Status)
-                if wf.status == WorkflowExecutionStatus.TERMINATED:
-                    ended = await _termination(self._handle(ns, name), wf.close_time)
-                    status = terminated_status(status, ended.why, ended.at)
-            except AstraeusError:
-                continue
-            runs.append(RunSummary(namespace=ns, name=name, state=status.state, reason=status.reason))
-        return runs
+        try:
+            token = base64.urlsafe_b64decode(page) if page else None
+        except ValueError:
+            raise AstraeusError(f"--page {page}: not a page token that ls printed") from None
+        listed = self.temporal.list_workflows(query, page_size=limit, next_page_token=token)
+        try:
+            await listed.fetch_next_page(page_size=limit)
+        except RPCError as error:
+            if page and error.status != RPCStatusCode.UNAVAILABLE:  # the server cannot read it (INTERNAL here)
+                raise AstraeusError(f"--page {page}: not a page token that ls printed") from None
+            raise
+        runs = [await summary(wf) for wf in listed.current_page or []]
+        after = listed.next_page_token
+        return RunPage(runs=runs, next_page=base64.urlsafe_b64encode(after).decode() if after else None)
 
     async def nodes(self) -> list[NodeView]:
         views = []
         async for wf in self.temporal.list_workflows('WorkflowType="NodeWorkflow" AND ExecutionStatus="Running"'):
             views.append(await self.temporal.get_workflow_handle(wf.id).query("view", result_type=NodeView))
         return sorted(views, key=lambda v: v.name)
+
+
+def new_output(shown: str, text: str) -> str:
+    """What `text`, the latest tail of a log, adds to `shown`, the tail read before. A tail is a window that slides
+    forward as the log grows: the new one begins at a line of the old one (the earliest that matches, the longest
+    overlap), or after it when more than a window was written meanwhile (then all of it is new)."""
+    start = 0
+    while not text.startswith(shown[start:]):
+        start = shown.find("\n", start) + 1 or len(shown)
+    return text[len(shown) - start :]
 
 
 def _quote(value: str) -> str:

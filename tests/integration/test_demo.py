@@ -17,7 +17,7 @@ def test_the_demo_runs_hello_to_completion_and_stops() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "Temporal UI: http://127.0.0.1:" in out
-    lines = [line.split(None, 3)[1:] for line in out.splitlines() if line[:2].isdigit()]
+    lines = [line.split(None, 4)[2:] for line in out.splitlines() if line[:2].isdigit()]  # after the time and zone
     assert ["run", "Pending", "Run created"] in lines
     assert ["run", "Running", "2 of 2 workers running"] in lines or [
         "run",

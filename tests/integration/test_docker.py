@@ -188,5 +188,5 @@ def test_logs_of_a_worker_not_on_a_machine_say_so(cluster: Cluster, tmp_path: Pa
     assert result.returncode == 2
     assert result.stderr.strip() == "astraeus: worker w-0 of run dk-big is on no machine now (Pending)"
     unknown = cluster.cli("logs", "dk-big/w-9", check=False)
-    assert unknown.stderr.strip() == "astraeus: run default/dk-big has no worker w-9"
+    assert (unknown.returncode, unknown.stderr.strip()) == (3, "astraeus: run default/dk-big has no worker w-9")
     cluster.cli("cancel", "dk-big")

@@ -64,8 +64,9 @@ def test_hello_runs_two_workers_to_completion(cluster: Cluster) -> None:
     assert set(described) == {"id", "namespace", "name", "spec", "status", "history", "tasks", "placement"}
     assert set(described["status"]) == {"state", "reason", "code", "created_at", "started_at", "finished_at"}
     assert set(described["tasks"][0]) >= {"id", "group", "node", "restarts", "restart_at", "status", "history"}
-    listed = cluster.json("ls", "--state", "Completed")
-    assert {"namespace": "default", "name": "hello", "state": "Completed", "reason": "All workers completed"} in listed
+    listed = cluster.json("ls", "--state", "Completed")["runs"]
+    hello = next(r for r in listed if r["name"] == "hello")
+    assert (hello["namespace"], hello["state"], hello["workers"], hello["gpus"]) == ("default", "Completed", 2, 0)
 
 
 def test_a_failing_worker_fails_its_run_with_its_log(cluster: Cluster) -> None:
@@ -81,7 +82,7 @@ def test_a_failing_worker_fails_its_run_with_its_log(cluster: Cluster) -> None:
     late = cluster.cli("stop", "fail/fail-0", check=False)
     assert (late.returncode, late.stderr.strip()) == (2, "astraeus: run default/fail already ended: Failed")
     unknown = cluster.cli("cancel", "nope", check=False)
-    assert (unknown.returncode, unknown.stderr.strip()) == (2, "astraeus: no run named nope in namespace default")
+    assert (unknown.returncode, unknown.stderr.strip()) == (3, "astraeus: no run named nope in namespace default")
 
 
 @pytest.mark.parametrize(
@@ -142,7 +143,7 @@ def test_an_invalid_spec_is_refused_and_nothing_starts(
     assert result.returncode == 2
     assert message in result.stderr.splitlines()
     gone = cluster.cli("status", "bad", check=False)
-    assert gone.returncode == 2
+    assert gone.returncode == 3
     assert gone.stderr.strip() == "astraeus: no run named bad in namespace default"
 
 

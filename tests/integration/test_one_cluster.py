@@ -87,7 +87,7 @@ def test_the_readme_tour_runs_as_written_with_the_defaults(tmp_path: Path) -> No
         dev.wait_ready()
         assert "Temporal frontend: 127.0.0.1:7233\nTemporal UI: http://127.0.0.1:8233\n" in dev.output()
         submitted = cli("submit", "examples/hello.yaml")
-        assert (submitted.returncode, submitted.stdout) == (0, "submitted job/default/hello\n"), submitted.stderr
+        assert (submitted.returncode, submitted.stdout) == (0, "submitted default/hello\n"), submitted.stderr
         wait_for(lambda: cli("status", "hello").stdout.split(":")[0] in ("Completed", "Failed"), "hello to end")
         assert cli("status", "hello").stdout == "Completed: All workers completed\n", cli("describe", "hello").stdout
         assert (tmp_path / ".astraeus" / "temporal.db").is_file()
