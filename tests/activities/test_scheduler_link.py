@@ -112,3 +112,43 @@ async def test_a_second_scheduler_on_the_same_door_is_refused(door: SchedulerDoo
     with pytest.raises(OSError) as error:
         SchedulerDoor(door.address)
     assert str(error.value) == f"the scheduler cannot listen on {door.address}: Address already in use"
+
+
+async def test_calls_made_together_leave_together_in_one_request() -> None:
+    from activities.scheduler_link import Batches
+
+    sent: list[list[int]] = []
+    gate = asyncio.Event()
+
+    async def send(items: list[int]) -> list[int]:
+        sent.append(items)
+        await gate.wait()
+        return [item * 10 for item in items]
+
+    batches = Batches(send)
+    first = [asyncio.ensure_future(batches.call(i)) for i in range(100)]
+    await asyncio.sleep(0.01)
+    later = [asyncio.ensure_future(batches.call(i)) for i in range(100, 150)]  # while the first request is out
+    await asyncio.sleep(0.01)
+    gate.set()
+    assert await asyncio.gather(*first, *later) == [i * 10 for i in range(150)]
+    assert sent == [list(range(100)), list(range(100, 150))]
+
+
+async def test_a_request_that_fails_fails_its_calls_only_and_a_call_given_up_is_skipped() -> None:
+    from activities.scheduler_link import Batches
+
+    async def send(items: list[int]) -> list[int]:
+        await asyncio.sleep(0.01)
+        if 13 in items:
+            raise RuntimeError("the scheduler at here did not answer /place")
+        return items
+
+    batches = Batches(send)
+    with pytest.raises(RuntimeError, match="did not answer"):
+        await batches.call(13)
+    given_up = asyncio.ensure_future(batches.call(7))
+    await asyncio.sleep(0)
+    given_up.cancel()
+    assert await batches.call(8) == 8
+    assert given_up.cancelled()
