@@ -352,6 +352,11 @@ class Agent:
             ],
             max_concurrent_activities=1000,
             graceful_shutdown_timeout=timedelta(seconds=1),
+            # A worker's heartbeats reach the server at least every third of the stale grace. The SDK's default
+            # (0.8 x the timeout: 12 s of 15) left 3 s for a heartbeat to arrive: on a busy server, workers
+            # that ran went Stale (bench/README.md, 1,000 runs).
+            max_heartbeat_throttle_interval=timedelta(seconds=self._settings.stale_grace_seconds / 3),
+            default_heartbeat_throttle_interval=timedelta(seconds=self._settings.stale_grace_seconds / 3),
         )
         self.lease = Worker(
             client,
