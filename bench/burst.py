@@ -1,15 +1,17 @@
 """A burst of one-GPU runs on M machines of G GPUs, against the Temporal floor: `python -m bench.burst [--runs N]
-[--machines M] [--gpus G] [--idle K] [--agents-per-process A] [--services-apart] [--no-floor] [--json FILE]`.
+[--machines M] [--gpus G] [--idle K] [--agents-per-process A] [--services-apart] [--control-processes C]
+[--no-floor] [--json FILE]`.
 
-Starts the embedded default's Temporal dev server (file database, headless, free ports, a temporary directory),
-the control plane and the scheduler in this process (`--services-apart`: as `astraeus control` and `astraeus
-scheduler` processes), and M machines, each a real agent declaring G GPUs (`bench.agents`: all in one process by
-default, `--agents-per-process`). Submits K runs one at a time on the idle cluster (each waits until Running, then
-they are cancelled), then N runs of one worker of one GPU (`sleep 3000`, restart policy Never) at once, at most 50
-submits in flight, and waits until min(N, M x G) of them are Running (the search attribute `AstraeusState`). Then
-it reads each run (`describe`, its Temporal event history, its pending activities) and the machines' workflows,
-ends every process it started, and runs the floor: a fresh dev server completing min(N, M x G) bare workflows of 3
-no-op activities in one burst. Prints figures only: it asserts no timing.
+Starts the embedded default's Temporal dev server (file database, headless, free ports, a temporary directory), the
+control plane and the scheduler in this process (`--services-apart`: as `astraeus control` and `astraeus scheduler`
+processes; `--control-processes C`: C of `astraeus control`), and M machines, each a real agent declaring G GPUs
+(`bench.agents`: all in one process by default, `--agents-per-process`). Submits K runs one at a time on the idle
+cluster (each waits until Running, then they are cancelled), then N runs of one worker of one GPU (`sleep 3000`, restart
+policy Never) at once, at most 50 submits in flight, and waits until min(N, M x G) of them are Running (the search
+attribute `AstraeusState`). Then it reads each run (`describe`, its Temporal event history, its pending activities) and
+the machines' workflows, ends every process it started, and runs the floor: a fresh dev server completing min(N, M x G)
+bare workflows of 3 no-op activities in one burst.
+Prints figures only: it asserts no timing.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Options:
     idle: int
     agents_per_process: int
     services_apart: bool
+    controls: int  # `astraeus control` processes (more than 1: the services apart)
     floor: bool
     floor_runs: int | None
     timeout: float
@@ -207,7 +210,9 @@ class Burst:
 
 async def measure(options: Options, root: Path) -> Burst:
     machines = Machines(count=options.machines, gpus=options.gpus)
-    cluster = Cluster(root, machines, options.agents_per_process, options.services_apart)
+    cluster = Cluster(
+        root, machines, options.agents_per_process, options.services_apart, control_processes=options.controls
+    )
     started = time.monotonic()
     try:
         client = await cluster.start()
@@ -285,6 +290,12 @@ def parser() -> argparse.ArgumentParser:
         "--agents-per-process", type=int, help="agents in each agent process (default: all in one; 1: one each)"
     )
     p.add_argument("--services-apart", action="store_true", help="control plane and scheduler in their own processes")
+    p.add_argument(
+        "--control-processes",
+        type=int,
+        default=1,
+        help="`astraeus control` processes (default 1; more: apart)",
+    )
     p.add_argument("--no-floor", dest="floor", action="store_false", help="skip the floor")
     p.add_argument("--floor-runs", type=int, help="bare workflows in the floor (default: min(runs, machines x gpus))")
     p.add_argument("--timeout", type=float, default=900, help="give up waiting for all Running after this (900 s)")
@@ -302,7 +313,8 @@ def options_from(args: argparse.Namespace) -> Options:
         sleep=args.sleep,
         idle=args.idle,
         agents_per_process=args.agents_per_process or args.machines,
-        services_apart=args.services_apart,
+        services_apart=args.services_apart or args.control_processes > 1,
+        controls=args.control_processes,
         floor=args.floor,
         floor_runs=args.floor_runs,
         timeout=args.timeout,

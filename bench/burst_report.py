@@ -87,7 +87,8 @@ def lines(b: Burst) -> list[str]:
     f = figures(b)
     o = b.options
     cpu = f["cpu_ms_per_run"]
-    where = "apart (astraeus control, astraeus scheduler)" if o.services_apart else "in this process"
+    controls = f"{o.controls} x astraeus control" if o.controls > 1 else "astraeus control"
+    where = f"apart ({controls}, astraeus scheduler)" if o.services_apart else "in this process"
     per = f"{o.agents_per_process if o.agents_per_process < o.machines else o.machines} per process"
     problems = f["problems"]
     rows = [

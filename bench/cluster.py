@@ -70,11 +70,13 @@ class Cluster:
         agents_per_process: int,
         services_apart: bool,
         settings: Path | None = None,
+        control_processes: int = 1,
     ) -> None:
         self.root = root
         self.machines = machines
         self.agents_per_process = max(1, min(agents_per_process, machines.count))
-        self.services_apart = services_apart
+        self.services_apart = services_apart or control_processes > 1
+        self.control_processes = control_processes  # `astraeus control` processes (services apart)
         self.settings = settings  # a --settings YAML for every process (services apart only; None: the defaults)
         self.server = DevServer(root / "temporal", port=free_port(), ui_port=None)
         self.client: Client | None = None
@@ -99,9 +101,11 @@ class Cluster:
         given = ["--settings", str(self.settings)] if self.settings is not None else []
         if self.services_apart:
             door = f"127.0.0.1:{free_port()}"  # the scheduler's, the same after a restart
-            for service, flag in (("control", "--scheduler"), ("scheduler", "--listen")):
+            controls = ["control", *(f"control-{i}" for i in range(1, self.control_processes))]
+            for name, flag in [*((c, "--scheduler") for c in controls), ("scheduler", "--listen")]:
+                service = name.partition("-")[0]
                 args = ["-m", "workers.cli", service, "--temporal", self.address, flag, door, *given]
-                self.services[service] = self._spawn(service, *args)
+                self.services[name] = self._spawn(name, *args)
         else:
             if self.settings is not None:
                 raise ValueError("settings from a file need the services apart")
