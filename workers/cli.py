@@ -22,7 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.runtime.base import RuntimeUnavailable
 from workers.client import AstraeusClient, AstraeusError, NotFound, Unreachable
-from workers.connect import address, connect, ensure_search_attributes
+from workers.connect import ProfileError, Target, connect, ensure_search_attributes, target
 from workers.exits import ExitCode, exit_for_state
 from workers.render import render_describe, render_events, render_history, render_nodes, render_runs, render_status
 from workflows.domain.constraints import RACK_LABEL, Capability
@@ -172,7 +172,7 @@ async def cmd_control(args: argparse.Namespace) -> int:
     from workers.services import ControlWorker
 
     scheduler = scheduler_address(args.scheduler)
-    client = await connect(address(args.temporal))
+    client = await connect(_target(args))
     await ensure_search_attributes(client)
     await ControlWorker(client, load_settings(args.settings), scheduler).run()
     return 0
@@ -184,7 +184,7 @@ async def cmd_scheduler(args: argparse.Namespace) -> int:
 
     load_settings(args.settings)
     listen = scheduler_address(args.listen)
-    client = await connect(address(args.temporal))
+    client = await connect(_target(args))
     try:
         door = SchedulerDoor(listen)
     except OSError as error:
@@ -228,7 +228,7 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         sysfs=given_path(args.sysfs),
         procfs=given_path(args.procfs),
     )
-    client = await connect(address(args.temporal))
+    client = await connect(_target(args))
     try:
         agent = await start_agent(client, options, load_settings(args.settings))
     except RuntimeUnavailable as error:
@@ -279,11 +279,20 @@ async def _until_signalled() -> None:
 # ---- verbs ------------------------------------------------------------------------------------------------------
 
 
-async def _client(args: argparse.Namespace) -> AstraeusClient:
+def _target(args: argparse.Namespace) -> Target:
+    """Where this command connects: `--temporal`, `--profile` and the environment (workers/connect.py)."""
     try:
-        return AstraeusClient(await connect(address(args.temporal)))
+        return target(getattr(args, "temporal", None), getattr(args, "profile", None))
+    except ProfileError as error:
+        raise AstraeusError(str(error)) from None
+
+
+async def _client(args: argparse.Namespace) -> AstraeusClient:
+    where = _target(args)
+    try:
+        return AstraeusClient(await connect(where))
     except RuntimeError as error:
-        raise Unreachable(f"cannot reach Temporal at {address(args.temporal)}: {error}") from None
+        raise Unreachable(f"cannot reach Temporal at {where}: {error}") from None
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
@@ -478,7 +487,9 @@ def version() -> str:
 # --temporal X`. Each is declared on the top parser and on the verbs it applies to (there with a suppressed default,
 # so that a verb's parser does not overwrite what was given before the verb).
 GLOBAL_HELP = {
-    "temporal": "Temporal frontend HOST:PORT (default $ASTRAEUS_TEMPORAL or 127.0.0.1:7233)",
+    "temporal": "Temporal frontend HOST:PORT (default $ASTRAEUS_TEMPORAL, else the profile's, else 127.0.0.1:7233)",
+    "profile": "the Temporal connection profile: address, namespace, TLS, API key, as the temporal CLI reads it "
+    "(default $TEMPORAL_PROFILE, else default)",
     "settings": "YAML file overriding the spec's timers and defaults",
     "json": "print JSON",
     "utc": "show times in UTC (default: this machine's zone, marked)",
@@ -506,6 +517,7 @@ def parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         takes = [
             *(["temporal"] if name not in ("schema", "completion") else []),
+            *(["profile"] if name not in ("schema", "completion", "dev") else []),  # dev starts its own Temporal
             *(["settings"] if process else []),
             *(["json", "utc"] if read else []),
         ]
@@ -661,7 +673,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     except RPCError as error:
         if error.status != RPCStatusCode.UNAVAILABLE:
             raise
-        print(f"astraeus: Temporal at {address(args.temporal)} stopped answering: {error}", file=sys.stderr)
+        print(f"astraeus: Temporal at {_target(args)} stopped answering: {error}", file=sys.stderr)
         return ExitCode.UNREACHABLE
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
