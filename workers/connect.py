@@ -110,11 +110,6 @@ def _read(source: DataSource | None, what: str, profile: str | None) -> bytes | 
     return source.encode() if isinstance(source, str) else source
 
 
-def address(flag: str | None) -> str:
-    """`--temporal HOST:PORT`, else $ASTRAEUS_TEMPORAL, else the embedded default's (the profile's aside)."""
-    return flag or os.environ.get("ASTRAEUS_TEMPORAL") or DEFAULT_ADDRESS
-
-
 async def connect(
     where: str | Target,
     *,
