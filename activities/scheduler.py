@@ -25,6 +25,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFail
 from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities import metrics
 from workflows.domain.nodes import NodeState, NodeView
 from workflows.domain.planning import WorkerPlan, plan_workers
 from workflows.domain.quotas import Quota
@@ -286,6 +287,7 @@ class SchedulerService:
         finally:
             ended = time.monotonic()
             self._last_pass = (ended, ended - began)
+            metrics.PASS_SECONDS.observe(ended - began)
         due.set_result(None)
 
     def _pass(self) -> None:
@@ -305,6 +307,7 @@ class SchedulerService:
             self._carry_out(decision, now)
         for preemption in plan.preemptions:
             self._preempt(preemption)
+        metrics.observe_pass(plan, now, self._requests.values(), self._allocations.values(), self._nodes.values())
         self._arm_wake(min((t for t in (plan.wake_at, self._refresh_at) if t is not None), default=None))
 
     def _carry_out(self, decision: Decision, now: datetime) -> None:

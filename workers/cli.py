@@ -18,13 +18,15 @@ from typing import Any, get_args
 import shtab
 import yaml
 from pydantic import BaseModel, ByteSize, TypeAdapter, ValidationError
+from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.runtime.base import RuntimeUnavailable
 from workers.client import AstraeusClient, AstraeusError, NotFound, Unreachable
-from workers.connect import address, connect, ensure_search_attributes
+from workers.connect import ProfileError, Target, connect, ensure_search_attributes, target
 from workers.exits import ExitCode, exit_for_state
 from workers.render import render_describe, render_events, render_history, render_nodes, render_runs, render_status
+from workers.telemetry import Telemetry, TelemetryError, set_up
 from workflows.domain.constraints import RACK_LABEL, Capability
 from workflows.domain.quotas import Quota
 from workflows.domain.settings import Settings
@@ -144,6 +146,7 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         settings=settings,
         runtime=args.runtime,
         docker_host=args.docker_host,
+        telemetry=args.telemetry,
     )
     try:
         async with embedded:
@@ -172,7 +175,7 @@ async def cmd_control(args: argparse.Namespace) -> int:
     from workers.services import ControlWorker
 
     scheduler = scheduler_address(args.scheduler)
-    client = await connect(address(args.temporal))
+    client = await _connect(args)
     await ensure_search_attributes(client)
     await ControlWorker(client, load_settings(args.settings), scheduler).run()
     return 0
@@ -184,7 +187,7 @@ async def cmd_scheduler(args: argparse.Namespace) -> int:
 
     load_settings(args.settings)
     listen = scheduler_address(args.listen)
-    client = await connect(address(args.temporal))
+    client = await _connect(args)
     try:
         door = SchedulerDoor(listen)
     except OSError as error:
@@ -228,7 +231,7 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         sysfs=given_path(args.sysfs),
         procfs=given_path(args.procfs),
     )
-    client = await connect(address(args.temporal))
+    client = await _connect(args)
     try:
         agent = await start_agent(client, options, load_settings(args.settings))
     except RuntimeUnavailable as error:
@@ -279,11 +282,26 @@ async def _until_signalled() -> None:
 # ---- verbs ------------------------------------------------------------------------------------------------------
 
 
-async def _client(args: argparse.Namespace) -> AstraeusClient:
+def _target(args: argparse.Namespace) -> Target:
+    """Where this command connects: `--temporal`, `--profile` and the environment (workers/connect.py)."""
     try:
-        return AstraeusClient(await connect(address(args.temporal)))
+        return target(getattr(args, "temporal", None), getattr(args, "profile", None))
+    except ProfileError as error:
+        raise AstraeusError(str(error)) from None
+
+
+async def _connect(args: argparse.Namespace, where: Target | None = None) -> Client:
+    """A client of `where` (default: the command's target), with the process's telemetry."""
+    telemetry: Telemetry = args.telemetry
+    return await connect(where or _target(args), runtime=telemetry.runtime, interceptors=telemetry.interceptors)
+
+
+async def _client(args: argparse.Namespace) -> AstraeusClient:
+    where = _target(args)
+    try:
+        return AstraeusClient(await _connect(args, where))
     except RuntimeError as error:
-        raise Unreachable(f"cannot reach Temporal at {address(args.temporal)}: {error}") from None
+        raise Unreachable(f"cannot reach Temporal at {where}: {error}") from None
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
@@ -478,7 +496,9 @@ def version() -> str:
 # --temporal X`. Each is declared on the top parser and on the verbs it applies to (there with a suppressed default,
 # so that a verb's parser does not overwrite what was given before the verb).
 GLOBAL_HELP = {
-    "temporal": "Temporal frontend HOST:PORT (default $ASTRAEUS_TEMPORAL or 127.0.0.1:7233)",
+    "temporal": "Temporal frontend HOST:PORT (default $ASTRAEUS_TEMPORAL, else the profile's, else 127.0.0.1:7233)",
+    "profile": "the Temporal connection profile: address, namespace, TLS, API key, as the temporal CLI reads it "
+    "(default $TEMPORAL_PROFILE, else default)",
     "settings": "YAML file overriding the spec's timers and defaults",
     "json": "print JSON",
     "utc": "show times in UTC (default: this machine's zone, marked)",
@@ -506,11 +526,15 @@ def parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         takes = [
             *(["temporal"] if name not in ("schema", "completion") else []),
+            *(["profile"] if name not in ("schema", "completion", "dev") else []),  # dev starts its own Temporal
             *(["settings"] if process else []),
             *(["json", "utc"] if read else []),
         ]
         _global_options(p, takes, top=False)
         p.set_defaults(handler=handler, takes=takes)
+        if process:
+            what = "serve Prometheus metrics there, the Temporal SDK's and Astraeus's (default: off)"
+            p.add_argument("--metrics", metavar="HOST:PORT", help=what)
         return p
 
     def machine_flags(p: argparse.ArgumentParser) -> None:
@@ -652,21 +676,28 @@ def run(argv: Sequence[str] | None = None) -> int:
             top.error(f"--{name} does not apply to {args.command}")
     level = logging.INFO if args.command in ("dev", "control", "scheduler", "agent") else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args.telemetry = Telemetry()
     try:
+        args.telemetry = set_up(args.command, getattr(args, "metrics", None))
         handler: Handler = args.handler
         return asyncio.run(handler(args))
+    except TelemetryError as error:
+        print(f"astraeus: {error}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     except AstraeusError as error:
         print(f"astraeus: {error}", file=sys.stderr)
         return _exit_for_error(error)
     except RPCError as error:
         if error.status != RPCStatusCode.UNAVAILABLE:
             raise
-        print(f"astraeus: Temporal at {address(args.temporal)} stopped answering: {error}", file=sys.stderr)
+        print(f"astraeus: Temporal at {_target(args)} stopped answering: {error}", file=sys.stderr)
         return ExitCode.UNREACHABLE
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
     except BrokenPipeError:
         return _closed_pipe()
+    finally:
+        args.telemetry.flush()
 
 
 def _exit_for_error(error: AstraeusError) -> ExitCode:

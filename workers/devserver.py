@@ -62,12 +62,14 @@ class DevServer:
         ui_port: int | None = 8233,
         log: Path | None = None,
         sqlite_pragmas: tuple[str, ...] = SQLITE_PRAGMAS,
+        namespaces: tuple[str, ...] = (),
     ):
         self.data_dir = data_dir
         self.port = port
         self.ui_port = ui_port
         self.log = log or data_dir / "temporal.log"
         self.sqlite_pragmas = sqlite_pragmas
+        self.namespaces = namespaces  # created at launch, beside "default"
         self.process: subprocess.Popen[bytes] | None = None
         self._lock: IO[str] | None = None  # held while it runs: one server per database
 
@@ -101,6 +103,8 @@ class DevServer:
         args += ["--ui-port", str(self.ui_port)] if self.ui_port else ["--headless"]
         for pragma in self.sqlite_pragmas:
             args += ["--sqlite-pragma", pragma]
+        for namespace in self.namespaces:
+            args += ["--namespace", namespace]
         for name, kind in SEARCH_ATTRIBUTES.items():
             args += ["--search-attribute", f"{name}={_SA_TYPES[kind]}"]
         with self.log.open("ab") as out:

@@ -16,6 +16,7 @@ from activities.scheduler_link import SchedulerDoor
 from workers.connect import connect
 from workers.devserver import DevServer
 from workers.services import AgentOptions, ControlWorker, Part, scheduler_worker, start_agent
+from workers.telemetry import Telemetry
 from workflows.domain.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class Embedded:
         settings: Settings | None = None,
         runtime: str = "process",
         docker_host: str | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         data_dir = data_dir.resolve()  # handed to the server and to every worker's shim, which start elsewhere
         self.server = DevServer(data_dir, port=port, ui_port=ui_port)
@@ -49,6 +51,7 @@ class Embedded:
             "docker_host": docker_host,
         }
         self.settings = settings or Settings()
+        self.telemetry = telemetry or Telemetry()  # traces and metrics of every part: they share one client
         self.workers: list[Part] = []
         self._running: list[asyncio.Task[None]] = []
         self.client: Client | None = None
@@ -56,7 +59,12 @@ class Embedded:
     async def __aenter__(self) -> Embedded:
         await asyncio.to_thread(self.server.start)
         try:
-            self.client = await connect(self.server.address, wait=timedelta(seconds=30))
+            self.client = await connect(
+                self.server.address,
+                wait=timedelta(seconds=30),
+                runtime=self.telemetry.runtime,
+                interceptors=self.telemetry.interceptors,
+            )
             door = SchedulerDoor("127.0.0.1:0")  # any free port: the control plane is told which
             self._run(ControlWorker(self.client, self.settings, door.address))
             self._run(await scheduler_worker(self.client, door))
