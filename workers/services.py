@@ -58,13 +58,15 @@ WORKFLOW_RUNNER = workflow_runner("workflows")
 
 # How the control plane's worker takes workflow tasks. A run's first task comes from the shared queue, its others
 # from this worker's sticky queue. The SDK's default (5 pollers, one in six on the shared queue) took a burst's
-# first tasks one poll round trip at a time: 200 runs waited a median of 17 s for their first task, against 0.6 s
-# with 50 pollers shared evenly (bench/README.md). A run cached stays cached: 4,000 runs and machines fit. A run's
-# first task runs its local activities (load_settings, place) while it holds its slot: as many of those as tasks.
+# first tasks one poll round trip at a time: 200 runs waited a median of 17 s for their first task. 10 pollers shared
+# evenly take them in 2 s; 50 took them a little sooner, but then some tasks the server handed to them never reached
+# this worker and timed out (10 s each, for 2 to 8% of a burst's runs; bench/README.md). A run cached stays cached:
+# 4,000 runs and machines fit. A run's first task runs its local activities (load_settings, place) while it holds
+# its slot: as many of those as tasks.
 WORKFLOW_TASK_OPTIONS: dict[str, Any] = {
     "max_concurrent_workflow_tasks": 200,
     "max_concurrent_local_activities": 200,
-    "workflow_task_poller_behavior": PollerBehaviorSimpleMaximum(maximum=50),
+    "workflow_task_poller_behavior": PollerBehaviorSimpleMaximum(maximum=10),
     "nonsticky_to_sticky_poll_ratio": 1.0,
     "max_cached_workflows": 4000,
 }
@@ -352,6 +354,10 @@ class Agent:
             ],
             max_concurrent_activities=1000,
             graceful_shutdown_timeout=timedelta(seconds=1),
+            # One poller: a machine takes its few starts one poll at a time, well within a second. With the SDK's 5,
+            # a burst's starts were handed to pollers that never got them, timed out after the stale grace and began
+            # again (14 of 200 runs; 1 with one poller: bench/README.md).
+            activity_task_poller_behavior=PollerBehaviorSimpleMaximum(maximum=1),
             # A worker's heartbeats reach the server at least every third of the stale grace. The SDK's default
             # (0.8 x the timeout: 12 s of 15) left 3 s for a heartbeat to arrive: on a busy server, workers
             # that ran went Stale (bench/README.md, 1,000 runs).
