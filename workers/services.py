@@ -133,8 +133,8 @@ class SchedulerWorker:
 
 async def scheduler_worker(client: Client, door: SchedulerDoor | None = None) -> SchedulerWorker:
     """Rebuilds the scheduler's view from the durable truth, then serves place / release (at its door, default
-    DEFAULT_ADDRESS, bound before the rebuild so that calls wait for it) and node_changed, and sweeps away runs
-    that closed without giving their room back."""
+    DEFAULT_ADDRESS, bound before the rebuild and opened after it) and node_changed, and sweeps away runs that
+    closed without giving their room back."""
     door = door or SchedulerDoor()
     service = SchedulerService(client)
     try:

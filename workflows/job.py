@@ -322,6 +322,9 @@ class JobWorkflow:
                 result_type=result,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=PATIENT,
+                # While the scheduler is away, a retry after more than 2 s waits on a timer, the workflow task
+                # ended: the run answers queries meanwhile (the restarted scheduler's rebuild asks each run).
+                local_retry_threshold=timedelta(seconds=2),
                 summary=summary,
             )
         return await workflow.execute_activity(

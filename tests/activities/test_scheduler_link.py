@@ -43,17 +43,19 @@ async def test_place_and_release_through_the_door_reach_the_scheduler(door: Sche
         await link.close()
 
 
-async def test_a_call_made_while_the_scheduler_rebuilds_waits_for_it(door: SchedulerDoor) -> None:
-    """The door is bound before the rebuild (so the control plane knows it), and opened after: a call meanwhile
-    waits in the socket's queue rather than failing."""
+async def test_a_call_made_while_the_scheduler_rebuilds_is_refused_at_once_and_answered_once_open(
+    door: SchedulerDoor,
+) -> None:
+    """The door is bound before the rebuild (so the control plane knows it) and opened after: a call meanwhile is
+    refused at once, for its local activity to try again, rather than hold its run's workflow task open while the
+    rebuild waits for that run to answer."""
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=1)})
     link = SchedulerLink(door.address)
     try:
-        call = asyncio.ensure_future(link.place(PlaceInput(requests=[request(run="a", gpus=1)])))
-        await asyncio.sleep(0.3)
-        assert not call.done()
+        with pytest.raises(RuntimeError, match=rf"^the scheduler at {door.address} did not answer /place: Connect"):
+            await asyncio.wait_for(link.place(PlaceInput(requests=[request(run="a", gpus=1)])), 5)
         await door.open(await service(cluster))
-        result = await asyncio.wait_for(call, 10)
+        result = await link.place(PlaceInput(requests=[request(run="a", gpus=1)]))
         assert [a.node for a in result.answers] == ["n0"]
     finally:
         await link.close()
@@ -109,6 +111,16 @@ def test_the_scheduler_and_control_commands_refuse_a_bad_address(capsys: pytest.
 
 
 async def test_a_second_scheduler_on_the_same_door_is_refused(door: SchedulerDoor) -> None:
+    """Once open, at once; while the first still rebuilds, when the second would open."""
+    second = SchedulerDoor(door.address)
+    svc = await service(FakeCluster(nodes={"n0": machine("n0", gpus=1)}))
+    await door.open(svc)
+    try:
+        with pytest.raises(OSError) as refused:
+            await second.open(svc)
+        assert str(refused.value) == f"the scheduler cannot listen on {door.address}: Address already in use"
+    finally:
+        await second.close()
     with pytest.raises(OSError) as error:
         SchedulerDoor(door.address)
     assert str(error.value) == f"the scheduler cannot listen on {door.address}: Address already in use"
