@@ -266,13 +266,9 @@ async def test_a_worker_whose_watch_ended_before_it_did_and_that_exited_0_is_tol
         await until(lambda: not machine.runs(done) and not machine.runs(failed))
         await asyncio.sleep(0.2)
         temporal.refuse = False
-        await until(lambda: len(temporal.signals) == 1)
-        await asyncio.sleep(0.2)  # told once
+        await told_once_that_w0_exited(temporal)
     finally:
         await machine.release()
-    assert temporal.signals == [
-        ("job/default/train", "task_exited_while_lost", ExitedWhileLostReport(task_id="w-0", attempt=2, node="n0"))
-    ]
 
 
 async def test_an_agent_started_again_tells_exits_its_former_process_never_read_and_stops_what_runs_no_longer_have(
@@ -300,10 +296,15 @@ async def test_an_agent_started_again_tells_exits_its_former_process_never_read_
     assert temporal.signals == []  # told once registered: its registration waits for nothing
     again.hold_lease()
     try:
-        await until(lambda: len(temporal.signals) == 1)
-        await asyncio.sleep(0.2)  # told once
+        await told_once_that_w0_exited(temporal)
     finally:
         await again.release()
+
+
+async def told_once_that_w0_exited(temporal: Temporal) -> None:
+    """The run heard, once, that its worker w-0 (attempt 2) exited 0 while its machine was lost."""
+    await until(lambda: len(temporal.signals) == 1)
+    await asyncio.sleep(0.2)  # told once
     assert temporal.signals == [
         ("job/default/train", "task_exited_while_lost", ExitedWhileLostReport(task_id="w-0", attempt=2, node="n0"))
     ]

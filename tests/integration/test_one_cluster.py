@@ -96,6 +96,51 @@ def test_the_readme_tour_runs_as_written_with_the_defaults(tmp_path: Path) -> No
     assert dev.process.returncode == 0, dev.output()
 
 
+def readme_block(after: str) -> list[str]:
+    """The commands of the README's first `sh` block after the line `after`, without their comments."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split(after, 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def shell(command: str) -> subprocess.CompletedProcess[str]:
+    """`command` as a user types it in the checkout, with the virtual environment active."""
+    env = {**ENV, "PATH": f"{ROOT / '.venv' / 'bin'}:{ENV.get('PATH', '')}"}
+    return subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def test_the_readmes_scripting_commands_run_as_written_with_the_defaults(tmp_path: Path) -> None:
+    """The README's "In scripts and CI" commands, on a cluster of their own with the defaults, exit as it says."""
+    taken = [port for port in (7233, 8233) if not port_free(port)]
+    if taken:
+        pytest.fail(f"ports {taken} are in use on this machine: the README's commands need 7233 and 8233 free")
+    commands = readme_block("`status`, `wait`, `events --follow` and `submit --wait`/`--follow` exit by the run's")
+    assert commands == [
+        "astraeus submit examples/fail.yaml --wait",
+        "astraeus submit examples/hello.yaml --follow",
+        "astraeus wait hello --for Running --timeout 60",
+        "astraeus status default/hello",
+        "astraeus logs hello/worker-0 --follow",
+    ]
+    dev = Dev(tmp_path, "--nodes", "2", "--gpus", "2xL4-24GB")
+    try:
+        dev.wait_ready()
+        results = [shell(command) for command in commands]
+        assert [r.returncode for r in results] == [1, 0, 0, 0, 0]
+        assert results[0].stdout.endswith("Failed: Worker fail-0 failed on local-0: Exited with code 3\n")
+        assert results[3].stdout == "Completed: All workers completed\n"
+        assert results[4].stdout.strip()  # the worker's greeting
+        # The README's closed pipe: nothing on stderr. The exit is 141 when the reader went away before all was
+        # written; hello's short history may all fit in the pipe first (then 0).
+        closed = shell("astraeus history hello | head -1; exit ${PIPESTATUS[0]}")
+        assert (closed.stderr, len(closed.stdout.splitlines())) == ("", 1)
+        assert closed.returncode in (0, 141)
+    finally:
+        dev.stop()
+
+
 # ---- a second `astraeus dev` -----------------------------------------------------------------------------------
 
 
