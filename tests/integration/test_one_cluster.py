@@ -86,10 +86,36 @@ def test_the_readme_tour_runs_as_written_with_the_defaults(tmp_path: Path) -> No
     try:
         dev.wait_ready()
         assert "Temporal frontend: 127.0.0.1:7233\nTemporal UI: http://127.0.0.1:8233\n" in dev.output()
-        submitted = cli("submit", "examples/hello.yaml")
+        tour = readme_block("In another terminal (`source .venv/bin/activate` first):")
+        assert tour == [
+            "astraeus submit examples/hello.yaml",
+            "astraeus events hello --follow",
+            "astraeus history hello",
+            "astraeus ls --state Completed",
+        ]
+        submitted, events, history, listed = (shell(command) for command in tour)
         assert (submitted.returncode, submitted.stdout) == (0, "submitted default/hello\n"), submitted.stderr
-        wait_for(lambda: cli("status", "hello").stdout.split(":")[0] in ("Completed", "Failed"), "hello to end")
+        assert events.returncode == 0, events.stderr  # --follow ends with the run, which Completed
+        assert "All workers completed" in events.stdout
+        assert history.returncode == 0 and "All workers completed" in history.stdout, history.stderr
+        assert listed.returncode == 0 and "hello" in listed.stdout, listed.stderr
         assert cli("status", "hello").stdout == "Completed: All workers completed\n", cli("describe", "hello").stdout
+        failing = readme_block("**A failure explains itself.**")
+        assert failing == [
+            "astraeus submit examples/fail.yaml",
+            "astraeus status fail",
+            "astraeus describe fail",
+            "astraeus logs fail/fail-0",
+        ]
+        assert shell(failing[0]).returncode == 0
+        wait_for(lambda: cli("status", "fail").stdout.split(":")[0] == "Failed", "fail to fail")
+        status, described, logs = (shell(command) for command in failing[1:])
+        assert (status.returncode, status.stdout) == (
+            1,
+            "Failed: Worker fail-0 failed on local-0: Exited with code 3\n",
+        )
+        assert "boom" in described.stdout, described.stderr
+        assert "boom" in logs.stdout, logs.stderr
         assert (tmp_path / ".astraeus" / "temporal.db").is_file()
     finally:
         dev.stop()
