@@ -156,12 +156,15 @@ def read_history(events: Iterable[HistoryEvent]) -> HistoryFigures:
     figures = HistoryFigures()
     scheduled: dict[int, tuple[str, datetime]] = {}  # activities and workflow tasks, by scheduled event id
     started: dict[int, datetime] = {}
+    last_activity: tuple[str, datetime] | None = None  # the last activity scheduled, and when
+    signaled: datetime | None = None  # the last signal not yet followed by a workflow task's start
     for event in events:
         figures.events += 1
         at = event.event_time.ToDatetime(tzinfo=UTC)
         figures.counts[EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")] += 1
         if event.HasField("activity_task_scheduled_event_attributes"):
             scheduled[event.event_id] = (event.activity_task_scheduled_event_attributes.activity_type.name, at)
+            last_activity = scheduled[event.event_id]
         elif event.HasField("workflow_task_scheduled_event_attributes"):
             scheduled[event.event_id] = ("workflow task", at)
         elif event.HasField("activity_task_started_event_attributes"):
@@ -172,8 +175,18 @@ def read_history(events: Iterable[HistoryEvent]) -> HistoryFigures:
             if activity.attempt > 1:
                 why = activity.last_failure.message[:200] or "no failure recorded"
                 figures.activity_retries.append((name, why))
+        elif event.HasField("workflow_execution_signaled_event_attributes"):
+            signal = event.workflow_execution_signaled_event_attributes.signal_name
+            if last_activity is not None:
+                figures.phases.append(
+                    (f"{last_activity[0]} scheduled -> {signal} signal", ms(at, last_activity[1]) or 0.0)
+                )
+            signaled = at
         elif event.HasField("workflow_task_started_event_attributes"):
             wft = event.workflow_task_started_event_attributes
+            if signaled is not None:
+                figures.phases.append(("signal -> workflow task started", ms(at, signaled) or 0.0))
+                signaled = None
             started[wft.scheduled_event_id] = at
             figures.phases.append(("workflow task: queued", ms(at, scheduled[wft.scheduled_event_id][1]) or 0.0))
         elif event.HasField("activity_task_completed_event_attributes"):

@@ -79,3 +79,15 @@ def test_a_local_activity_tried_again_counts_as_a_retry() -> None:
             if data["activity_type"] == "place":
                 payload.data = json.dumps(data | {"attempt": 3}).encode()
     assert read_history(history.events).activity_retries == [("place (local)", "attempt 3")]
+
+
+def test_the_phases_name_the_wait_for_a_workers_report_and_for_the_task_that_reads_it() -> None:
+    """Where a run's time goes after its first task: the agent's report, then the workflow task that reads it."""
+    from temporalio.client import WorkflowHistory
+
+    from bench.common import read_history
+
+    history = WorkflowHistory.from_json("job/default/hello", (ROOT / "tests/histories/hello-p3.json").read_text())
+    names = [name for name, _ in read_history(history.events).phases]
+    assert "run_task scheduled -> task_running signal" in names
+    assert "signal -> workflow task started" in names
