@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 
 .PHONY: demo test lint typecheck unit integration bench bench-burst chaos bench-containers dev clean engine
 
@@ -10,21 +11,30 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(RUN_STAMP) $(STAMP)
 
-demo: $(STAMP)
+# What running needs, without the test tools: `make demo` installs only this.
+$(RUN_STAMP): pyproject.toml
+	@echo "Installing Astraeus and what it runs on into $(VENV) (once; about a minute)"
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --progress-bar off -e .
+	touch $(RUN_STAMP)
+
+demo: $(RUN_STAMP)
 	$(BIN)/python -m workers.demo examples/hello.yaml
 
 test: $(STAMP) lint typecheck engine
 	$(BIN)/python -m pytest -q
 
-# The tests start their own Docker engine and build a fake NVML: Debian's docker.io, busybox-static (the rootfs of
-# the test image) and gcc, installed when missing (as root, like CI). Skipped when all three are there.
+# The tests start their own Docker engine, build a fake NVML and check deploy/compose.yaml: Debian's docker.io,
+# busybox-static (the rootfs of the test image), gcc and docker-compose, installed when missing (as root, like CI).
+# Skipped when all are there.
 engine:
 	@if command -v dockerd >/dev/null && command -v docker >/dev/null && test -x /bin/busybox \
-		&& command -v gcc >/dev/null; then :; else \
+		&& command -v gcc >/dev/null && command -v docker-compose >/dev/null; then :; else \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-			docker.io busybox-static gcc libc6-dev; fi
+			docker.io busybox-static gcc libc6-dev docker-compose; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -54,7 +64,7 @@ chaos: $(STAMP)
 bench-containers: $(STAMP) engine
 	$(BIN)/python -m bench.containers
 
-dev: $(STAMP)
+dev: $(RUN_STAMP)
 	$(BIN)/astraeus dev
 
 clean:

@@ -116,16 +116,29 @@ def test_the_readme_tour_runs_as_written_with_the_defaults(tmp_path: Path) -> No
         )
         assert "boom" in described.stdout, described.stderr
         assert "boom" in logs.stdout, logs.stderr
+        example = readme_block("The Python client offers the same verbs:", fence="```python\n", whole=True)
+        ran = subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "python"), "-c", "\n".join(example)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=ENV,
+        )
+        assert (ran.returncode, ran.stdout) == (0, "Completed: All workers completed\n"), ran.stderr
         assert (tmp_path / ".astraeus" / "temporal.db").is_file()
     finally:
         dev.stop()
     assert dev.process.returncode == 0, dev.output()
 
 
-def readme_block(after: str) -> list[str]:
-    """The commands of the README's first `sh` block after the line `after`, without their comments."""
+def readme_block(after: str, fence: str = "```sh\n", whole: bool = False) -> list[str]:
+    """The commands of the README's first `sh` block after the line `after`, without their comments (`whole`:
+    the block's lines as they are, of the first block opened by `fence`)."""
     text = (ROOT / "README.md").read_text()
-    block = text.split(after, 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    block = text.split(after, 1)[1].split(fence, 1)[1].split("```", 1)[0]
+    if whole:
+        return block.splitlines()
     return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
 
 
