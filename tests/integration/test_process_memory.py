@@ -6,6 +6,7 @@ its cgroup behind. As root these tests need memory cgroups and fail without them
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.integration
 
 GIB, MIB = 2**30, 2**20
 NODE = "m0"
+FLAGS = ["--cpus", "4", "--memory-bytes", str(8 * GIB)]
 OOM = "OOMKilled: the container exceeded its memory limit"
 
 
@@ -37,9 +39,10 @@ def memory_cgroups() -> MemoryCgroups:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     memory_cgroups()
-    c = Cluster(tmp_path_factory.mktemp("memory-cluster"))
+    # The machine's lease outlasts an agent restart (kill -9, then start again): its workers are re-attached.
+    c = Cluster(tmp_path_factory.mktemp("memory-cluster"), node_lease_ttl_seconds=30)
     try:
-        c.start({NODE: ["--cpus", "4", "--memory-bytes", str(8 * GIB)]})
+        c.start({NODE: FLAGS})
         yield c
     finally:
         c.stop()
@@ -78,3 +81,21 @@ def test_a_process_worker_within_its_memory_bytes_runs_in_its_cgroup_to_the_end(
     log = cluster.cli("logs", "mem-ok/w-0").stdout
     assert f"/{cgroup.parent.name}/{cgroup.name}\n" in log and log.endswith("done\n")
     assert not cgroup.exists()
+
+
+def test_a_restarted_agent_reports_the_oom_kill_of_a_worker_its_predecessor_started(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    late_greed = f"echo started; sleep 6; exec {sys.executable} -c 'b = bytearray(256 << 20)'"
+    submit(cluster, tmp_path, "mem-adopted", command=["sh", "-c", late_greed], memory_bytes=64 * MIB)
+    cluster.wait_state("mem-adopted", "Running")
+
+    cluster.kill(NODE, signal.SIGKILL)
+    cluster.spawn_agent(NODE, *FLAGS)
+
+    described = cluster.wait_state("mem-adopted", "Failed", "Completed", timeout=90)
+    assert described["status"]["reason"] == f"Worker w-0 failed on {NODE}: {OOM}"
+    worker = described["tasks"][0]
+    assert [e for e in worker["history"] if e["state"] == "Starting"] == [worker["history"][2]]  # started once
+    assert worker["last_failure"]["reason"] == OOM
+    assert not (memory_cgroups().parent / "default.mem-adopted.w-0.0").exists()
