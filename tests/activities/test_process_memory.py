@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.runtime.base import Launch, Observed, TaskKey
+from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
 from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from activities.runtime.process import ProcessRuntime
 
@@ -150,6 +150,18 @@ def test_deleting_an_attempt_whose_shim_was_killed_removes_its_cgroup(runtime: P
     runtime.delete(key())
 
     assert not cgroup.exists()
+
+
+def test_a_cgroup_that_cannot_be_made_fails_the_start_and_nothing_runs(root: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    runtime = ProcessRuntime(root, MemoryCgroups(tmp_path / "file/astraeus", 1))
+
+    with pytest.raises(RuntimeFailure) as refused:
+        runtime.start(key(), Launch(command=["true"], memory_bytes=64 * MIB))
+
+    cgroup = tmp_path / "file/astraeus" / key().slug
+    assert refused.value.reason.text == f"Container create failed: memory cgroup {cgroup}: Not a directory"
+    assert runtime.observe(key()).not_found
 
 
 def test_where_memory_cannot_be_limited_the_worker_runs_unlimited_and_its_log_says_so(root: Path) -> None:
