@@ -27,6 +27,7 @@ from activities.gpus import GpusUnavailable, GpuWatch, NvmlWatch, read_inventory
 from activities.machine import PROCFS, SYSFS, PressureWatch, data_free_bytes, read_rdma_ports
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime
+from activities.runtime.cgroups import Unenforced
 from activities.runtime.docker import DockerRuntime
 from activities.runtime.process import ProcessRuntime
 from activities.scheduler import SchedulerService
@@ -235,7 +236,10 @@ def inventory(options: AgentOptions) -> NodeInventory:
 def make_runtime(options: AgentOptions) -> Runtime:
     """`process` or `docker`; raises RuntimeUnavailable when the Docker engine does not answer."""
     if options.runtime == "process":
-        return ProcessRuntime(options.data_dir / "tasks")
+        runtime = ProcessRuntime(options.data_dir / "tasks")
+        if isinstance(runtime.memory, Unenforced):
+            log.warning("%s: memory_bytes is not enforced on this machine: %s", options.name, runtime.memory.why)
+        return runtime
     if options.runtime == "docker":
         return DockerRuntime(options.name, options.docker_host)
     raise ValueError(f"--runtime {options.runtime}: unknown (built: process, docker)")

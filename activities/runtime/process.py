@@ -1,7 +1,8 @@
 """The `process` runtime: each attempt is a local process under a shim, for machines without an engine.
 
 An attempt lives in `root/<slug>/`: `launch.json` (what was asked), `shim.pid`, `pid` (the worker, leader of
-its own process group), `log` (stdout and stderr) and `exit` (its code, written by the shim when it ends).
+its own process group), `log` (stdout and stderr), `cgroup` (the path of its memory cgroup, if it has one), `oom`
+(there if the kernel killed it for memory) and `exit` (its code, written by the shim when it ends).
 The files are the truth, so an agent that restarts finds its attempts again.
 """
 
@@ -22,8 +23,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from activities.runtime.base import Launch, Observed, OnProgress, RuntimeFailure, TaskKey, ignore_progress
+from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from activities.runtime.probes import exited, http_get, timed_out
-from activities.runtime.shim import write_atomically
+from activities.runtime.shim import end_cgroup, write_atomically
 from workflows.domain.reasons import R
 from workflows.domain.spec import Readiness
 
@@ -37,12 +39,14 @@ _POLL_SECONDS = 0.01
 
 
 class ProcessRuntime:
-    """Runs attempts as local processes, each under `activities.runtime.shim`, in its own session."""
+    """Runs attempts as local processes, each under `activities.runtime.shim`, in its own session, and limits the
+    memory of those that ask `memory_bytes` with a cgroup of their own (`memory`: where, or why it cannot)."""
 
     name = "process"
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, memory: MemoryCgroups | Unenforced | None = None) -> None:
         self.root = root
+        self.memory = memory if memory is not None else find_memory_cgroups()
         self._shims: dict[int, subprocess.Popen[bytes]] = {}  # shims this instance spawned, to reap them
         self._spawned: dict[str, subprocess.Popen[bytes]] = {}  # the same, by attempt slug, while they live
 
@@ -59,7 +63,13 @@ class ProcessRuntime:
             if _exists(directory, "shim.pid") or _exists(directory, "exit"):
                 return
             (directory / "launch.json").write_text(json.dumps(_recorded(launch)))
-            shim, ready = self._spawn_shim(key, launch, directory)
+            cgroup = self._limit_memory(key, launch, directory)
+            try:
+                shim, ready = self._spawn_shim(key, launch, directory, cgroup)
+            except RuntimeFailure:
+                if cgroup is not None:
+                    end_cgroup(str(cgroup))
+                raise
             write_atomically(directory / "shim.pid", f"{shim.pid}\n")
         self._wait_until_started(directory, shim, ready)
 
@@ -85,9 +95,10 @@ class ProcessRuntime:
             code = _read_int(directory / "exit")
         if code is None:
             return Observed(running=False, not_found=True)
+        oom = _exists(directory, "oom")
         with suppress(FileNotFoundError):
-            return Observed(running=False, exit_code=code, ended_at=(directory / "exit").stat().st_mtime)
-        return Observed(running=False, exit_code=code)
+            return Observed(running=False, exit_code=code, oom=oom, ended_at=(directory / "exit").stat().st_mtime)
+        return Observed(running=False, exit_code=code, oom=oom)
 
     def ended_fd(self, key: TaskKey) -> int | None:
         """A pidfd of the attempt's shim, readable once it exited (its worker ended and the exit file is written);
@@ -150,6 +161,8 @@ class ProcessRuntime:
         if self.observe(key).running:
             raise ValueError(f"attempt {key.slug} still runs: stop it before deleting it")
         with suppress(FileNotFoundError):
+            end_cgroup((self._dir(key) / "cgroup").read_text())  # the shim removed it, unless it was killed first
+        with suppress(FileNotFoundError):
             shutil.rmtree(self._dir(key))
 
     def attempts(self) -> list[TaskKey]:
@@ -166,11 +179,32 @@ class ProcessRuntime:
     def _dir(self, key: TaskKey) -> Path:
         return self.root / key.slug
 
-    def _spawn_shim(self, key: TaskKey, launch: Launch, directory: Path) -> tuple[subprocess.Popen[bytes], int]:
+    def _limit_memory(self, key: TaskKey, launch: Launch, directory: Path) -> Path | None:
+        """The attempt's memory cgroup, made with its limit, for a launch that asks `memory_bytes`. Where none can
+        be made the worker runs unlimited, and its log says so first."""
+        if launch.memory_bytes <= 0:
+            return None
+        if isinstance(self.memory, Unenforced):
+            with open(directory / "log", "a") as log:
+                log.write(f"astraeus: memory_bytes is not enforced on this machine: {self.memory.why}\n")
+            return None
+        try:
+            cgroup = self.memory.create(key.slug, launch.memory_bytes)
+        except OSError as err:
+            error = f"memory cgroup {self.memory.parent / key.slug}: {err.strerror or err}"
+            raise RuntimeFailure(R.ContainerCreateFailed(error=error)) from err
+        write_atomically(directory / "cgroup", str(cgroup))
+        return cgroup
+
+    def _spawn_shim(
+        self, key: TaskKey, launch: Launch, directory: Path, cgroup: Path | None
+    ) -> tuple[subprocess.Popen[bytes], int]:
         """The shim, and the read end of the pipe it closes once its worker started (or could not start)."""
         ready, ready_for_shim = os.pipe()
-        shim_args = ["-I", "-S", str(_SHIM), "--dir", str(directory), "--ready-fd", str(ready_for_shim), "--"]
-        command = [sys.executable, *shim_args, *launch.command]
+        shim_args = ["-I", "-S", str(_SHIM), "--dir", str(directory), "--ready-fd", str(ready_for_shim)]
+        if cgroup is not None:
+            shim_args += ["--cgroup", str(cgroup)]
+        command = [sys.executable, *shim_args, "--", *launch.command]
         # The shim's own output (a traceback, say) goes to the worker's log, where people look.
         try:
             with open(directory / "log", "ab") as log:

@@ -376,8 +376,9 @@ def test_an_http_check_fails_on_a_closed_port_and_on_a_silent_one(runtime: Proce
 def test_the_shim_refuses_a_command_line_it_cannot_read_naming_what_is_wrong(tmp_path: Path) -> None:
     from activities.runtime import shim
 
-    assert shim.parse(["--dir", "d", "--ready-fd", "7", "--", "sleep", "1"]) == ("d", 7, ["sleep", "1"])
-    assert shim.parse(["--dir", "d", "--", "true"]) == ("d", None, ["true"])
+    assert shim.parse(["--dir", "d", "--ready-fd", "7", "--", "sleep", "1"]) == ("d", 7, None, ["sleep", "1"])
+    assert shim.parse(["--dir", "d", "--", "true"]) == ("d", None, None, ["true"])
+    assert shim.parse(["--dir", "d", "--cgroup", "/cg/a", "--", "true"]) == ("d", None, "/cg/a", ["true"])
     for argv, error in (
         (["--", "true"], "--dir is required"),
         (["--dir", "d", "--"], "no command after --"),
