@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from workflows.domain.constraints import POOL_LABEL, Drive
 from workflows.domain.machines import EPSILON, Cluster, Free, Machine, free_capacity, size_text
-from workflows.domain.reasons import R, Reason, Template
+from workflows.domain.reasons import R, Reason, Template, number
 from workflows.domain.requests import Allocation, TaskRequest
 
 __all__ = ["CHECKS", "Allocation", "Ask", "Free", "TaskRequest", "ask_for", "explain", "fill", "fits", "free_capacity"]
@@ -54,10 +54,6 @@ def _filled(template: Template, values: tuple[tuple[str, object], ...]) -> Reaso
 def fill(template: Template, **values: object) -> Reason:
     """`template.fill(...)`, remembered: thousands of machines say the same few sentences."""
     return _filled(template, tuple(values.items()))
-
-
-def _num(value: float) -> str:
-    return f"{value:g}"
 
 
 # ---- the machine's own state -----------------------------------------------------------------------------------
@@ -140,7 +136,7 @@ def check_one_per_machine(node: Machine, free: Free, ask: Ask) -> Reason | None:
 
 def check_cpu(node: Machine, free: Free, ask: Ask) -> Reason | None:
     if ask.request.cpu > free.cpu + EPSILON:
-        return fill(R.InsufficientCpu, need=_num(ask.request.cpu), free=_num(max(free.cpu, 0)))
+        return fill(R.InsufficientCpu, need=number(ask.request.cpu), free=number(max(free.cpu, 0)))
     return None
 
 
