@@ -7,7 +7,9 @@ from datetime import timedelta
 
 import pytest
 
+from tests.domain.builders import T0, holding, machine, request
 from tests.domain.test_job import Story, at, hello, running_story
+from tests.domain.test_scheduling import outcome
 from workflows.domain.events import (
     Created,
     MachineLost,
@@ -24,8 +26,11 @@ from workflows.domain.job import fail_undecided
 from workflows.domain.lifecycle import derive_run
 from workflows.domain.quotas import Quota, Usage, check_quota
 from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Template, all_templates, number
+from workflows.domain.scheduling import schedule
 from workflows.domain.settings import Settings
+from workflows.domain.spec import parse_spec
 from workflows.domain.status import RunState, TaskState
+from workflows.domain.tasks import groups_of, new_job, plan_tasks, split, task_request
 
 OTHER = ANOTHER_NAMESPACE
 
@@ -222,3 +227,60 @@ def test_a_worker_that_failed_for_good_with_no_machine_gets_a_reason_of_the_reas
     derived = derive_run([task], RunState.RUNNING)
     assert derived is not None
     assert (derived[1].code, derived[1].text) == ("WorkerFailedNowhere", "Worker w-0 failed: Exited with code 3")
+
+
+# ---- 7. a group of total_gpus: one worker per machine ----------------------------------------------------------
+
+
+def test_the_workers_of_a_planned_group_ask_to_spread_and_others_do_not() -> None:
+    spec = parse_spec(
+        {
+            "name": "split",
+            "groups": [
+                {"name": "train", "total_gpus": 4, "machines": 2, "command": ["x"]},
+                {"name": "eval", "command": ["x"]},
+            ],
+        }
+    )
+    job = new_job(spec, Settings(), at(0))
+    job.planned["train"] = split(spec.groups[0], 2, 2)
+    job.tasks = plan_tasks(groups_of(job), at(0))
+    assert [(t.id, task_request(job, t).spread) for t in job.tasks] == [
+        ("train-0", True),
+        ("train-1", True),
+        ("eval-0", False),
+    ]
+
+
+def test_two_workers_of_a_planned_group_never_share_a_machine() -> None:
+    nodes = [machine("n0", gpus=4), machine("n1", gpus=4)]
+    workers = [request(f"w-{i}", gpus=2, spread=True) for i in range(2)]
+    assert outcome(schedule(workers, nodes, [], T0)) == {"a/w-0": "n0", "a/w-1": "n1"}
+    # Without spread, best fit packs them on one machine: what a planned group did before.
+    packed = [request(f"w-{i}", gpus=2) for i in range(2)]
+    assert outcome(schedule(packed, nodes, [], T0)) == {"a/w-0": "n0", "a/w-1": "n0"}
+
+
+def test_a_planned_worker_waits_rather_than_join_its_group_on_a_machine_and_says_why() -> None:
+    nodes = [machine("n0", gpus=8)]
+    placed = holding("n0", run="a", task="w-0", gpus=2, group="w")
+    plan = schedule([request("w-1", gpus=2, spread=True)], nodes, [placed], T0)
+    (decision,) = plan.decisions
+    assert decision.node is None
+    assert decision.reason is not None and decision.reason.text == "No machine fits: 1 of 1 machines ready"
+    assert [(n.name, n.reasons) for n in decision.nodes] == [
+        ("n0", ["another worker of this run is already on the machine"])
+    ]
+
+
+def test_a_planned_worker_shares_a_machine_with_another_group_of_its_run() -> None:
+    nodes = [machine("n0", gpus=8)]
+    other_group = holding("n0", run="a", task="eval-0", gpus=0, group="eval")
+    plan = schedule([request("w-1", gpus=2, spread=True)], nodes, [other_group], T0)
+    assert [d.node for d in plan.decisions] == ["n0"]
+
+
+def test_a_gang_of_a_planned_group_is_placed_one_member_per_machine() -> None:
+    nodes = [machine("n0", gpus=8), machine("n1", gpus=8)]
+    members = [request(f"w-{i}", gpus=4, spread=True, gang=True) for i in range(2)]
+    assert outcome(schedule(members, nodes, [], T0)) == {"a/w-0": "n0", "a/w-1": "n1"}
