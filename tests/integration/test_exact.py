@@ -63,17 +63,17 @@ def test_quota_reasons_print_memory_in_bytes_and_cpu_exactly(cluster: Cluster, t
     cluster.wait_for(lambda: describe(cluster, "mem-a", "qm")["status"]["state"] == "Running", "mem-a to run")
     submit(cluster, tmp_path, "mem-b", {"memory_bytes": 8 * GIB, "command": sleep(600)}, namespace="qm")
     why = "memory_bytes 17179869184 in use + 8589934592 asked > 21474836480"
+    waits = f"Waits for namespace quota: {why}"
     waiting = cluster.wait_for(
-        lambda: (d := describe(cluster, "mem-b", "qm"))["status"]["reason"] == f"Waits for namespace quota: {why}" and d,
+        lambda: (d := describe(cluster, "mem-b", "qm"))["status"]["reason"] == waits and d,
         "mem-b to wait on its quota",
     )
     assert f"Quota reached: {why}" in [e["reason"] for e in waiting["history"]]
     submit(cluster, tmp_path, "cpu-big", {"cpu": 1234.5678, "command": sleep(600)}, namespace="qm")
     never = "cpu 1234.5678 asked > 1000"
+    waits = f"Waits for more than the namespace's quota allows at all ({never}): raise the quota or ask for less"
     waiting = cluster.wait_for(
-        lambda: (d := describe(cluster, "cpu-big", "qm"))["status"]["reason"]
-        == f"Waits for more than the namespace's quota allows at all ({never}): raise the quota or ask for less"
-        and d,
+        lambda: (d := describe(cluster, "cpu-big", "qm"))["status"]["reason"] == waits and d,
         "cpu-big to wait on its quota",
     )
     assert f"Quota reached: {never}" in [e["reason"] for e in waiting["history"]]
