@@ -212,7 +212,7 @@ def test_a_member_that_fails_for_good_fails_the_run() -> None:
     commands = story.step(10, TaskEnded(task_id="w-1", attempt=0, exit_code=3))
     assert story.status() == ("Failed", "Worker w-1 failed on n1: Exited with code 3; the gang does not run without it")
     assert [s.task_id for s in of(commands, Stop)] == ["w-0", "w-2", "w-3"]
-    assert story.status("w-0") == ("Stopping", "Run failed")
+    assert story.status("w-0") == ("Stopping", "A worker failed, and the run fails on a failure")
 
 
 def test_a_member_out_of_budget_stops_the_others_with_its_reason() -> None:

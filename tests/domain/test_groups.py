@@ -60,7 +60,7 @@ def test_a_serving_group_that_fails_for_good_fails_the_run() -> None:
         "Failed",
         "Worker server-0 failed on n-server-0: Exited with code 2; worker group eval cannot finish without it",
     )
-    assert story.status("eval-0") == ("Stopping", "Run failed")
+    assert story.status("eval-0") == ("Stopping", "A worker failed, and the run fails on a failure")
 
 
 # ---- services ---------------------------------------------------------------------------------------------------

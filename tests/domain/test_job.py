@@ -243,7 +243,10 @@ def test_exit_3_with_restart_policy_never_fails_the_run_and_stops_the_rest() -> 
     assert story.step(5, ended) == [Release(task_id="w-0", attempt=0), Stop(task_id="w-1", attempt=0, node="n1")]
     assert story.status() == ("Failed", "Worker w-0 failed on n0: Exited with code 3")
     assert story.history("w-0") == [*worker_up_to_running("n0"), ("Failed", "Exited with code 3")]
-    assert story.history("w-1") == [*worker_up_to_running("n1"), ("Stopping", "Run failed")]
+    assert story.history("w-1") == [
+        *worker_up_to_running("n1"),
+        ("Stopping", "A worker failed, and the run fails on a failure"),
+    ]
     assert story.job.task("w-0").last_failure == LastFailure(
         exit_code=3, reason="Exited with code 3", log_tail="Traceback\nValueError: 3\n"
     )
@@ -343,7 +346,7 @@ def test_two_workers_failing_together_are_counted() -> None:
         TaskEnded(task_id="w-1", attempt=0, oom=True, exit_code=137),
     )
     assert story.status() == ("Failed", "2 of 3 workers failed; the first: Worker w-0 failed on n0: Exited with code 3")
-    assert story.history("w-2")[-1] == ("Stopping", "Run failed")
+    assert story.history("w-2")[-1] == ("Stopping", "A worker failed, and the run fails on a failure")
 
 
 def test_exit_0_completes_a_worker_and_onfailure_does_not_restart_it() -> None:

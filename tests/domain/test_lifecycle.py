@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from workflows.domain.lifecycle import TRANSITIONS, InvalidTransition, TaskEvent, derive_run, next_state
-from workflows.domain.reasons import R
+from workflows.domain.reasons import R, Reason
 from workflows.domain.status import LastFailure, RunState, Status, TaskRecord, TaskState
 
 S, E = TaskState, TaskEvent
@@ -319,10 +319,10 @@ def test_derived_reasons_carry_their_code(tasks: list[TaskRecord], code: str) ->
     assert derived[1].code == code
 
 
-def test_a_worker_without_a_machine_fails_on_no_machine() -> None:
+def test_a_worker_without_a_machine_fails_without_naming_one() -> None:
     derived = derive_run([worker(0, S.FAILED, "Invalid task: bad mount", final=True, node=None)], RunState.PENDING)
     assert derived is not None
-    assert derived[1].text == "Worker w-0 failed on no machine: Invalid task: bad mount"
+    assert derived[1] == Reason("WorkerFailedNowhere", "Worker w-0 failed: Invalid task: bad mount")
 
 
 def test_a_cancelled_run_stays_cancelled() -> None:

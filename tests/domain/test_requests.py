@@ -24,6 +24,7 @@ def test_a_worker_asks_with_its_group_and_time_limit() -> None:
         "max_parallel": None,
         "gang": False,
         "min_available": None,
+        "spread": False,
     }
     limit = fields.pop("time_limit_seconds")
     assert request(limit=limit, **fields).time_limit_seconds == 60.0

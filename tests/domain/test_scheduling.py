@@ -234,7 +234,7 @@ def test_every_blocked_worker_of_the_head_run_holds_room() -> None:
 def test_a_head_of_another_namespace_is_not_named() -> None:
     head = request(run="secret", namespace="other", priority=9, gpus=8)
     plan = run([head, request(run="mine", submitted=1, gpus=4)], NODES, HELD)
-    assert outcome(plan)["mine/w-0"] == "Queued behind higher-priority work ((a job in another namespace))"
+    assert outcome(plan)["mine/w-0"] == "Queued behind higher-priority work (a job in another namespace)"
 
 
 # ---- preemption -------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workflows.domain.machines import Cluster
-from workflows.domain.placement import Ask, explain, fits_empty
+from workflows.domain.placement import Ask, explain, fits_empty, where
 from workflows.domain.reasons import R
 from workflows.domain.status import NodeReasons
 
@@ -38,7 +38,7 @@ class Explainer:
 
     @staticmethod
     def _key(ask: Ask, names_key: NamesKey) -> tuple[object, ...]:
-        run = tuple(sorted(ask.run_nodes.items())) if ask.request.with_run else ()
+        run = where(ask) if ask.request.with_run else ()
         return (ask.request.shape, run, names_key)
 
     def _one(self, name: str, ask: Ask, shape: tuple[object, ...] | None) -> NodeReasons:

@@ -35,7 +35,7 @@ from workflows.domain.events import (
     TimerFired,
     WorkersPlanned,
 )
-from workflows.domain.lifecycle import RunShape, TaskEvent, derive_run
+from workflows.domain.lifecycle import RunShape, TaskEvent, derive_run, failed_for_good
 from workflows.domain.reasons import R, Reason, duration
 from workflows.domain.restarts import restarted_reason
 from workflows.domain.spec import GroupSpec
@@ -374,13 +374,17 @@ def _derive(step: Step) -> None:
 
 
 def _run_stop_reason(job: JobRecord, state: RunState) -> Reason:
-    """What the workers still active are stopped with when the run ends."""
+    """What the workers still active are stopped with when the run ends: for a run failed by a worker, why that
+    worker failed (its time limit, a gang member's budget, else "A worker failed, and the run fails on a failure");
+    "Run failed" for a run failed otherwise."""
     if state is RunState.FAILED:
         ended = [t for t in job.tasks if t.final]
         if any(t.exceeded for t in ended):
             return R.GangMemberExceededTimeLimit() if job.spec.gang else R.WorkerExceededTimeLimit()
         if job.spec.gang and any(t.status.code == R.RetryBudgetExhausted.code for t in ended):
             return R.GangMemberExhaustedBudget()
+        if any(failed_for_good(t) for t in ended):
+            return R.WorkerFailedRunFails()
     return {RunState.FAILED: R.RunFailed, RunState.COMPLETED: R.RunCompleted, RunState.CANCELLED: R.RunCancelled}[
         state
     ]()

@@ -114,15 +114,21 @@ def next_state(state: TaskState, event: TaskEvent) -> TaskState:
 _FAILED = (TaskState.FAILED, TaskState.DOWN)
 
 
+def failed_for_good(task: TaskRecord) -> bool:
+    """Failed (or lost) and not to be restarted, rather than stopped by a person, the API or the run."""
+    return task.final and not task.stopped and task.state in _FAILED
+
+
 def _failure_sentence(task: TaskRecord) -> Reason:
     """The run's reason for one worker that failed for good."""
     if task.exceeded is not None:
         return R.WorkerTimeLimit(task=task.id, duration=task.exceeded)
     cause = task.status.reason  # its final reason: the exit, or "Retry budget exhausted after 10/10 restarts"
-    node = task.node or "no machine"
+    if task.node is None:
+        return R.WorkerFailedNowhere(task=task.id, reason=cause)
     if task.state is TaskState.DOWN:
-        return R.WorkerLost(task=task.id, node=node, reason=cause)
-    return R.WorkerFailed(task=task.id, node=node, reason=cause)
+        return R.WorkerLost(task=task.id, node=task.node, reason=cause)
+    return R.WorkerFailed(task=task.id, node=task.node, reason=cause)
 
 
 def _waiting_reason(tasks: Sequence[TaskRecord]) -> Reason:
@@ -172,7 +178,7 @@ _READY_OR_PAST = (TaskState.READY_TO_START, TaskState.STARTING, *_RUNNING)
 def _failed(tasks: Sequence[TaskRecord], shape: RunShape) -> Reason | None:
     """The run's reason when workers failed for good: the worker, or how many and the first; a gang member's
     failure fails the gang, and a serving group's failure the group a complete_with run waits for."""
-    failures = [t for t in tasks if t.final and (t.exceeded or (not t.stopped and t.state in _FAILED))]
+    failures = [t for t in tasks if (t.final and t.exceeded) or failed_for_good(t)]
     if not failures:
         return None
     first = _failure_sentence(failures[0])

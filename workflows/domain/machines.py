@@ -144,6 +144,7 @@ class Cluster:
         self.held: dict[str, dict[tuple[str, str], Allocation]] = {name: {} for name in self.names}
         self.allocations: dict[tuple[str, str], Allocation] = {}
         self.run_nodes: dict[str, Counter[str]] = {}
+        self.group_nodes: dict[tuple[str, str], Counter[str]] = {}  # where each (run, group)'s workers are
         self.group_placed: Counter[tuple[str, str]] = Counter()
         self.version = 0
         self.changed: list[str] = []  # the machine changed by each version, in order: changed[v - 1]
@@ -212,10 +213,13 @@ class Cluster:
             self.allocations.pop(alloc.key, None)
             if held is not None:
                 held.pop(alloc.key, None)
-        nodes = self.run_nodes.setdefault(alloc.job_id, Counter())
-        nodes[alloc.node] += sign
-        if nodes[alloc.node] <= 0:
-            del nodes[alloc.node]
+        for nodes in (
+            self.run_nodes.setdefault(alloc.job_id, Counter()),
+            self.group_nodes.setdefault((alloc.job_id, alloc.group), Counter()),
+        ):
+            nodes[alloc.node] += sign
+            if nodes[alloc.node] <= 0:
+                del nodes[alloc.node]
         self.group_placed[(alloc.job_id, alloc.group)] += sign
         free = self.free.get(alloc.node)
         if free is not None:

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from workflows.domain.constraints import POOL_LABEL, Drive
 from workflows.domain.machines import EPSILON, Cluster, Free, Machine, free_capacity, size_text
-from workflows.domain.reasons import R, Reason, Template
+from workflows.domain.reasons import R, Reason, Template, number
 from workflows.domain.requests import Allocation, TaskRequest
 
 __all__ = ["CHECKS", "Allocation", "Ask", "Free", "TaskRequest", "ask_for", "explain", "fill", "fits", "free_capacity"]
@@ -27,6 +27,7 @@ class Ask:
     request: TaskRequest
     run_nodes: Counter[str] = field(default_factory=Counter)
     run_racks: Counter[str] = field(default_factory=Counter)
+    group_nodes: Counter[str] = field(default_factory=Counter)  # where its group's workers are (`spread`)
     drives: Mapping[str, Drive] = field(default_factory=dict)
 
 
@@ -34,13 +35,19 @@ def ask_for(request: TaskRequest, cluster: Cluster, drives: Mapping[str, Drive])
     if not request.with_run:
         return Ask(request, drives=drives)
     nodes = cluster.run_nodes.get(request.job_id, Counter())
-    return Ask(request, Counter(nodes), cluster.racks_of(request.job_id), drives)
+    group = Counter(cluster.group_nodes.get((request.job_id, request.group), ())) if request.spread else Counter()
+    return Ask(request, Counter(nodes), cluster.racks_of(request.job_id), group, drives)
 
 
 def ask_key(ask: Ask) -> tuple[object, ...]:
     """What of an ask the checks read (drives are the same for a whole pass): a key for answers remembered."""
     request = ask.request
-    return (request.shape, tuple(sorted(ask.run_nodes.items()))) if request.with_run else (request.shape,)
+    return (request.shape, *where(ask)) if request.with_run else (request.shape,)
+
+
+def where(ask: Ask) -> tuple[object, ...]:
+    """Where the ask's run and group are, as cache keys see it."""
+    return tuple(sorted(ask.run_nodes.items())), tuple(sorted(ask.group_nodes.items()))
 
 
 Check = Callable[[Machine, Free, Ask], Reason | None]
@@ -54,10 +61,6 @@ def _filled(template: Template, values: tuple[tuple[str, object], ...]) -> Reaso
 def fill(template: Template, **values: object) -> Reason:
     """`template.fill(...)`, remembered: thousands of machines say the same few sentences."""
     return _filled(template, tuple(values.items()))
-
-
-def _num(value: float) -> str:
-    return f"{value:g}"
 
 
 # ---- the machine's own state -----------------------------------------------------------------------------------
@@ -129,8 +132,12 @@ def check_network(node: Machine, free: Free, ask: Ask) -> Reason | None:
 
 
 def check_one_per_machine(node: Machine, free: Free, ask: Ask) -> Reason | None:
+    """topology.one_per_machine: one worker of the run per machine; a group of total_gpus (`spread`): one worker
+    of the group per machine, as it was planned."""
     topology = ask.request.topology
     if topology is not None and topology.one_per_machine and ask.run_nodes.get(node.name):
+        return fill(R.AnotherWorkerOnMachine)
+    if ask.request.spread and ask.group_nodes.get(node.name):
         return fill(R.AnotherWorkerOnMachine)
     return None
 
@@ -140,7 +147,7 @@ def check_one_per_machine(node: Machine, free: Free, ask: Ask) -> Reason | None:
 
 def check_cpu(node: Machine, free: Free, ask: Ask) -> Reason | None:
     if ask.request.cpu > free.cpu + EPSILON:
-        return fill(R.InsufficientCpu, need=_num(ask.request.cpu), free=_num(max(free.cpu, 0)))
+        return fill(R.InsufficientCpu, need=number(ask.request.cpu), free=number(max(free.cpu, 0)))
     return None
 
 
@@ -285,12 +292,14 @@ def fit_together_empty(
     job_id = requests[0].job_id
     visible = set(names)
     run_nodes = Counter(cluster.run_nodes.get(job_id, Counter()))
+    group_nodes = {group: Counter(nodes) for (job, group), nodes in cluster.group_nodes.items() if job == job_id}
     room: dict[str, Free] = {}
     for request in sorted(requests, key=lambda r: (-r.gpus, -r.cpu, -r.memory_bytes, r.index)):
         ask = Ask(request, drives=drives)
+        group = group_nodes.setdefault(request.group, Counter())
         if request.with_run:
             racks = Counter({r: c for n, c in run_nodes.items() if (r := _rack(cluster, n)) is not None})
-            ask = Ask(request, Counter(run_nodes), racks, drives)
+            ask = Ask(request, Counter(run_nodes), racks, Counter(group) if request.spread else Counter(), drives)
         for name in cluster.by_size:
             if name not in visible:
                 continue
@@ -299,6 +308,7 @@ def fit_together_empty(
             if fits(machine, free, ask):
                 room[name] = _less(free, request)
                 run_nodes[name] += 1
+                group[name] += 1
                 break
         else:
             return False

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.domain.reasons import R, Reason
+from workflows.domain.reasons import R, Reason, number
 from workflows.domain.requests import Allocation, TaskRequest
 from workflows.domain.spec import Name
 
@@ -67,10 +67,6 @@ def usage_by_namespace(allocations: Iterable[Allocation]) -> dict[str, Usage]:
     return usage
 
 
-def _num(value: float) -> str:
-    return f"{value:g}"
-
-
 def check_quota(quota: Quota | None, used: Usage, asked: Usage, gang: bool = False) -> QuotaWait | None:
     """None when `asked` fits within the quota next to `used`. A resource asked beyond the quota on its own is
     reported first (no wait will help), then the first resource that the namespace's other work holds."""
@@ -79,12 +75,12 @@ def check_quota(quota: Quota | None, used: Usage, asked: Usage, gang: bool = Fal
     for resource in RESOURCES:
         limit, wanted = quota.limit(resource), asked.get(resource)
         if limit is not None and wanted > limit:
-            why = f"{resource} {_num(wanted)} asked > {_num(limit)}"
+            why = f"{resource} {number(wanted)} asked > {number(limit)}"
             return QuotaWait(R.QuotaNeverEnough(why=why), R.QuotaReached(why=why))
     for resource in RESOURCES:
         limit, wanted, held = quota.limit(resource), asked.get(resource), used.get(resource)
         if limit is not None and wanted > 0 and held + wanted > limit:
-            values = {"resource": resource, "used": _num(held), "asked": _num(wanted), "limit": _num(limit)}
+            values = {"resource": resource, "used": number(held), "asked": number(wanted), "limit": number(limit)}
             template = R.GangWaitsForQuota if gang else R.WaitsForQuota
             why = f"{resource} {values['used']} in use + {values['asked']} asked > {values['limit']}"
             return QuotaWait(template(**values), R.QuotaReached(why=why))

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
+
+# How reasons name a run of another namespace (spec: "Runs from another workspace are never named").
+ANOTHER_NAMESPACE = "(a job in another namespace)"
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,12 @@ class Template:
         extra = set(values) - set(self.fields)
         if missing or extra:
             raise ValueError(f"reason {self.code}: missing {sorted(missing)}, unexpected {sorted(extra)}")
+        if ANOTHER_NAMESPACE in values.values():
+            # Where the template already puts the run in parentheses, they are said once: "Queued behind
+            # higher-priority work (a job in another namespace)", never "((a job in another namespace))".
+            for name, value in values.items():
+                if value == ANOTHER_NAMESPACE and f"({{{name}}})" in self.template:
+                    values[name] = ANOTHER_NAMESPACE[1:-1]
         return Reason(self.code, self.template.format(**values))
 
     def __call__(self, **values: Any) -> Reason:
@@ -221,10 +231,10 @@ class R:
     CannotBeScheduled = _t("CannotBeScheduled", "Cannot be scheduled: {error}")
     # A run whose next decision raised: it fails (its workers stopped) rather than wedge its workflow.
     CannotBeDecided = _t("CannotBeDecided", "Cannot be decided: {error}")
-
-
-# How reasons name a run of another namespace (spec: "Runs from another workspace are never named").
-ANOTHER_NAMESPACE = "(a job in another namespace)"
+    # "Worker <w> failed on <machine>: <reason>" for a worker that failed for good with no machine to name: the
+    # spec's sentence without its machine (every failure the lifecycle draws happens on one; this keeps the
+    # sentence honest should one ever not).
+    WorkerFailedNowhere = _t("WorkerFailedNowhere", "Worker {task} failed: {reason}")
 
 
 ERROR_MAX_CHARS = 500  # an error in a reason: enough to find the bug, never a history's worth
@@ -235,6 +245,15 @@ def error_text(error: BaseException) -> str:
     message = str(error)
     text = f"{type(error).__name__}: {message}" if message else type(error).__name__
     return text if len(text) <= ERROR_MAX_CHARS else text[: ERROR_MAX_CHARS - 3] + "..."
+
+
+def number(value: float) -> str:
+    """A quantity as reasons print it: exact, never in exponent form (bytes: 17179869184), and without float noise
+    (cpu summed from tenths: 0.3, not 0.30000000000000004); cpu is kept to the millionth of a core."""
+    if isinstance(value, int):
+        return str(value)
+    text = format(Decimal(repr(round(value, 6))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def duration(seconds: float) -> str:

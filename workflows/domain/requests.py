@@ -50,6 +50,7 @@ class TaskRequest(BaseModel):
     max_parallel: int | None = None  # array.max_parallel: placed workers of its group at once
     gang: bool = False  # its run's waiting workers are placed together or not at all; quota asked for all
     min_available: int | None = None  # a gang: this many of its first workers (placed ones count) suffice
+    spread: bool = False  # a worker of a group of total_gpus: at most one worker of its group per machine
 
     @property
     def key(self) -> tuple[str, str]:
@@ -77,19 +78,23 @@ class TaskRequest(BaseModel):
             self.topology,
             self.drives,
             self.capabilities,
+            self.spread,
         )
 
     @property
     def with_run(self) -> bool:
         """Whether where its run's other workers are changes which machines fit it."""
         topology = self.topology
-        return topology is not None and (
-            topology.one_machine
-            or topology.same_rack
-            or topology.one_per_rack
-            or topology.one_per_machine
-            or topology.max_machines is not None
-            or topology.patience_seconds is not None  # it waits for its run's fabric
+        return self.spread or (
+            topology is not None
+            and (
+                topology.one_machine
+                or topology.same_rack
+                or topology.one_per_rack
+                or topology.one_per_machine
+                or topology.max_machines is not None
+                or topology.patience_seconds is not None  # it waits for its run's fabric
+            )
         )
 
 
@@ -168,4 +173,6 @@ def request_fields(spec: JobSpec, group: GroupSpec) -> dict[str, Any]:
         "max_parallel": group.array.max_parallel if group.array else None,
         "gang": spec.gang,
         "min_available": spec.min_available,
+        # A group of total_gpus is planned one worker per machine (workflows/domain/planning.py): placement keeps it so.
+        "spread": any(g.name == group.name and g.planned for g in spec.groups),
     }
