@@ -189,7 +189,8 @@ async def test_a_stop_that_waits_out_its_grace_never_holds_up_the_leases_heartbe
     finally:
         await machine.release()
     gaps = [later - earlier for earlier, later in itertools.pairwise(machine.beats)]
-    assert len(machine.beats) >= 20 and max(gaps) < 0.5
+    # Blocked by the stop, a gap would last the whole grace (2 s); 1 s leaves room for a loaded machine.
+    assert len(machine.beats) >= 20 and max(gaps) < 1.0
     assert temporal.updates == [
         (
             "node/n0",

@@ -318,7 +318,8 @@ def test_a_command_check_runs_in_the_workers_environment_and_directory(runtime: 
     wait_for_text(runtime.root / key().slug / "pid")
     worker_like = 'test "$TOKEN" = s3cret && test "$CUDA_VISIBLE_DEVICES" = 1 && test -f launch.json'
 
-    assert runtime.probe(key(), check(["sh", "-c", worker_like])) == (True, "exited with code 0")
+    # A probe is tried each period: on a loaded machine the first may come before the worker's program is in place.
+    assert probe_until(runtime, key(), check(["sh", "-c", worker_like])) == "exited with code 0"
     assert runtime.probe(key(), check(["sh", "-c", "exit 3"])) == (False, "exited with code 3")
     assert runtime.probe(key(), check(["no-such-check"])) == (False, "no-such-check: command not found")
 
