@@ -29,8 +29,9 @@ from activities.runtime.shim import end_cgroup, write_atomically
 from workflows.domain.reasons import R
 from workflows.domain.spec import Readiness
 
-# The directory that holds the `activities` package: workers find it on their PYTHONPATH.
-_IMPORT_ROOT = Path(__file__).resolve().parents[2]
+# Programs workers may run with `python3 -m NAME` (the gang example's all-reduce): only this directory goes on their
+# PYTHONPATH, never Astraeus's own packages or its dependencies, which would shadow a worker's.
+_PROGRAMS = Path(__file__).resolve().with_name("programs")
 # The shim runs as a script with the standard library only (no site, no environment): it starts in a few ms.
 _SHIM = Path(__file__).resolve().with_name("shim.py")
 _START_WAIT_SECONDS = 5.0
@@ -280,7 +281,7 @@ def _environment(key: TaskKey, launch: Launch) -> dict[str, str]:
         ASTRAEUS_NAMESPACE=key.namespace,
         ASTRAEUS_ATTEMPT=str(key.attempt),
     )
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PROGRAMS), env.get("PYTHONPATH", "")) if p)
     return env
 
 

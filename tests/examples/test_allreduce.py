@@ -1,4 +1,4 @@
-"""examples/allreduce.py among real processes on 127.0.0.1: the all-reduce the gang example runs."""
+"""activities/runtime/programs/allreduce.py among real processes on 127.0.0.1: the all-reduce the gang example runs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "examples" / "allreduce.py"
+SCRIPT = ROOT / "activities" / "runtime" / "programs" / "allreduce.py"
 WAIT_SECONDS = 8.0
 
 
@@ -161,7 +161,7 @@ def test_a_missing_peer_times_out_with_a_clear_message() -> None:
 
 
 def test_the_gang_example_command_runs_from_any_directory(tmp_path: Path) -> None:
-    """The process runtime starts a worker in its attempt directory with the repository on PYTHONPATH."""
+    """The process runtime starts a worker in its attempt directory with its programs on PYTHONPATH."""
     spec = yaml.safe_load((ROOT / "examples" / "gang-allreduce.yaml").read_text())
     (group,) = spec["groups"]
     assert spec["gang"] is True
@@ -170,7 +170,7 @@ def test_the_gang_example_command_runs_from_any_directory(tmp_path: Path) -> Non
     port = free_port()
     with processes() as started:
         for rank in range(2):
-            env = rank_env(rank, 2, port, PYTHONPATH=str(ROOT))
+            env = rank_env(rank, 2, port, PYTHONPATH=str(SCRIPT.parent))
             start(started, env, "--timeout", "8", command=command, cwd=tmp_path)
         results = [finish(process) for process in started]
 

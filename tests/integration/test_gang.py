@@ -1,6 +1,7 @@
 """A gang end to end on the embedded default's parts (dev server, control plane, scheduler, two agents as
-processes): four workers across two machines run examples/allreduce.py; none starts before every member is set
-up, which the workers' own start times show; and a service with a readiness check and a group that waits for it."""
+processes): four workers across two machines run the all-reduce (`python3 -m allreduce`); none starts before every
+member is set up, which the workers' own start times show; and a service with a readiness check and a group that
+waits for it."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def at(entry: dict[str, Any]) -> float:
 def test_a_gang_across_two_machines_starts_together(cluster: Cluster, tmp_path: Path) -> None:
     starts = tmp_path / "starts.log"
     worker = {
-        "command": ["python3", "-m", "examples.allreduce"],
+        "command": ["python3", "-m", "allreduce"],
         "cpu": 1,
         "restart_policy": "Never",
         "env": {"ALLREDUCE_START_LOG": str(starts)},

