@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
+from temporalio.api.history.v1 import WorkflowExecutionStartedEventAttributes
 from temporalio.client import (
     Client,
     WorkflowExecution,
@@ -33,16 +34,22 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.domain.nodes import NodeView
 from workflows.domain.spec import JobSpec, job_id
-from workflows.domain.status import TASK_ENDED, RunState, Status
+from workflows.domain.status import TASK_ENDED, Folded, JobRecord, RunState, Status
 from workflows.domain.views import (
     TERMINATED,
     Event,
     JobDescription,
     TaskView,
+    page,
+    paged,
+    summarised,
+    summarised_record,
     terminated_description,
     terminated_events,
     terminated_status,
+    unfolded,
 )
+from workflows.domain.views import events as events_of
 from workflows.job import PRIORITY_KEY, STATE_KEY, JobWorkflow, search_attributes
 from workflows.logs import LogsWorkflow
 from workflows.messages import (
@@ -177,8 +184,13 @@ class AstraeusClient:
         return spec.job_id
 
     async def _query(self, namespace: str, name: str, query: str, result_type: type[Any]) -> Any:
+        return await self._ask(self._handle(namespace, name), namespace, name, query, result_type)
+
+    async def _ask(
+        self, handle: WorkflowHandle[Any, Any], namespace: str, name: str, query: str, result_type: type[Any]
+    ) -> Any:
         try:
-            return await self._handle(namespace, name).query(query, result_type=result_type)
+            return await handle.query(query, result_type=result_type)
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
                 raise NotFound(f"no run named {name} in namespace {namespace}") from None
@@ -200,16 +212,72 @@ class AstraeusClient:
         ended = await self._terminated(namespace, name)
         return status if ended is None else terminated_status(status, ended.why, ended.at)
 
-    async def describe(self, namespace: str, name: str) -> JobDescription:
-        """The run, its workers and why they wait; a run whose workflow was terminated says so (status, history)."""
-        described: JobDescription = await self._query(namespace, name, "describe", JobDescription)
-        ended = await self._terminated(namespace, name)
-        return described if ended is None else terminated_description(described, ended.why, ended.at)
+    async def describe(self, namespace: str, name: str, *, after: int = 0, limit: int | None = None) -> JobDescription:
+        """The run, its workers and why they wait, each history whole, across continue-as-new (or a page of each:
+        the entries after its first `after`, `limit` at most); a run whose workflow was terminated says so (status,
+        history)."""
+        described, ended = await self._whole(namespace, name)
+        if ended is not None:
+            described = terminated_description(described, ended.why, ended.at)
+        return paged(described, after, limit)
 
-    async def events(self, namespace: str, name: str) -> list[Event]:
-        stream: list[Event] = await self._query(namespace, name, "events", list[Event])
-        ended = await self._terminated(namespace, name)
-        return stream if ended is None else terminated_events(stream, ended.why, ended.at)
+    async def events(self, namespace: str, name: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        """Every change of the run and its workers, oldest first, derived from its whole histories (or a page: the
+        events after the first `after`, `limit` at most)."""
+        described, ended = await self._whole(namespace, name)
+        stream = events_of(described)
+        if ended is not None:
+            stream = terminated_events(stream, ended.why, ended.at)
+        return page(stream, after, limit)
+
+    async def _whole(self, namespace: str, name: str) -> tuple[JobDescription, Terminated | None]:
+        """The run as its latest workflow run describes it, each history whole, and how its workflow was terminated,
+        if it was. A long history is folded in the run's record (its first entries, a summary entry, its latest
+        ones): the entries folded are put back from the runs of the workflow that kept them (`_folds`)."""
+        handle = self._handle(namespace, name)
+        try:
+            info = await handle.describe()
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                raise NotFound(f"no run named {name} in namespace {namespace}") from None
+            raise
+        latest = self.temporal.get_workflow_handle(handle.id, run_id=info.run_id)  # one run answers every question
+        described: JobDescription = await self._ask(latest, namespace, name, "describe", JobDescription)
+        if summarised(described):
+            folds = await self._folds(latest, namespace, name)
+            described = described if folds is None else unfolded(described, folds)
+        if info.status != WorkflowExecutionStatus.TERMINATED:
+            return described, None
+        return described, await _termination(latest, info.close_time)
+
+    async def _folds(self, latest: WorkflowHandle[Any, Any], namespace: str, name: str) -> list[Folded] | None:
+        """What each run of the workflow folded out of the run's histories, oldest first: the latest run answers for
+        itself, and each earlier one's is in the input the run after it was continued with. None when Temporal no
+        longer keeps one of them (it keeps a closed run for its namespace's retention): the summary entry stays."""
+        folds: list[Folded] = [await self._ask(latest, namespace, name, "folded", Folded)]
+        run_id = latest.run_id
+        while run_id:
+            started = await self._started(latest.id, run_id)
+            if started is None:
+                return None
+            (given,) = await self.temporal.data_converter.decode(started.input.payloads, [JobInput])
+            record: JobRecord | None = given.record
+            if record is None or record.protocol < 4 or not summarised_record(record):
+                return folds[::-1]  # the first run, one that folds nothing, or nothing was folded before this one
+            folds.append(record.folded)
+            run_id = started.continued_execution_run_id
+        return None
+
+    async def _started(self, workflow_id: str, run_id: str) -> WorkflowExecutionStartedEventAttributes | None:
+        """How one run of a workflow started (its input), or None when Temporal no longer has it."""
+        handle = self.temporal.get_workflow_handle(workflow_id, run_id=run_id)
+        try:
+            async for event in handle.fetch_history_events(page_size=1):
+                return event.workflow_execution_started_event_attributes
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+        return None
 
     async def result(self, namespace: str, name: str) -> Status:
         """Wait until the run ends; its final Status (Completed, Failed, Cancelled, or Terminated)."""
