@@ -393,14 +393,14 @@ async def cmd_history(args: argparse.Namespace) -> int:
 
 async def cmd_events(args: argparse.Namespace) -> int:
     ns, name = split_run(args.run, args.namespace)
+    if args.follow and (args.after or args.limit is not None):
+        raise AstraeusError("--after and --limit do not apply with --follow (it prints every event)")
     client = await _client(args)
     if not args.follow:
         stream = await client.events(ns, name, after=args.after, limit=args.limit)
         emit(args, stream, lambda: render_events(stream, args.utc))
         _next_page(args, f"{ns}/{name}", [len(stream)])
         return 0
-    if args.after or args.limit is not None:
-        raise AstraeusError("--after and --limit do not apply with --follow (it prints every event)")
     return await _follow(args, client, ns, name)
 
 
