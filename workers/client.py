@@ -7,10 +7,9 @@ import base64
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel
-from temporalio.api.history.v1 import WorkflowExecutionStartedEventAttributes
 from temporalio.client import (
     Client,
     WorkflowExecution,
@@ -159,9 +158,18 @@ async def summary(wf: WorkflowExecution) -> RunSummary:
                       workers=memo.get("workers"), gpus=memo.get("gpus"))  # fmt: skip
 
 
+class _Given(NamedTuple):
+    """What a run of a run's workflow was continued with, for its history: the entries the run before it folded
+    (None: no run before it kept any), and that run's id."""
+
+    folded: Folded | None
+    previous: str
+
+
 class AstraeusClient:
     def __init__(self, client: Client) -> None:
         self.temporal = client
+        self._inputs: dict[tuple[str, str], _Given] = {}  # by workflow and run id
 
     def _handle(self, namespace: str, name: str) -> WorkflowHandle[Any, Any]:
         return self.temporal.get_workflow_handle(job_id(namespace, name))
@@ -257,27 +265,38 @@ class AstraeusClient:
         folds: list[Folded] = [await self._ask(latest, namespace, name, "folded", Folded)]
         run_id = latest.run_id
         while run_id:
-            started = await self._started(latest.id, run_id)
-            if started is None:
+            given = await self._given(latest.id, run_id)
+            if given is None:
                 return None
-            (given,) = await self.temporal.data_converter.decode(started.input.payloads, [JobInput])
-            record: JobRecord | None = given.record
-            if record is None or record.protocol < 4 or not summarised_record(record):
-                return folds[::-1]  # the first run, one that folds nothing, or nothing was folded before this one
-            folds.append(record.folded)
-            run_id = started.continued_execution_run_id
+            if given.folded is None:
+                return folds[::-1]
+            folds.append(given.folded)
+            run_id = given.previous
         return None
 
-    async def _started(self, workflow_id: str, run_id: str) -> WorkflowExecutionStartedEventAttributes | None:
-        """How one run of a workflow started (its input), or None when Temporal no longer has it."""
+    async def _given(self, workflow_id: str, run_id: str) -> _Given | None:
+        """What one run of a workflow was continued with (its input never changes: it is read once), or None when
+        Temporal no longer has that run."""
+        if (workflow_id, run_id) in self._inputs:
+            return self._inputs[workflow_id, run_id]
         handle = self.temporal.get_workflow_handle(workflow_id, run_id=run_id)
         try:
             async for event in handle.fetch_history_events(page_size=1):
-                return event.workflow_execution_started_event_attributes
+                started = event.workflow_execution_started_event_attributes
+                break
+            else:
+                return None
         except RPCError as error:
             if error.status != RPCStatusCode.NOT_FOUND:
                 raise
-        return None
+            return None
+        (job,) = await self.temporal.data_converter.decode(started.input.payloads, [JobInput])
+        record: JobRecord | None = job.record
+        # None for the first run, one of a run that keeps nothing it folds, or one that nothing was folded before.
+        kept = record is not None and record.protocol >= 4 and summarised_record(record)
+        given = _Given(record.folded if record is not None and kept else None, started.continued_execution_run_id)
+        self._inputs[workflow_id, run_id] = given
+        return given
 
     async def result(self, namespace: str, name: str) -> Status:
         """Wait until the run ends; its final Status (Completed, Failed, Cancelled, or Terminated)."""
