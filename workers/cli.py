@@ -101,6 +101,13 @@ def positive(value: str) -> int:
     return int(value)
 
 
+def natural(value: str) -> int:
+    """`--after`: a count, 0 or more."""
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number, 0 or more")
+    return int(value)
+
+
 def byte_size(value: str) -> int:
     """A size on the command line: bytes, or with a unit (`64GiB`, `512MiB`, `80GB`)."""
     try:
@@ -369,27 +376,40 @@ async def _reached(client: AstraeusClient, ns: str, name: str, until: str | None
 
 async def cmd_describe(args: argparse.Namespace) -> int:
     ns, name = split_run(args.run, args.namespace)
-    described = await (await _client(args)).describe(ns, name)
+    described = await (await _client(args)).describe(ns, name, after=args.after, limit=args.limit)
     emit(args, described, lambda: render_describe(described, args.utc))
+    _next_page(args, f"{ns}/{name}", [len(h) for h in [described.history, *(t.history for t in described.tasks)]])
     return 0
 
 
 async def cmd_history(args: argparse.Namespace) -> int:
     ns, name = split_run(args.run, args.namespace)
-    described = await (await _client(args)).describe(ns, name)
+    described = await (await _client(args)).describe(ns, name, after=args.after, limit=args.limit)
     value = {"run": described.history, "tasks": {t.id: t.history for t in described.tasks}}
     emit(args, value, lambda: render_history(described, args.utc))
+    _next_page(args, f"{ns}/{name}", [len(h) for h in [described.history, *(t.history for t in described.tasks)]])
     return 0
 
 
 async def cmd_events(args: argparse.Namespace) -> int:
     ns, name = split_run(args.run, args.namespace)
+    if args.follow and (args.after or args.limit is not None):
+        raise AstraeusError("--after and --limit do not apply with --follow (it prints every event)")
     client = await _client(args)
     if not args.follow:
-        stream = await client.events(ns, name)
+        stream = await client.events(ns, name, after=args.after, limit=args.limit)
         emit(args, stream, lambda: render_events(stream, args.utc))
+        _next_page(args, f"{ns}/{name}", [len(stream)])
         return 0
     return await _follow(args, client, ns, name)
+
+
+def _next_page(args: argparse.Namespace, run: str, sizes: list[int]) -> None:
+    """After a full page (`--limit` entries of a history), say on stderr how to ask for the next one."""
+    if args.limit is not None and max(sizes) >= args.limit and not args.json:
+        after = args.after + args.limit
+        command = f"astraeus {args.command} {run} --after {after} --limit {args.limit}"
+        print(f"more may follow: {command}", file=sys.stderr)
 
 
 async def _follow(args: argparse.Namespace, client: AstraeusClient, ns: str, name: str) -> int:
@@ -629,6 +649,10 @@ def parser() -> argparse.ArgumentParser:
         run_arg(p)
         if name == "events":
             p.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+        if name in ("describe", "history", "events"):
+            of = "events" if name == "events" else "entries of each history"
+            p.add_argument("--after", type=natural, default=0, metavar="N", help=f"skip the first N {of} (a page)")
+            p.add_argument("--limit", type=positive, metavar="N", help=f"at most N {of} (default: every one)")
     stop = command("stop", cmd_stop, "stop one worker", read=True)
     stop.add_argument("task", help="RUN/TASK, e.g. hello/worker-0")
     stop.add_argument("--reason", help='why (default "Stopped by scheduler")')

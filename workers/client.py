@@ -7,7 +7,7 @@ import base64
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 from temporalio.client import (
@@ -33,16 +33,22 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.domain.nodes import NodeView
 from workflows.domain.spec import JobSpec, job_id
-from workflows.domain.status import TASK_ENDED, RunState, Status
+from workflows.domain.status import TASK_ENDED, Folded, JobRecord, RunState, Status
 from workflows.domain.views import (
     TERMINATED,
     Event,
     JobDescription,
     TaskView,
+    page,
+    paged,
+    summarised,
+    summarised_record,
     terminated_description,
     terminated_events,
     terminated_status,
+    unfolded,
 )
+from workflows.domain.views import events as events_of
 from workflows.job import PRIORITY_KEY, STATE_KEY, JobWorkflow, search_attributes
 from workflows.logs import LogsWorkflow
 from workflows.messages import (
@@ -152,9 +158,18 @@ async def summary(wf: WorkflowExecution) -> RunSummary:
                       workers=memo.get("workers"), gpus=memo.get("gpus"))  # fmt: skip
 
 
+class _Given(NamedTuple):
+    """What a run of a run's workflow was continued with, for its history: the entries the run before it folded
+    (None: no run before it kept any), and that run's id."""
+
+    folded: Folded | None
+    previous: str
+
+
 class AstraeusClient:
     def __init__(self, client: Client) -> None:
         self.temporal = client
+        self._inputs: dict[tuple[str, str], _Given] = {}  # by workflow and run id
 
     def _handle(self, namespace: str, name: str) -> WorkflowHandle[Any, Any]:
         return self.temporal.get_workflow_handle(job_id(namespace, name))
@@ -177,8 +192,13 @@ class AstraeusClient:
         return spec.job_id
 
     async def _query(self, namespace: str, name: str, query: str, result_type: type[Any]) -> Any:
+        return await self._ask(self._handle(namespace, name), namespace, name, query, result_type)
+
+    async def _ask(
+        self, handle: WorkflowHandle[Any, Any], namespace: str, name: str, query: str, result_type: type[Any]
+    ) -> Any:
         try:
-            return await self._handle(namespace, name).query(query, result_type=result_type)
+            return await handle.query(query, result_type=result_type)
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
                 raise NotFound(f"no run named {name} in namespace {namespace}") from None
@@ -200,16 +220,83 @@ class AstraeusClient:
         ended = await self._terminated(namespace, name)
         return status if ended is None else terminated_status(status, ended.why, ended.at)
 
-    async def describe(self, namespace: str, name: str) -> JobDescription:
-        """The run, its workers and why they wait; a run whose workflow was terminated says so (status, history)."""
-        described: JobDescription = await self._query(namespace, name, "describe", JobDescription)
-        ended = await self._terminated(namespace, name)
-        return described if ended is None else terminated_description(described, ended.why, ended.at)
+    async def describe(self, namespace: str, name: str, *, after: int = 0, limit: int | None = None) -> JobDescription:
+        """The run, its workers and why they wait, each history whole, across continue-as-new (or a page of each:
+        the entries after its first `after`, `limit` at most); a run whose workflow was terminated says so (status,
+        history)."""
+        described, ended = await self._whole(namespace, name)
+        if ended is not None:
+            described = terminated_description(described, ended.why, ended.at)
+        return paged(described, after, limit)
 
-    async def events(self, namespace: str, name: str) -> list[Event]:
-        stream: list[Event] = await self._query(namespace, name, "events", list[Event])
-        ended = await self._terminated(namespace, name)
-        return stream if ended is None else terminated_events(stream, ended.why, ended.at)
+    async def events(self, namespace: str, name: str, *, after: int = 0, limit: int | None = None) -> list[Event]:
+        """Every change of the run and its workers, oldest first, derived from its whole histories (or a page: the
+        events after the first `after`, `limit` at most)."""
+        described, ended = await self._whole(namespace, name)
+        stream = events_of(described)
+        if ended is not None:
+            stream = terminated_events(stream, ended.why, ended.at)
+        return page(stream, after, limit)
+
+    async def _whole(self, namespace: str, name: str) -> tuple[JobDescription, Terminated | None]:
+        """The run as its latest workflow run describes it, each history whole, and how its workflow was terminated,
+        if it was. A long history is folded in the run's record (its first entries, a summary entry, its latest
+        ones): the entries folded are put back from the runs of the workflow that kept them (`_folds`)."""
+        handle = self._handle(namespace, name)
+        try:
+            info = await handle.describe()
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                raise NotFound(f"no run named {name} in namespace {namespace}") from None
+            raise
+        latest = self.temporal.get_workflow_handle(handle.id, run_id=info.run_id)  # one run answers every question
+        described: JobDescription = await self._ask(latest, namespace, name, "describe", JobDescription)
+        if summarised(described):
+            folds = await self._folds(latest, namespace, name)
+            described = described if folds is None else unfolded(described, folds)
+        if info.status != WorkflowExecutionStatus.TERMINATED:
+            return described, None
+        return described, await _termination(latest, info.close_time)
+
+    async def _folds(self, latest: WorkflowHandle[Any, Any], namespace: str, name: str) -> list[Folded] | None:
+        """What each run of the workflow folded out of the run's histories, oldest first: the latest run answers for
+        itself, and each earlier one's is in the input the run after it was continued with. None when Temporal no
+        longer keeps one of them (it keeps a closed run for its namespace's retention): the summary entry stays."""
+        folds: list[Folded] = [await self._ask(latest, namespace, name, "folded", Folded)]
+        run_id = latest.run_id
+        while run_id:
+            given = await self._given(latest.id, run_id)
+            if given is None:
+                return None
+            if given.folded is None:
+                return folds[::-1]
+            folds.append(given.folded)
+            run_id = given.previous
+        return None
+
+    async def _given(self, workflow_id: str, run_id: str) -> _Given | None:
+        """What one run of a workflow was continued with (its input never changes: it is read once), or None when
+        Temporal no longer has that run."""
+        if (workflow_id, run_id) in self._inputs:
+            return self._inputs[workflow_id, run_id]
+        handle = self.temporal.get_workflow_handle(workflow_id, run_id=run_id)
+        try:
+            async for event in handle.fetch_history_events(page_size=1):
+                started = event.workflow_execution_started_event_attributes
+                break
+            else:
+                return None
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+            return None
+        (job,) = await self.temporal.data_converter.decode(started.input.payloads, [JobInput])
+        record: JobRecord | None = job.record
+        # None for the first run, one of a run that keeps nothing it folds, or one that nothing was folded before.
+        kept = record is not None and record.protocol >= 4 and summarised_record(record)
+        given = _Given(record.folded if record is not None and kept else None, started.continued_execution_run_id)
+        self._inputs[workflow_id, run_id] = given
+        return given
 
     async def result(self, namespace: str, name: str) -> Status:
         """Wait until the run ends; its final Status (Completed, Failed, Cancelled, or Terminated)."""

@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         RUN_TERMINAL,
         TASK_ENDED,
         TASK_ON_NODE,
+        Folded,
         JobRecord,
         RunState,
         Status,
@@ -119,7 +120,8 @@ class JobWorkflow:
     @workflow.run
     async def run(self, input: JobInput) -> Status:
         if input.record is not None:
-            self._job = input.record
+            # What the run before folded stays in this run's input, where clients read it (workers/client.py).
+            self._job = input.record.model_copy(update={"folded": Folded()})
             for command in resume(self._job, workflow.now()):
                 self._carry_out(command)
         else:
@@ -215,11 +217,14 @@ class JobWorkflow:
         return self._job is not None and is_settled(self._job) and not self._busy
 
     def _continue_now(self) -> bool:
-        """History grew long: continue as new at a quiet moment (no call in flight that a new run cannot redo)."""
+        """History grew long, or the run holds `history_keep` entries folded out of one of its histories: continue
+        as new at a quiet moment (no call in flight that a new run cannot redo)."""
         assert self._job is not None
         info = workflow.info()
-        long = info.is_continue_as_new_suggested() or (
-            info.get_current_history_length() >= self._job.settings.continue_as_new_events
+        long = (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= self._job.settings.continue_as_new_events
+            or (self._job.protocol >= 4 and self._job.folded.most() >= self._job.settings.history_keep)
         )
         return long and not self._busy and not is_settled(self._job)
 
@@ -545,6 +550,12 @@ class JobWorkflow:
     @workflow.query(name="events")
     def events(self) -> list[Event]:
         return events(self._record())
+
+    @workflow.query(name="folded")
+    def folded(self) -> Folded:
+        """The entries this run of the workflow folded out of the run's histories (its input holds those the run
+        before it folded): clients put them back to serve the whole history."""
+        return self._record().folded
 
     @workflow.query(name="attempts_on")
     def attempts_on(self, query: AttemptsQuery) -> AttemptsOnNode:

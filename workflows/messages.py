@@ -35,8 +35,10 @@ class _Msg(BaseModel):
 # watched by `supervise_task` (two activities), and every run's workflow completes with its Status. 2: one activity,
 # `run_task`, starts and watches a worker; machine loss is told by the scheduler (no AstraeusNodes); no reset timer
 # for a count of 0; a Failed run's workflow fails and a Cancelled one's is Canceled. 3: `place` and `release` are
-# local activities of the control plane, through the scheduler's door (activities/scheduler_link.py).
-PROTOCOL = 3
+# local activities of the control plane, through the scheduler's door (activities/scheduler_link.py). 4: the entries
+# folded out of a long history are kept (JobRecord.folded) and passed on at continue-as-new, which comes once one
+# history has `history_keep` of them: clients serve the whole history from the runs of the workflow.
+PROTOCOL = 4
 
 
 class LoadSettingsResult(_Msg):

@@ -399,11 +399,21 @@ def decide(job: JobRecord, events: list[Event], now: datetime) -> tuple[JobRecor
     gang.open_barrier(step)
     gang.requeue_gang(step)
     _derive(step)
-    keep = step.job.settings.history_keep
-    step.job.summarised = compact(step.job.history, step.job.summarised, keep)
-    for task in step.job.tasks:
-        task.summarised = compact(task.history, task.summarised, keep)
+    _compact(step.job)
     return step.job, step.commands
+
+
+def _compact(job: JobRecord) -> None:
+    """Keep each history within `history_keep` entries. Since protocol 4 the entries folded stay in `job.folded`
+    until continue-as-new passes them on (the workflow continues as new before it holds `history_keep` of one)."""
+    keep, spill = job.settings.history_keep, job.protocol >= 4
+    job.summarised, folded = compact(job.history, job.summarised, keep)
+    if spill:
+        job.folded.run += folded
+    for task in job.tasks:
+        task.summarised, folded = compact(task.history, task.summarised, keep)
+        if spill and folded:
+            job.folded.tasks.setdefault(task.id, []).extend(folded)
 
 
 def is_settled(job: JobRecord) -> bool:

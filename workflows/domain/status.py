@@ -140,6 +140,21 @@ class TaskRecord(BaseModel):
         return TaskState(self.status.state)
 
 
+class Folded(BaseModel):
+    """The entries compaction took out of a run's histories (the run's, and each worker's by id) during one run of
+    its workflow, oldest first. Continue-as-new passes them on in the next run's input, where they stay: clients read
+    them back from there to serve the whole history (workers/client.py). Runs of protocol 4 and later keep them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: list[StatusEntry] = Field(default_factory=list)
+    tasks: dict[str, list[StatusEntry]] = Field(default_factory=dict)
+
+    def most(self) -> int:
+        """The most entries it holds of one history."""
+        return max([len(self.run), *(len(entries) for entries in self.tasks.values())])
+
+
 class JobRecord(BaseModel):
     """The whole state of one run, as its workflow holds it (continue-as-new carries exactly this)."""
 
@@ -157,6 +172,7 @@ class JobRecord(BaseModel):
     quota_noted: bool = False  # "Quota reached: <why>" was written
     planned: dict[str, GroupSpec] = Field(default_factory=dict)  # groups of total_gpus, as the scheduler split them
     protocol: int = 1  # how its workflow starts workers: 2, one activity starts and watches each (run_task)
+    folded: Folded = Field(default_factory=Folded)  # since this run of its workflow began (protocol 4)
 
     @property
     def id(self) -> str:
@@ -173,22 +189,40 @@ class JobRecord(BaseModel):
         raise KeyError(f"run {self.spec.namespace}/{self.spec.name} has no worker {task_id}")
 
 
-def compact(history: list[StatusEntry], summarised: int, keep: int) -> int:
-    """Fold the middle of a history longer than `keep` into one summary entry; returns the new summarised count.
+# A folded history keeps its first HEAD entries, then the summary entry, then its latest ones.
+HEAD = 3
+
+
+def compact(history: list[StatusEntry], summarised: int, keep: int) -> tuple[int, list[StatusEntry]]:
+    """Fold the middle of a history longer than `keep` into one summary entry; returns the new summarised count and
+    the entries it folded, oldest first.
 
     The first entries (how it began) and the latest ones stay; nothing is dropped without being counted. The
     summary entry is dated by the first change it folds, so the history stays in order."""
-    head, tail = 3, keep - 4
+    tail = keep - HEAD - 1
     if len(history) <= keep:
-        return summarised
-    start = head + 1 if summarised else head
+        return summarised, []
+    start = HEAD + 1 if summarised else HEAD
     folded = history[start : len(history) - tail]
-    first = history[head].at if summarised else folded[0].at
+    first = history[HEAD].at if summarised else folded[0].at
     total = summarised + len(folded)
     reason = R.HistorySummarised(count=total, first=_stamp(first), last=_stamp(folded[-1].at))
     summary = StatusEntry(state=folded[-1].state, reason=reason.text, code=reason.code, at=first)
-    history[head : len(history) - tail] = [summary]
-    return total
+    history[HEAD : len(history) - tail] = [summary]
+    return total, folded
+
+
+def folded(history: list[StatusEntry]) -> bool:
+    """Whether the history was folded: it has a summary entry, after its first entries."""
+    return len(history) > HEAD and history[HEAD].code == R.HistorySummarised.code
+
+
+def unfold(history: list[StatusEntry], entries: list[StatusEntry]) -> list[StatusEntry]:
+    """A folded history with the entries its summary entry counts back in its place: `entries`, every one of them,
+    oldest first. Without them (none kept) it stays as it is."""
+    if not entries or not folded(history):
+        return history
+    return [*history[:HEAD], *entries, *history[HEAD + 1 :]]
 
 
 def _stamp(at: datetime) -> str:

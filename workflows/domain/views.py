@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from workflows.domain.reasons import R
-from workflows.domain.status import JobRecord, LastFailure, Placement, Status, StatusEntry
+from workflows.domain.status import Folded, JobRecord, LastFailure, Placement, Status, StatusEntry, folded, unfold
 
 # What clients show for a run whose workflow was terminated in Temporal (the UI's Terminate button). No workflow
 # holds this state: a terminated workflow decides nothing more, so the client adds it to what the run last recorded.
 TERMINATED = "Terminated"
+
+T = TypeVar("T")
 
 
 class TaskView(BaseModel):
@@ -84,13 +86,45 @@ def describe(job: JobRecord) -> JobDescription:
     )
 
 
-def events(job: JobRecord) -> list[Event]:
+def events(job: JobRecord | JobDescription) -> list[Event]:
     """Every change of the run and its workers, oldest first; at equal times the run comes first."""
     stream = [Event(at=e.at, object="run", state=e.state, reason=e.reason, code=e.code) for e in job.history]
     for task in job.tasks:
         stream += [Event(at=e.at, object=task.id, state=e.state, reason=e.reason, code=e.code) for e in task.history]
     order = {id(e): i for i, e in enumerate(stream)}
     return sorted(stream, key=lambda e: (e.at, order[id(e)]))
+
+
+def unfolded(described: JobDescription, folds: list[Folded]) -> JobDescription:
+    """`describe` with every history whole: the entries each run of the workflow folded out of it (`folds`, one per
+    run, oldest first) back in place of its summary entry."""
+    tasks = [
+        t.model_copy(update={"history": unfold(t.history, [e for fold in folds for e in fold.tasks.get(t.id, [])])})
+        for t in described.tasks
+    ]
+    history = unfold(described.history, [e for fold in folds for e in fold.run])
+    return described.model_copy(update={"history": history, "tasks": tasks})
+
+
+def summarised(described: JobDescription) -> bool:
+    """Whether a history of the run was folded: its summary entry counts entries that runs of its workflow kept."""
+    return any(folded(h) for h in [described.history, *(t.history for t in described.tasks)])
+
+
+def summarised_record(job: JobRecord) -> bool:
+    """Whether a history of the run was folded before (the record a run of its workflow was continued with)."""
+    return job.summarised > 0 or any(t.summarised > 0 for t in job.tasks)
+
+
+def paged(described: JobDescription, after: int, limit: int | None) -> JobDescription:
+    """`describe` with a page of each history: the entries after its first `after`, `limit` at most."""
+    tasks = [t.model_copy(update={"history": page(t.history, after, limit)}) for t in described.tasks]
+    return described.model_copy(update={"history": page(described.history, after, limit), "tasks": tasks})
+
+
+def page(entries: list[T], after: int, limit: int | None) -> list[T]:
+    """The entries after the first `after`, `limit` at most (a history only grows at its end: pages stay put)."""
+    return entries[after : None if limit is None else after + limit]
 
 
 def terminated_entry(why: str, at: datetime) -> StatusEntry:
