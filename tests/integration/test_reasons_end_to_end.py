@@ -97,9 +97,10 @@ def cancel(cluster: Cluster, run: str) -> None:
 def test_a_machine_lost_while_its_worker_stops_ends_it_cancelled(cluster: Cluster, tmp_path: Path) -> None:
     submit(cluster, tmp_path, "lost-stop", [{"name": "w", "command": STUBBORN}], node_selection={"names": ["gone"]})
     cluster.wait_state("lost-stop", "Running")
-    cluster.kill("gone")  # the agent dies; its worker (and the stop the run asks for) is left to the lease
-
     cluster.cli("stop", "lost-stop/w-0", "--reason", "Making room")
+    task_state(cluster, "lost-stop", "w-0", "Stopping")  # its machine sends TERM, which it ignores: 60 s of grace
+
+    cluster.kill("gone")  # the agent dies mid-stop; its lease expires 5 s later
 
     described = task_state(cluster, "lost-stop", "w-0", "Cancelled")
     assert pairs(task(described, "w-0")["history"])[-2:] == [
