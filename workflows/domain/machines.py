@@ -89,10 +89,10 @@ def gpu_matches(gpu: GpuInfo, wanted: GpuRequest) -> bool:
 def compile_node(view: NodeView) -> Machine:
     inv = view.inventory
     not_ready = None
-    if view.state is not NodeState.READY:
-        not_ready = R.NodeNotReady(state=view.state.value)
-    elif inv is None:
+    if inv is None:  # its agent never registered: "Down" is only the placeholder state of a machine not yet heard
         not_ready = R.NodeNoCapacity()
+    elif view.state is not NodeState.READY:
+        not_ready = R.NodeNotReady(state=view.state.value)
     closed = None
     if view.cordon is not None:
         closed = R.Cordoned(why=view.cordon or "no reason given")

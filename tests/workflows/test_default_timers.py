@@ -1,0 +1,121 @@
+"""The spec's liveness defaults, unshrunk: a worker unheard for 15 s of grace is Stale, and Down once its 60 s TTL
+has passed, on the time-skipping test server with `Settings()` as shipped.
+
+The test server skips time only while no activity is in flight, and a missed heartbeat needs one: the grace passes
+in real time (15 s). The TTL passes in virtual time: the machine's agent fails each later watch at once (its runtime
+does not answer), and the run waits a second between watches, with nothing in flight. (The test server keeps time
+locked for the activity whose heartbeat it timed out, as measured here: the test releases that one lock.)"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any, NoReturn
+
+from temporalio import activity
+from temporalio.api.testservice.v1 import UnlockTimeSkippingRequest
+from temporalio.client import WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.control import ControlActivities
+from tests.workflows.fakes import NODE, FakeCluster, Script, unique
+from workers.client import run_result
+from workflows.domain.nodes import node_task_queue
+from workflows.domain.settings import Settings
+from workflows.domain.spec import job_id, parse_spec
+from workflows.domain.views import JobDescription
+from workflows.job import JobWorkflow, search_attributes
+from workflows.messages import CONTROL_TASK_QUEUE, JobInput, RunTaskInput, SuperviseInput, TaskExit, TaskReport
+
+
+class SilentAgent:
+    """A machine's agent that starts the worker and reports it running, then goes silent: that watch never
+    heartbeats again (it is left to complete asynchronously, so nothing of it runs here), and every later watch
+    fails at once, its runtime not answering."""
+
+    def __init__(self, env: WorkflowEnvironment) -> None:
+        self.env = env
+        self.watches = 0
+
+    @activity.defn(name="run_task")
+    async def run_task(self, input: RunTaskInput) -> TaskExit:
+        ref = input.start.ref
+        report = TaskReport(**ref.ids(), heartbeat=False, started=True)
+        await self.env.client.get_workflow_handle(job_id(ref.namespace, ref.job)).signal("task_running", report)
+        activity.raise_complete_async()  # in flight, and never heartbeating again
+
+    @activity.defn(name="supervise_task")
+    async def supervise_task(self, input: SuperviseInput) -> NoReturn:
+        self.watches += 1
+        raise ApplicationError("the Docker engine does not answer", type="RuntimeUnavailable")
+
+
+async def until_stale(handle: WorkflowHandle[Any, Any]) -> None:
+    for _ in range(400):  # the grace is real time here: 15 s
+        described = await handle.query("describe", result_type=JobDescription)
+        if described.tasks and described.tasks[0].status.state == "Stale":
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"never Stale: {described.tasks[0].history if described.tasks else described.status}")
+
+
+def pairs(entries: Any) -> list[tuple[str, str]]:
+    return [(e.state, e.reason) for e in entries]
+
+
+async def test_a_silent_worker_is_stale_after_15_s_and_down_after_its_60_s_ttl(
+    own_time_skipping: WorkflowEnvironment,
+) -> None:
+    env = own_time_skipping
+    settings = Settings()
+    assert (settings.stale_grace_seconds, settings.heartbeat_ttl_seconds) == (15, 60)  # the spec's defaults
+    job = parse_spec(
+        {"name": unique("defaults"), "groups": [{"name": "w", "command": ["x"], "restart_policy": "Never"}]}
+    )
+    control = FakeCluster(env.client, settings, Script())  # loads the settings, places on n0 at once, releases
+    agent = SilentAgent(env)
+    control_worker = Worker(
+        env.client,
+        task_queue=CONTROL_TASK_QUEUE,
+        workflows=[JobWorkflow],
+        activities=[
+            control.load_settings,
+            control.place,
+            control.release,
+            ControlActivities(settings, env.client).cancel_run_workflow,
+        ],
+    )
+    node_worker = Worker(
+        env.client, task_queue=node_task_queue(NODE), activities=[agent.run_task, agent.supervise_task]
+    )
+    async with control_worker, node_worker:
+        await env.client.start_workflow(
+            JobWorkflow.run,
+            JobInput(spec=job),
+            id=job.job_id,
+            task_queue=CONTROL_TASK_QUEUE,
+            search_attributes=search_attributes(job, "Pending"),
+        )
+        handle = env.client.get_workflow_handle_for(JobWorkflow.run, job.job_id)
+        await until_stale(handle)
+        await env.client.test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
+        status = await asyncio.wait_for(run_result(handle), timeout=15)
+        described = await handle.query("describe", result_type=JobDescription)
+
+    history = described.tasks[0].history
+    assert pairs(history)[-3:] == [
+        ("Running", "Container running"),
+        ("Stale", "Heartbeat lease expired"),
+        ("Down", "No heartbeat for the worker's full TTL after going stale"),
+    ]
+    running, stale, down = (entry.at for entry in history[-3:])
+    # The grace counts from the watch's start, just before it reported the worker running.
+    assert timedelta(seconds=14) < stale - running <= timedelta(seconds=15)
+    assert timedelta(seconds=60) <= down - stale < timedelta(seconds=61)
+    assert agent.watches >= 50  # watched again every second of the TTL, in vain
+    assert (status.state, status.reason) == (
+        "Failed",
+        "Worker w-0 was lost on n0: No heartbeat for the worker's full TTL after going stale",
+    )
