@@ -59,16 +59,19 @@ WORKFLOW_RUNNER = workflow_runner("workflows")
 
 # How the control plane's worker takes workflow tasks. A run's first task comes from the shared queue, its others
 # from this worker's sticky queue. The SDK's default (5 pollers, one in six on the shared queue) took a burst's
-# first tasks one poll round trip at a time: 200 runs waited a median of 17 s for their first task. 10 pollers shared
-# evenly take them in 2 s; 50 took them a little sooner, but then some tasks the server handed to them never reached
-# this worker and timed out (10 s each, for 2 to 8% of a burst's runs; bench/README.md). A run cached stays cached:
-# 4,000 runs and machines fit. A run's first task runs its local activities (load_settings, place) while it holds
-# its slot: as many of those as tasks.
+# first tasks one poll round trip at a time: 200 runs waited a median of 17 s for their first task. 50 pollers took
+# them sooner, but then some tasks the server handed to them never reached this worker and timed out (10 s each, for
+# 2 to 8% of a burst's runs). 10 pollers shared evenly left 5 on the sticky queue: in a burst of 500 the runs' next
+# tasks (the agent's report) waited a median of 9 s there and 200 to 430 of them passed the sticky queue's 10 s,
+# went back to the shared queue and were replayed whole. 20 pollers, at most a quarter of them (5) on the shared
+# queue, keep that wait under a second, with no timeout, and take first tasks as fast (bench/README.md). A run
+# cached stays cached: 4,000 runs and machines fit. A run's first task runs its local activities (load_settings,
+# place) while it holds its slot: as many of those as tasks.
 WORKFLOW_TASK_OPTIONS: dict[str, Any] = {
     "max_concurrent_workflow_tasks": 200,
     "max_concurrent_local_activities": 200,
-    "workflow_task_poller_behavior": PollerBehaviorSimpleMaximum(maximum=10),
-    "nonsticky_to_sticky_poll_ratio": 1.0,
+    "workflow_task_poller_behavior": PollerBehaviorSimpleMaximum(maximum=20),
+    "nonsticky_to_sticky_poll_ratio": 0.25,
     "max_cached_workflows": 4000,
 }
 
