@@ -158,6 +158,7 @@ def read_history(events: Iterable[HistoryEvent]) -> HistoryFigures:
     started: dict[int, datetime] = {}
     last_activity: tuple[str, datetime] | None = None  # the last activity scheduled, and when
     signaled: datetime | None = None  # the last signal not yet followed by a workflow task's start
+    cause = "nothing"  # the last event that was not a workflow task's
     for event in events:
         figures.events += 1
         at = event.event_time.ToDatetime(tzinfo=UTC)
@@ -210,7 +211,9 @@ def read_history(events: Iterable[HistoryEvent]) -> HistoryFigures:
             if local is not None and local[1] > 1:
                 figures.activity_retries.append((f"{local[0]} (local)", f"attempt {local[1]}"))
         if event.event_type in WORKFLOW_TASK_PROBLEMS:
-            figures.workflow_task_problems.append(describe_problem(event))
+            figures.workflow_task_problems.append(f"{describe_problem(event)}, after {cause}")
+        elif not EventType.Name(event.event_type).startswith("EVENT_TYPE_WORKFLOW_TASK_"):
+            cause = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")  # what the next task answers
     return figures
 
 
