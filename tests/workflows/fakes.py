@@ -9,6 +9,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from temporalio import activity
 from temporalio.client import Client
@@ -121,25 +122,29 @@ class FakeCluster:
         if input.barrier and (ref.task_id in self.script.late or f"{ref.task_id}.{ref.attempt}" in self.script.late):
             raise ApplicationError("still pulling")  # retried (PATIENT) until the run gives up on it
         self.starts.append(input)
-        return StartTaskResult(started=not input.barrier)
+        # Picked up when this activity started (the server's clock, virtual in these tests), as the agent says.
+        return StartTaskResult(started=not input.barrier, picked_up_at=activity.info().started_time)
 
     @activity.defn(name="run_task")
     async def run_task(self, input: RunTaskInput) -> TaskExit:
         """start_task then supervise_task in one call, as the real agent does."""
+        picked_up = activity.info().started_time
         await self.start_task(input.start)
         supervised = SuperviseInput(ref=input.start.ref, settings=input.settings, readiness=input.readiness)
-        return await self._supervise(supervised, started=True)
+        return await self._supervise(supervised, started=True, picked_up=picked_up)
 
     @activity.defn(name="supervise_task")
     async def supervise_task(self, input: SuperviseInput) -> TaskExit:
         return await self._supervise(input, started=False)
 
-    async def _supervise(self, input: SuperviseInput, started: bool) -> TaskExit:
+    async def _supervise(self, input: SuperviseInput, started: bool, picked_up: datetime | None = None) -> TaskExit:
         ref = input.ref
         key = f"{ref.task_id}.{ref.attempt}"
         self.supervisors.append((ref.task_id, ref.attempt, input.reattach))
         handle = self.client.get_workflow_handle(job_id(ref.namespace, ref.job))
-        report = TaskReport(**ref.ids(), heartbeat=input.reattach, started=started)
+        report = TaskReport(
+            **ref.ids(), heartbeat=input.reattach, started=started, picked_up_at=picked_up, started_at=picked_up
+        )
         if self.script.silent.get(key, 0) > 0:
             self.script.silent[key] -= 1
             if not input.reattach:
