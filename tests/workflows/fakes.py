@@ -55,6 +55,7 @@ class Script:
     hold: set[str] = field(default_factory=set)  # these run until stopped: "w-0" (every attempt) or "w-0.1"
     hold_exit: int = 143  # how a held worker exits once stopped (0: it ended on its own)
     no_room: set[str] = field(default_factory=set)  # these never fit
+    machines: dict[str, str] = field(default_factory=dict)  # these are placed on another machine than n0
     # Supervisors that go silent (no heartbeat) before one answers again: "w-0.0" -> how many go silent
     # (a large number: the agent never answers again).
     silent: dict[str, int] = field(default_factory=dict)
@@ -100,7 +101,8 @@ class FakeCluster:
                     reason="No machine fits: 1 of 1 machines ready",
                 )
             else:
-                update = PlacementAnswer(task_id=r.task_id, attempt=r.attempt, node=NODE, address="127.0.0.1")
+                node = self.script.machines.get(r.task_id, NODE)
+                update = PlacementAnswer(task_id=r.task_id, attempt=r.attempt, node=node, address="127.0.0.1")
             answers.append(update)
         return PlaceResult(answers=answers)
 
