@@ -150,7 +150,7 @@ def test_a_restarted_agent_reattaches_without_starting_the_container_twice(
     assert described["status"]["reason"] == "All workers completed"
     task = described["tasks"][0]
     assert task["restarts"] == 0
-    assert [e for e in task["history"] if e["state"] == "Starting"] == [task["history"][2]]  # started once
+    assert [e for e in task["history"] if e["state"] == "Starting"] == [task["history"][3]]  # started once
     state = container(docker_engine, "dk-reattach")["State"]
     assert (state["StartedAt"], state["ExitCode"]) == (started_at, 0)
     assert cluster.cli("logs", "dk-reattach/w-0").stdout == "started\ndone\n"

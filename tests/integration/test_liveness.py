@@ -85,7 +85,7 @@ def test_a_paused_agent_that_resumes_within_the_ttl_brings_its_workers_back(clus
         lambda: pairs(worker(cluster, "paused")["history"])[-1] == ("Running", "Heartbeat received"),
         "the heartbeat to come back",
     )
-    assert pairs(worker(cluster, "paused")["history"])[3:6] == [
+    assert pairs(worker(cluster, "paused")["history"])[4:7] == [
         ("Running", "Container running"),
         ("Stale", "Heartbeat lease expired"),
         ("Running", "Heartbeat received"),
