@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from temporalio import activity
@@ -71,6 +71,9 @@ PRESSURE_READ_SECONDS = 1.0
 PAUSE_FLOOR_SECONDS = 5.0  # a lease's loop unheard for this long (at least) counts the lease lost: it was paused
 # How long an exit returned to a run is remembered: should the lease expire meanwhile, it is told to its run again.
 RETURNED_KEPT_SECONDS = 600.0  # a pressure read still going after this is collected at a later look
+# A worker whose setting up takes longer than this is told to its run as picked up (Preparing) while it lasts; a
+# quicker one is told once, started and running, with when it was picked up and started (no signal more).
+PICK_UP_REPORT_SECONDS = 1.0
 
 
 def task_key(ref: TaskRef) -> TaskKey:
@@ -113,6 +116,8 @@ class AgentActivities:
         self._live: dict[TaskKey, int] = {}  # attempts an activity of this agent starts or watches now
         self._unwatched: set[TaskKey] = set()  # attempts whose watch ended before they did (their run lost them?)
         self._returned: dict[TaskKey, float] = {}  # attempts whose watch returned their exit lately, and when
+        self._picked_up: dict[TaskKey, datetime] = {}  # attempts being set up, and when this agent picked them up
+        self._told_setting_up: set[TaskKey] = set()  # of those, the ones whose run was told something already
 
     async def adopt_attempts(self) -> int:
         """At the start of an agent process: the attempts its machine holds (an earlier process's) are watched by
@@ -200,19 +205,43 @@ class AgentActivities:
         """Admit the attempt within the machine's real free GPUs, prepare it (reporting each wait to the run,
         and waiting as long as a step waits), pull its image, and start it. A retry finds what it started.
         With `barrier` it stops short of the start, its GPUs held for it until the run starts or stops it."""
-        gpus, started = await self._start(input)
-        return StartTaskResult(gpu_indices=gpus, started=started)
+        gpus, started, picked_up = await self._start(input)
+        return StartTaskResult(gpu_indices=gpus, started=started, picked_up_at=picked_up)
 
     @activity.defn(name="run_task")
     async def run_task(self, input: RunTaskInput) -> TaskExit:
         """A worker's whole life here in one activity: start it (as start_task), tell the run it was started and
         runs, then watch it until it ends (as supervise_task). Called again, it finds what it started."""
-        await self._start(input.start)
+        _, _, picked_up = await self._start(input.start)
         ref = input.start.ref
-        return await self._watch(ref, input.settings, input.readiness, TaskReport(**ref.ids(), started=True))
+        report = TaskReport(**ref.ids(), started=True, picked_up_at=picked_up, started_at=datetime.now(UTC))
+        return await self._watch(ref, input.settings, input.readiness, report)
 
-    async def _start(self, input: StartTaskInput) -> tuple[list[int], bool]:
+    async def _start(self, input: StartTaskInput) -> tuple[list[int], bool, datetime]:
+        """Its GPUs, whether it started, and when this agent picked it up. A setup that takes longer than
+        PICK_UP_REPORT_SECONDS with nothing else told is told to the run as picked up while it lasts."""
         key = task_key(input.ref)
+        picked_up = datetime.now(UTC)
+        self._picked_up[key] = picked_up
+        teller = asyncio.ensure_future(self._tell_picked_up(key))
+        try:
+            gpus, started = await self._admit_and_start(input, key)
+        finally:
+            teller.cancel()
+            self._picked_up.pop(key, None)
+            self._told_setting_up.discard(key)
+        return gpus, started, picked_up
+
+    async def _tell_picked_up(self, key: TaskKey) -> None:
+        await asyncio.sleep(PICK_UP_REPORT_SECONDS)
+        if key in self._told_setting_up:
+            return  # a wait or a pull was told: the run shows it picked up already
+        try:
+            await self._report_progress(key, R.PickedUp(node=self.node_name))
+        except Exception as err:  # the report of its start says it later
+            log.warning("%s: could not tell its run it was picked up: %s", key.slug, err)
+
+    async def _admit_and_start(self, input: StartTaskInput, key: TaskKey) -> tuple[list[int], bool]:
         began, registrations = time.monotonic(), self.registrations
         details = activity.info().heartbeat_details
         _beat(str(details[0]) if details else "starting")  # at once: a start that queues is not a dead agent
@@ -369,13 +398,16 @@ class AgentActivities:
             await asyncio.sleep(max(0.0, readiness.period_seconds - (time.monotonic() - began)))
 
     async def _report_progress(self, key: TaskKey, reason: Reason) -> None:
-        """Tell the run what its worker waits for while it is set up, or that its image is being pulled."""
+        """Tell the run what its worker waits for while it is set up, or that its image is being pulled, or that
+        it was picked up (and when: the run shows it Preparing since then)."""
+        self._told_setting_up.add(key)
         report = TaskProgressReport(
             task_id=key.task,
             attempt=key.attempt,
             pulling=reason.code == R.Pulling.code,
             code=reason.code,
             reason=reason.text,
+            picked_up_at=self._picked_up.get(key),
         )
         await self._client.get_workflow_handle(job_id(key.namespace, key.job)).signal("task_progress", report)
 

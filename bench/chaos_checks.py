@@ -40,6 +40,7 @@ WAITING_CODES = {
     R.QueuedBehindStartsBy.code,
     R.QueuedBehind.code,
     R.Placed.code,
+    R.PickedUp.code,
     R.RestartedByPolicy.code,
 }
 

@@ -28,7 +28,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain.status import (
         RUN_TERMINAL,
         TASK_ENDED,
-        TASK_ON_NODE,
         Folded,
         JobRecord,
         RunState,
@@ -372,7 +371,8 @@ class JobWorkflow:
         finally:
             self._starting.discard(key)
         if not result.started:
-            self._inbox.append(ev.TaskReady(task_id=command.task_id, attempt=command.attempt))
+            ready = ev.TaskReady(task_id=command.task_id, attempt=command.attempt, picked_up_at=result.picked_up_at)
+            self._inbox.append(ready)
             return
         self._inbox.append(ev.TaskStarted(task_id=command.task_id, attempt=command.attempt))
         self._supervise(command.task_id, command.attempt, command.node)
@@ -443,7 +443,7 @@ class JobWorkflow:
     def _forget_gone_workers(self) -> None:
         """Cancel the supervisors of workers that left their machine (ended, lost, or a new attempt)."""
         assert self._job is not None
-        on_node = {(t.id, t.attempt) for t in self._job.tasks if t.state in TASK_ON_NODE}
+        on_node = {(t.id, t.attempt) for t in self._job.tasks if t.on_node}
         for key in [k for k in self._supervisors if k not in on_node]:
             self._supervisors.pop(key).cancel()
 
@@ -561,16 +561,14 @@ class JobWorkflow:
     def attempts_on(self, query: AttemptsQuery) -> AttemptsOnNode:
         """The attempts this run has on a machine now: an agent starts, and keeps running, only those (fencing)."""
         job = self._record()
-        attempts = {t.id: t.attempt for t in job.tasks if t.node == query.node and t.state in TASK_ON_NODE}
+        attempts = {t.id: t.attempt for t in job.tasks if t.node == query.node and t.on_node}
         return AttemptsOnNode(open=job.state not in RUN_TERMINAL, attempts=attempts)
 
     @workflow.query(name="scheduler_view")
     def scheduler_view(self) -> SchedulerView:
         """What this run asks of the scheduler, for a scheduler that rebuilds its view."""
         job = self._record()
-        pending = [
-            task_request(job, t) for t in job.tasks if t.state is TaskState.PENDING and not t.final and not t.gated
-        ]
+        pending = [task_request(job, t) for t in job.tasks if t.waiting and not t.final and not t.gated]
         placed = [allocation(job, t) for t in job.tasks if t.node is not None and t.state not in TASK_ENDED]
         return SchedulerView(job_id=job.id, namespace=job.spec.namespace, pending=pending, placed=placed)
 

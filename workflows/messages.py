@@ -37,8 +37,10 @@ class _Msg(BaseModel):
 # for a count of 0; a Failed run's workflow fails and a Cancelled one's is Canceled. 3: `place` and `release` are
 # local activities of the control plane, through the scheduler's door (activities/scheduler_link.py). 4: the entries
 # folded out of a long history are kept (JobRecord.folded) and passed on at continue-as-new, which comes once one
-# history has `history_keep` of them: clients serve the whole history from the runs of the workflow.
-PROTOCOL = 4
+# history has `history_keep` of them: clients serve the whole history from the runs of the workflow. 5: a placed
+# worker stays Pending ("Placed on <machine>") until its machine picks it up, which the machine's reports say (with
+# when): Preparing "Picked up by <machine>", or its first wait or pull.
+PROTOCOL = 5
 
 
 class LoadSettingsResult(_Msg):
@@ -100,13 +102,15 @@ class PreemptRequest(_Msg):
 
 
 class TaskProgressReport(_Msg):
-    """A machine's report while it sets a worker up (signal `task_progress`): a Preparing wait, or Pulling."""
+    """A machine's report while it sets a worker up (signal `task_progress`): a Preparing wait, Pulling, or
+    "Picked up by <machine>" when setting it up takes a while; `picked_up_at`: when the machine picked it up."""
 
     task_id: str
     attempt: int
     pulling: bool = False
     code: str
     reason: str
+    picked_up_at: datetime | None = None
 
 
 class TaskReport(_Msg):
@@ -118,6 +122,8 @@ class TaskReport(_Msg):
     attempt: int
     heartbeat: bool = False
     started: bool = False
+    picked_up_at: datetime | None = None  # with `started`: when the machine picked the worker up
+    started_at: datetime | None = None  # with `started`: when the container was started
 
 
 class TaskHealthReport(_Msg):
@@ -246,6 +252,7 @@ class StartTaskInput(_Msg):
 class StartTaskResult(_Msg):
     gpu_indices: list[int] = Field(default_factory=list)
     started: bool = True  # False: set up and waiting at the barrier (StartTaskInput.barrier)
+    picked_up_at: datetime | None = None  # when the machine picked the worker up (began to set it up)
 
 
 class SuperviseInput(_Msg):

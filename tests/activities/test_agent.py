@@ -91,9 +91,12 @@ def ready_file_check(**fields: Any) -> Readiness:
 
 
 async def start(machine: Machine, spec: GroupSpec, task: str = "w-0", **fields: Any) -> StartTaskResult:
-    return await ActivityEnvironment().run(
+    """The start's result, less when the machine picked the worker up (tests/activities/test_pick_up.py)."""
+    result = await ActivityEnvironment().run(
         machine.agent.start_task, StartTaskInput(ref=ref(task), group=spec, **fields)
     )
+    assert result.picked_up_at is not None
+    return result.model_copy(update={"picked_up_at": None})
 
 
 async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:

@@ -17,7 +17,9 @@ T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 # "Active" and "placed" states are those on a machine: Preparing, Pulling, ReadyToStart, Starting, Running, Stale.
 PLACED = (S.PREPARING, S.PULLING, S.READY_TO_START, S.STARTING, S.RUNNING, S.STALE)
 SPEC_EDGES: list[tuple[TaskState, TaskEvent, TaskState, str]] = [
-    (S.PENDING, E.PLACED, S.PREPARING, "placed, machine picks it up"),
+    (S.PENDING, E.PICKED_UP, S.PREPARING, "placed, machine picks it up"),
+    # Protocol 4 and earlier: placed and picked up in one step.
+    (S.PENDING, E.PLACED, S.PREPARING, "placed, machine picks it up (protocol 4 and earlier)"),
     (S.PREPARING, E.PULL, S.PULLING, "preparing pulls the image"),
     (S.PREPARING, E.CONTAINER_STARTED, S.STARTING, "preparing starts the container"),
     (S.PULLING, E.CONTAINER_STARTED, S.STARTING, "pulled, the container starts"),
@@ -32,7 +34,7 @@ SPEC_EDGES: list[tuple[TaskState, TaskEvent, TaskState, str]] = [
     (S.RUNNING, E.EXITED_NONZERO, S.FAILED, "exit other than 0, or OOM"),
     (S.PREPARING, E.SETUP_FAILED, S.FAILED, "image, config, start errors"),
     (S.PULLING, E.SETUP_FAILED, S.FAILED, "the pull failed"),
-    (S.PENDING, E.STOP, S.CANCELLED, "stopped before placement"),
+    (S.PENDING, E.STOP, S.CANCELLED, "stopped before placement (or before its machine picked it up)"),
     (S.STOPPING, E.STOP_CONFIRMED, S.CANCELLED, "the machine confirmed the stop"),
     (S.STOPPING, E.MACHINE_LOST, S.CANCELLED, "machine lost while stopping"),
     (S.STOPPING, E.MACHINE_REMOVED, S.CANCELLED, "machine removed from the cluster while stopping"),

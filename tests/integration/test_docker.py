@@ -62,7 +62,8 @@ def test_a_container_runs_to_completion_and_its_log_is_kept(cluster: Cluster, tm
     assert described["status"]["reason"] == "All workers completed"
     assert pairs(described["tasks"][0]["history"]) == [
         ("Pending", "Waiting for workers to start"),
-        ("Preparing", f"Placed on {NODE}"),
+        ("Pending", f"Placed on {NODE}"),
+        ("Preparing", f"Picked up by {NODE}"),
         ("Starting", "Container started"),
         ("Running", "Container running"),
         ("Completed", "Exited with code 0"),
@@ -103,7 +104,7 @@ def test_an_image_that_is_not_present_under_pull_policy_none_fails_without_pulli
 
     reason = "Image local/missing:1 is not present and the pull policy is None"
     assert described["status"]["reason"] == f"Worker w-0 failed on {NODE}: {reason}"
-    assert pairs(described["tasks"][0]["history"])[-2:] == [("Preparing", f"Placed on {NODE}"), ("Failed", reason)]
+    assert pairs(described["tasks"][0]["history"])[-2:] == [("Preparing", f"Picked up by {NODE}"), ("Failed", reason)]
 
 
 def test_a_pull_is_reported_and_a_failed_pull_fails_the_worker(cluster: Cluster, tmp_path: Path) -> None:
@@ -149,7 +150,7 @@ def test_a_restarted_agent_reattaches_without_starting_the_container_twice(
     assert described["status"]["reason"] == "All workers completed"
     task = described["tasks"][0]
     assert task["restarts"] == 0
-    assert [e for e in task["history"] if e["state"] == "Starting"] == [task["history"][2]]  # started once
+    assert [e for e in task["history"] if e["state"] == "Starting"] == [task["history"][3]]  # started once
     state = container(docker_engine, "dk-reattach")["State"]
     assert (state["StartedAt"], state["ExitCode"]) == (started_at, 0)
     assert cluster.cli("logs", "dk-reattach/w-0").stdout == "started\ndone\n"
@@ -173,7 +174,11 @@ def test_a_worker_waits_for_its_secret_then_gets_it_as_a_variable_and_a_file(clu
     token.write_text("hf_abc")
 
     described = cluster.wait_state("dk-secret", "Completed", "Failed")
-    assert pairs(described["tasks"][0]["history"])[1:3] == [("Preparing", f"Placed on {NODE}"), ("Preparing", waiting)]
+    assert pairs(described["tasks"][0]["history"])[1:4] == [
+        ("Pending", f"Placed on {NODE}"),
+        ("Preparing", f"Picked up by {NODE}"),
+        ("Preparing", waiting),
+    ]
     assert cluster.cli("logs", "dk-secret/w-0").stdout == "env=hf_abc file=hf_abc\n"
     assert "hf_abc" not in json.dumps(described)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import textwrap
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -54,13 +55,18 @@ def test_hello_runs_two_workers_to_completion(cluster: Cluster) -> None:
     ]
     assert ("Running", "2 of 2 workers running") in history
     for task in described["tasks"]:
+        # Pending until its machine picks it up (its placement shown meanwhile), then Preparing with its machine's
+        # reason; each entry at the time it happened, in order.
         assert pairs(task["history"]) == [
             ("Pending", "Waiting for workers to start"),
-            ("Preparing", f"Placed on {task['node']}"),
+            ("Pending", f"Placed on {task['node']}"),
+            ("Preparing", f"Picked up by {task['node']}"),
             ("Starting", "Container started"),
             ("Running", "Container running"),
             ("Completed", "Exited with code 0"),
         ]
+        times = [datetime.fromisoformat(e["at"]) for e in task["history"]]
+        assert times == sorted(times)
     assert set(described) == {"id", "namespace", "name", "spec", "status", "history", "tasks", "placement"}
     assert set(described["status"]) == {"state", "reason", "code", "created_at", "started_at", "finished_at"}
     assert set(described["tasks"][0]) >= {"id", "group", "node", "restarts", "restart_at", "status", "history"}

@@ -58,9 +58,15 @@ def test_a_gang_across_two_machines_starts_together(cluster: Cluster, tmp_path: 
     }
     submit(cluster, tmp_path / "gang.yaml", spec)
 
+    waiting = "waiting for external secret shard-key (key token) to be synced to this node"
+
+    def three_ready_one_waiting(d: dict) -> bool:  # type: ignore[type-arg]
+        late = next(t for t in d["tasks"] if t["id"] == "late-0")  # its machine reports the wait (Preparing)
+        return bool(d["status"]["reason"] == "Starting together: 3 of 4 ready" and late["status"]["reason"] == waiting)
+
     described = cluster.wait_for(
-        lambda: (d := cluster.describe("allreduce"))["status"]["reason"] == "Starting together: 3 of 4 ready" and d,
-        "three members at the barrier",
+        lambda: three_ready_one_waiting(d := cluster.describe("allreduce")) and d,
+        "three members at the barrier, the last one waiting for its secret",
     )
     states = {t["id"]: t["status"]["state"] for t in described["tasks"]}
     assert states == {"w-0": "ReadyToStart", "w-1": "ReadyToStart", "w-2": "ReadyToStart", "late-0": "Preparing"}

@@ -57,12 +57,12 @@ def test_a_killed_agent_makes_its_workers_stale_then_down_then_restarted_elsewhe
     task = worker(cluster, "survivor")
     assert task["node"] != lost
     history = pairs(task["history"])
-    assert history[3:8] == [
+    assert history[4:9] == [
         ("Running", "Container running"),
         ("Stale", "Heartbeat lease expired"),
         ("Down", "Machine lost: its lease expired"),
         ("Pending", "Restarted by policy (restart 1/10)"),
-        ("Preparing", f"Placed on {task['node']}"),
+        ("Pending", f"Placed on {task['node']}"),
     ]
     text = cluster.cli("history", "survivor").stdout
     assert "Stale        Heartbeat lease expired" in text
@@ -85,7 +85,7 @@ def test_a_paused_agent_that_resumes_within_the_ttl_brings_its_workers_back(clus
         lambda: pairs(worker(cluster, "paused")["history"])[-1] == ("Running", "Heartbeat received"),
         "the heartbeat to come back",
     )
-    assert pairs(worker(cluster, "paused")["history"])[3:6] == [
+    assert pairs(worker(cluster, "paused")["history"])[4:7] == [
         ("Running", "Container running"),
         ("Stale", "Heartbeat lease expired"),
         ("Running", "Heartbeat received"),

@@ -96,6 +96,6 @@ def test_a_restarted_agent_reports_the_oom_kill_of_a_worker_its_predecessor_star
     described = cluster.wait_state("mem-adopted", "Failed", "Completed", timeout=90)
     assert described["status"]["reason"] == f"Worker w-0 failed on {NODE}: {OOM}"
     worker = described["tasks"][0]
-    assert [e for e in worker["history"] if e["state"] == "Starting"] == [worker["history"][2]]  # started once
+    assert [e for e in worker["history"] if e["state"] == "Starting"] == [worker["history"][3]]  # started once
     assert worker["last_failure"]["reason"] == OOM
     assert not (memory_cgroups().parent / "default.mem-adopted.w-0.0").exists()

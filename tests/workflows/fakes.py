@@ -9,6 +9,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from temporalio import activity
 from temporalio.client import Client
@@ -54,6 +55,7 @@ class Script:
     hold: set[str] = field(default_factory=set)  # these run until stopped: "w-0" (every attempt) or "w-0.1"
     hold_exit: int = 143  # how a held worker exits once stopped (0: it ended on its own)
     no_room: set[str] = field(default_factory=set)  # these never fit
+    machines: dict[str, str] = field(default_factory=dict)  # these are placed on another machine than n0
     # Supervisors that go silent (no heartbeat) before one answers again: "w-0.0" -> how many go silent
     # (a large number: the agent never answers again).
     silent: dict[str, int] = field(default_factory=dict)
@@ -99,7 +101,8 @@ class FakeCluster:
                     reason="No machine fits: 1 of 1 machines ready",
                 )
             else:
-                update = PlacementAnswer(task_id=r.task_id, attempt=r.attempt, node=NODE, address="127.0.0.1")
+                node = self.script.machines.get(r.task_id, NODE)
+                update = PlacementAnswer(task_id=r.task_id, attempt=r.attempt, node=node, address="127.0.0.1")
             answers.append(update)
         return PlaceResult(answers=answers)
 
@@ -121,25 +124,29 @@ class FakeCluster:
         if input.barrier and (ref.task_id in self.script.late or f"{ref.task_id}.{ref.attempt}" in self.script.late):
             raise ApplicationError("still pulling")  # retried (PATIENT) until the run gives up on it
         self.starts.append(input)
-        return StartTaskResult(started=not input.barrier)
+        # Picked up when this activity started (the server's clock, virtual in these tests), as the agent says.
+        return StartTaskResult(started=not input.barrier, picked_up_at=activity.info().started_time)
 
     @activity.defn(name="run_task")
     async def run_task(self, input: RunTaskInput) -> TaskExit:
         """start_task then supervise_task in one call, as the real agent does."""
+        picked_up = activity.info().started_time
         await self.start_task(input.start)
         supervised = SuperviseInput(ref=input.start.ref, settings=input.settings, readiness=input.readiness)
-        return await self._supervise(supervised, started=True)
+        return await self._supervise(supervised, started=True, picked_up=picked_up)
 
     @activity.defn(name="supervise_task")
     async def supervise_task(self, input: SuperviseInput) -> TaskExit:
         return await self._supervise(input, started=False)
 
-    async def _supervise(self, input: SuperviseInput, started: bool) -> TaskExit:
+    async def _supervise(self, input: SuperviseInput, started: bool, picked_up: datetime | None = None) -> TaskExit:
         ref = input.ref
         key = f"{ref.task_id}.{ref.attempt}"
         self.supervisors.append((ref.task_id, ref.attempt, input.reattach))
         handle = self.client.get_workflow_handle(job_id(ref.namespace, ref.job))
-        report = TaskReport(**ref.ids(), heartbeat=input.reattach, started=started)
+        report = TaskReport(
+            **ref.ids(), heartbeat=input.reattach, started=started, picked_up_at=picked_up, started_at=picked_up
+        )
         if self.script.silent.get(key, 0) > 0:
             self.script.silent[key] -= 1
             if not input.reattach:

@@ -60,7 +60,8 @@ async def test_two_workers_complete_with_the_specs_reasons(time_skipping: Workfl
     assert pairs(described.history)[-1] == ("Completed", "All workers completed")
     assert pairs(described.tasks[0].history) == [
         ("Pending", "Waiting for workers to start"),
-        ("Preparing", "Placed on n0"),
+        ("Pending", "Placed on n0"),
+        ("Preparing", "Picked up by n0"),
         ("Starting", "Container started"),
         ("Running", "Container running"),
         ("Completed", "Exited with code 0"),

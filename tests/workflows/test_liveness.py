@@ -106,10 +106,10 @@ async def test_a_lost_machine_takes_its_workers_down_and_they_restart_by_policy(
         status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     history = pairs(described.tasks[0].history)
-    assert history[4:7] == [
+    assert history[5:8] == [
         ("Down", "Machine lost: its lease expired"),
         ("Pending", "Restarted by policy (restart 1/10)"),
-        ("Preparing", "Placed on n0"),
+        ("Pending", "Placed on n0"),
     ]
     assert described.tasks[0].restarts == 1
     assert (status.state, status.reason) == ("Completed", "All workers completed")
@@ -179,11 +179,11 @@ async def test_a_preempted_worker_is_queued_again_without_spending_its_budget(
         status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     task = described.tasks[0]
-    assert pairs(task.history)[4:8] == [
+    assert pairs(task.history)[5:9] == [
         ("Stopping", "Preempted by higher-priority work (urgent-eval)"),
         ("Cancelled", "Stopped on request"),
         ("Pending", "Preempted by urgent-eval; queued again"),
-        ("Preparing", "Placed on n0"),
+        ("Pending", "Placed on n0"),
     ]
     assert ("Pending", "Preempted by higher-priority work (urgent-eval); waiting to run again") in pairs(
         described.history

@@ -57,11 +57,13 @@ class TaskStarted(_Msg):
 
 
 class TaskReady(_Msg):
-    """A gang member is set up (prepared, image pulled) and waits at the barrier."""
+    """A gang member is set up (prepared, image pulled) and waits at the barrier; its machine picked it up at
+    `picked_up_at` (None from agents before protocol 5)."""
 
     kind: Literal["ready"] = "ready"
     task_id: str
     attempt: int
+    picked_up_at: datetime | None = None
 
 
 class WorkersPlanned(_Msg):
@@ -94,7 +96,8 @@ class TaskHealth(_Msg):
 
 
 class TaskProgress(_Msg):
-    """The machine is setting the worker up: a Preparing reason (a wait), or Pulling its image."""
+    """The machine is setting the worker up: a Preparing reason (a wait, or "Picked up by <machine>" when setting
+    it up takes a while), or Pulling its image; it picked the worker up at `picked_up_at`."""
 
     kind: Literal["progress"] = "progress"
     task_id: str
@@ -102,6 +105,7 @@ class TaskProgress(_Msg):
     pulling: bool = False
     code: str
     reason: str
+    picked_up_at: datetime | None = None
 
 
 class TaskSetupFailed(_Msg):
@@ -121,6 +125,8 @@ class TaskRunning(_Msg):
     attempt: int
     heartbeat: bool = False
     started: bool = False  # the same activity started it: the container was started, and runs
+    picked_up_at: datetime | None = None  # with `started`: when its machine picked it up (began to set it up)
+    started_at: datetime | None = None  # with `started`: when the container was started
 
 
 class HeartbeatLate(_Msg):

@@ -15,7 +15,6 @@ from workflows.domain.restarts import restarted_reason
 from workflows.domain.status import (
     RUN_TERMINAL,
     TASK_ENDED,
-    TASK_ON_NODE,
     TaskRecord,
     TaskState,
 )
@@ -52,8 +51,8 @@ def open_barrier(step: Step) -> None:
     if not waiting:
         return
     live = [t for t in job.tasks if not t.final]
-    if any(t.state in SETTING_UP or t.state is S.STOPPING or t.state in TASK_ENDED for t in live):
-        return  # a member is still being set up, or the gang is coming apart
+    if any(t.state in SETTING_UP or t.placed_pending or t.state is S.STOPPING or t.state in TASK_ENDED for t in live):
+        return  # a member is still being set up (or placed, not picked up yet), or the gang is coming apart
     if job.spec.min_available is None and any(t.state is S.PENDING for t in live):
         return
     if sum(t.state in READY_OR_PAST for t in live) < (job.spec.min_available or len(live)):
@@ -74,7 +73,7 @@ def barrier_timed_out(step: Step, round: int) -> None:
     job.barrier_round += 1
     reason = R.GangBarrierTimedOut()
     for task in job.tasks:
-        if not task.final and task.state in TASK_ON_NODE and task.state is not S.STOPPING:
+        if not task.final and task.on_node and task.state is not S.STOPPING:
             task.requeue = reason
             step.stop_for(task, "barrier", reason)
 
@@ -83,7 +82,7 @@ def preempted(step: Step, by: str) -> None:
     """A gang is preempted whole: a member alone cannot run."""
     reason = R.PreemptedByHigherPriority(run=by)
     for task in step.job.tasks:
-        if not task.final and task.state in TASK_ON_NODE and task.state is not S.STOPPING:
+        if not task.final and task.on_node and task.state is not S.STOPPING:
             task.preempted_by = by
             step.stop_for(task, "preempted", reason)
 
@@ -101,7 +100,7 @@ def requeue_gang(step: Step) -> None:
     """Once no member is on a machine and the failed member's back-off is over, the members that left queue
     again together: one request, so the scheduler places them whole."""
     job = step.job
-    if not _active(step) or any(t.state in TASK_ON_NODE for t in job.tasks):
+    if not _active(step) or any(t.on_node for t in job.tasks):
         return
     leaving = [t for t in job.tasks if _waits_for_gang(t)]
     if not leaving or any(t.restart_at is not None and t.restart_at > step.now for t in leaving):

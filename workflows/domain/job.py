@@ -82,9 +82,9 @@ def _placed(step: Step, event: PlacementUpdate) -> None:
     job, now = step.job, step.now
     task = _current(job, event.task_id, event.attempt)
     node = event.node
-    if task is not None and node is not None and task.node == node and task.state in TASK_ON_NODE:
+    if task is not None and node is not None and task.node == node and task.on_node:
         return  # the same grant again (a retried request): already carried out
-    if task is None or task.state is not TaskState.PENDING or task.final:
+    if task is None or not task.waiting or task.final:
         if node is not None:  # placed after it stopped waiting: give the room back
             step.commands.append(Release(task_id=event.task_id, attempt=event.attempt))
         return
@@ -99,8 +99,27 @@ def _placed(step: Step, event: PlacementUpdate) -> None:
             )
         return
     task.node, task.address, task.waiting_on, task.preempted_by = node, event.address, [], None
-    step.move(task, TaskEvent.PLACED, R.Placed(node=node))
+    if job.protocol >= 5:  # Pending until its machine picks it up (_picked_up)
+        record(task.status, task.history, TaskState.PENDING, R.Placed(node=node), now)
+    else:
+        step.move(task, TaskEvent.PLACED, R.Placed(node=node))
     step.start(task, barrier=job.spec.gang)
+
+
+def _reported(step: Step, task: TaskRecord, at: datetime | None) -> datetime:
+    """When a machine says something happened to the worker: its time, kept after the worker's latest entry and
+    not after now (the machine's clock is not the run's), so the history stays in order and true."""
+    if at is None:
+        return step.now
+    return max(task.history[-1].at, min(at, step.now))
+
+
+def _picked_up(step: Step, task: TaskRecord, at: datetime | None) -> None:
+    """A report of its machine about a placed worker shows that the machine picked it up (at `at`, when it says):
+    Pending -> Preparing "Picked up by <machine>". Nothing for a worker already picked up, or not placed."""
+    if task.placed_pending:
+        assert task.node is not None
+        step.move(task, TaskEvent.PICKED_UP, R.PickedUp(node=task.node), at=_reported(step, task, at))
 
 
 def _ended(step: Step, event: TaskEnded) -> None:
@@ -246,7 +265,16 @@ def _started_at(task: TaskRecord) -> datetime | None:
 
 def _machine_lost(step: Step, event: MachineLost) -> None:
     for task in step.job.tasks:
-        if task.node != event.node or task.state not in TASK_ON_NODE:
+        if task.node != event.node or not task.on_node:
+            continue
+        if task.placed_pending:
+            # Never picked up, so never lost: it waits for room again, as a new attempt (its machine, should it
+            # come back, is refused the old one), no restart counted.
+            gone = R.MachineRemoved() if event.removed else R.MachineLost()
+            step.commands.append(Release(task_id=task.id, attempt=task.attempt))
+            record(task.status, task.history, TaskState.PENDING, gone, step.now)
+            next_attempt(task)
+            step.place(task)
             continue
         started = _started_at(task)
         if event.lost_at is not None and started is not None and started >= event.lost_at:
@@ -275,12 +303,16 @@ def _apply(step: Step, event: Event) -> None:
             _placed(step, event)
         case TaskStarted(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
+            if task is not None:
+                _picked_up(step, task, None)
             if task is not None and task.state in (TaskState.PREPARING, TaskState.PULLING):
                 step.move(task, TaskEvent.CONTAINER_STARTED, R.ContainerStarted())
             elif task is not None and task.state is TaskState.READY_TO_START and task.released:
                 step.move(task, TaskEvent.BARRIER_RELEASED, R.ContainerStarted())
         case TaskReady(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
+            if task is not None:
+                _picked_up(step, task, event.picked_up_at)
             if task is not None and task.state in (TaskState.PREPARING, TaskState.PULLING):
                 gang.arrived(step, task)
         case StopConfirmed(task_id=task_id, attempt=attempt):
@@ -293,8 +325,12 @@ def _apply(step: Step, event: Event) -> None:
                 task.healthy = event.healthy
         case TaskProgress(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
+            if task is not None:
+                _picked_up(step, task, event.picked_up_at)
             if task is None or task.state not in (TaskState.PREPARING, TaskState.PULLING):
                 return
+            if event.code == R.PickedUp.code:
+                return  # said only to show it Preparing: a worker Preparing already, or further, keeps its reason
             reason = Reason(event.code, event.reason)
             if event.pulling and task.state is TaskState.PREPARING:
                 step.move(task, TaskEvent.PULL, reason)
@@ -302,6 +338,8 @@ def _apply(step: Step, event: Event) -> None:
                 record(task.status, task.history, task.state, reason, now)
         case TaskSetupFailed(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
+            if task is not None:
+                _picked_up(step, task, None)  # it failed being set up: its machine had picked it up
             if task is None or task.state not in TASK_ON_NODE:
                 return
             if task.state is TaskState.STOPPING:
@@ -315,8 +353,11 @@ def _apply(step: Step, event: Event) -> None:
             step.end(task, TaskEvent.SETUP_FAILED, reason)
         case TaskRunning(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
+            if task is not None and event.started:
+                _picked_up(step, task, event.picked_up_at)
             if task is not None and event.started and task.state in (TaskState.PREPARING, TaskState.PULLING):
-                step.move(task, TaskEvent.CONTAINER_STARTED, R.ContainerStarted())
+                at = _reported(step, task, event.started_at)
+                step.move(task, TaskEvent.CONTAINER_STARTED, R.ContainerStarted(), at=at)
             elif task is not None and event.started and task.state is TaskState.READY_TO_START and task.released:
                 step.move(task, TaskEvent.BARRIER_RELEASED, R.ContainerStarted())
             if task is not None and task.state is TaskState.STARTING:

@@ -15,6 +15,7 @@ class TaskEvent(StrEnum):
     """What can happen to a worker. Each (state, event) pair in TRANSITIONS is one edge of the spec."""
 
     PLACED = "Placed"
+    PICKED_UP = "PickedUp"
     PULL = "Pull"
     CONTAINER_STARTED = "ContainerStarted"
     READY = "Ready"
@@ -37,7 +38,10 @@ class TaskEvent(StrEnum):
 S, E = TaskState, TaskEvent
 
 TRANSITIONS: dict[tuple[TaskState, TaskEvent], TaskState] = {
-    # Placed on a machine; the machine picks it up and sets it up (credentials, drives, network, identity).
+    # Placed, and its machine picks it up: it sets it up (credentials, drives, network, identity). Since protocol 5
+    # a placed worker stays Pending until its machine says it picked it up.
+    (S.PENDING, E.PICKED_UP): S.PREPARING,
+    # Protocol 4 and earlier: placed and picked up were one step (the run went on as soon as it was placed).
     (S.PENDING, E.PLACED): S.PREPARING,
     # Set up; the image is not on the machine, so it is pulled.
     (S.PREPARING, E.PULL): S.PULLING,
@@ -73,7 +77,7 @@ TRANSITIONS: dict[tuple[TaskState, TaskEvent], TaskState] = {
     # A gang member's container start failed once the barrier opened (its start errors come after ReadyToStart;
     # the spec's "Preparing --> Failed: start errors" for a worker started without a barrier).
     (S.READY_TO_START, E.SETUP_FAILED): S.FAILED,
-    # Stopped before placement: straight to Cancelled.
+    # Stopped before its machine picked it up (placed or not): straight to Cancelled.
     (S.PENDING, E.STOP): S.CANCELLED,
     # The machine confirmed the stop.
     (S.STOPPING, E.STOP_CONFIRMED): S.CANCELLED,
@@ -140,11 +144,11 @@ def _waiting_reason(tasks: Sequence[TaskRecord]) -> Reason:
     for task in tasks:
         if task.requeue is not None and not task.final and task.state is not TaskState.PENDING:
             return task.requeue  # queued again with others once they are gone (a gang restart)
-    for wanted in (TaskState.PENDING, None):
+    for first in (True, False):  # one that waits for room first, else one placed and on its way
         for task in tasks:
             if task.final or task.state in (TaskState.RUNNING, TaskState.STALE, TaskState.STOPPING):
                 continue
-            if wanted is None or task.state is wanted:
+            if task.waiting or not first:
                 return Reason(task.status.code, task.status.reason)
     return R.WaitingForWorkersToStart()
 
@@ -247,7 +251,7 @@ def _derive_gang(tasks: Sequence[TaskRecord], current: RunState, shape: RunShape
         return RunState.RUNNING, _running_reason(running, len(tasks), shape)
     if any(t.state is TaskState.STOPPING for t in tasks):
         return None  # members are leaving: the run keeps what it showed until they are gone
-    placed = [t for t in live if t.state in TASK_ON_NODE]
+    placed = [t for t in live if t.on_node]
     if current is not RunState.RUNNING and placed and len(placed) >= needed:
         ready = sum(t.state in _READY_OR_PAST for t in placed)
         total = len(placed) if shape.min_available else len(live)

@@ -207,8 +207,12 @@ class R:
     NoToolGateway = _t("NoToolGateway", "machine serves no tool gateway to its workers ({why})")
 
     # --- Astraeus additions (not in the spec's tables; documented in workflows/README.md) -----------------------
-    # The spec names no reason for a worker that was just placed and whose machine has not reported yet.
+    # The spec names no reason for a worker placed on a machine that has not picked it up yet (Pending; since
+    # protocol 5, before which a placed worker was Preparing with it).
     Placed = _t("Placed", "Placed on {node}")
+    # Nor for a machine that picked a worker up and sets it up with nothing to wait for (Preparing): the spec's edge
+    # "placed, machine picks it up".
+    PickedUp = _t("PickedUp", "Picked up by {node}")
     # A machine's own history: its agent registered (Ready); Down uses MachineLost.
     NodeRegistered = _t("NodeRegistered", "Registered by its agent")
     # A long history keeps how it began and its latest changes; the middle is counted in one entry.

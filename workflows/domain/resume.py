@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from workflows.domain.events import ArmTimer, Command, Place, PlanWorkers, Start, Stop, Supervise, Timer
-from workflows.domain.status import TASK_ON_NODE, JobRecord, TaskState
+from workflows.domain.status import JobRecord, TaskState
 from workflows.domain.tasks import group_of, heartbeat_ttl, plan_request, task_env, task_request, unplanned
 
 
@@ -20,7 +20,7 @@ def resume(job: JobRecord, now: datetime) -> list[Command]:
             commands.append(
                 PlanWorkers(group=group.name, request=request, total_gpus=group.total_gpus, machines=group.machines)
             )
-    waiting = [task_request(job, t) for t in job.tasks if t.state is TaskState.PENDING and not t.final and not t.gated]
+    waiting = [task_request(job, t) for t in job.tasks if t.waiting and not t.final and not t.gated]
     if waiting:
         commands.append(Place(requests=waiting))
     if job.barrier_since is not None:
@@ -32,12 +32,14 @@ def resume(job: JobRecord, now: datetime) -> list[Command]:
         ids = {"task_id": task.id, "attempt": task.attempt}
         if task.restart_at is not None:
             commands.append(ArmTimer(timer=Timer.RESTART, at=task.restart_at, **ids))
-        if task.state not in TASK_ON_NODE:
+        if not task.on_node:
             continue
         assert task.node is not None
         node = task.node
-        if task.state in (TaskState.PREPARING, TaskState.PULLING) or (
-            task.state is TaskState.READY_TO_START and task.released
+        if (
+            task.placed_pending
+            or task.state in (TaskState.PREPARING, TaskState.PULLING)
+            or (task.state is TaskState.READY_TO_START and task.released)
         ):
             barrier = job.spec.gang and not task.released
             commands.append(

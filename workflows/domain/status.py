@@ -40,7 +40,8 @@ class TaskState(StrEnum):
 RUN_TERMINAL = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED})
 # Ended: no container of this attempt runs; the worker is started again only by a restart.
 TASK_ENDED = frozenset({TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELLED, TaskState.DOWN})
-# Placed on a machine, which may have a container of it.
+# Set up, running or stopping on a machine, which may have a container of it. A worker placed there whose machine
+# has not picked it up yet is still Pending, with its machine set (TaskRecord.on_node counts both).
 TASK_ON_NODE = frozenset(
     {
         TaskState.PREPARING,
@@ -138,6 +139,21 @@ class TaskRecord(BaseModel):
     @property
     def state(self) -> TaskState:
         return TaskState(self.status.state)
+
+    @property
+    def placed_pending(self) -> bool:
+        """Placed on a machine that has not picked it up yet: Pending, its machine set (protocol 5)."""
+        return self.state is TaskState.PENDING and self.node is not None
+
+    @property
+    def waiting(self) -> bool:
+        """Pending and not placed: it waits for the scheduler."""
+        return self.state is TaskState.PENDING and self.node is None
+
+    @property
+    def on_node(self) -> bool:
+        """Its machine holds it: placed there (even not picked up yet), set up, running or stopping there."""
+        return self.state in TASK_ON_NODE or self.placed_pending
 
 
 class Folded(BaseModel):

@@ -37,9 +37,10 @@ class Step:
     def gang(self) -> bool:
         return self.job.spec.gang
 
-    def move(self, task: TaskRecord, event: TaskEvent, reason: Reason) -> None:
+    def move(self, task: TaskRecord, event: TaskEvent, reason: Reason, at: datetime | None = None) -> None:
+        """Record a transition, now or at `at` (when the machine says it happened)."""
         state = next_state(task.state, event)
-        record(task.status, task.history, state, reason, self.now)
+        record(task.status, task.history, state, reason, self.now if at is None else at)
 
     def arm(self, timer: Timer, task: TaskRecord, at: datetime) -> None:
         self.commands.append(ArmTimer(timer=timer, task_id=task.id, attempt=task.attempt, at=at))
@@ -118,7 +119,10 @@ class Step:
             if task is failed or task.final:
                 continue
             task.requeue = reason
-            if task.state in TASK_ON_NODE and task.state is not TaskState.STOPPING:
+            if task.placed_pending:
+                task.stop_cause, task.restart_at = "gang_restart", at
+                self._cancel_placed(task, reason)
+            elif task.state in TASK_ON_NODE and task.state is not TaskState.STOPPING:
                 task.stop_cause, task.restart_at = "gang_restart", at
                 self.move(task, TaskEvent.STOP, reason)
                 self.commands.append(Stop(task_id=task.id, attempt=task.attempt, node=node_of(task)))
@@ -134,7 +138,9 @@ class Step:
             return
         task.stopped = True
         task.stop_cause = None
-        if task.state is TaskState.PENDING:
+        if task.placed_pending:
+            self._cancel_placed(task, reason)
+        elif task.state is TaskState.PENDING:
             self.move(task, TaskEvent.STOP, reason)
             task.final = True
             task.status.finished_at = self.now
@@ -151,12 +157,24 @@ class Step:
 
     def stop_for(self, task: TaskRecord, cause: StopCause, reason: Reason) -> None:
         """A stop whose cause decides what follows (preemption, time limit): only a worker on a machine."""
-        if task.final or task.state not in TASK_ON_NODE or task.state is TaskState.STOPPING:
+        if task.final or not task.on_node or task.state is TaskState.STOPPING:
             return
-        self.move(task, TaskEvent.STOP, reason)
         task.stop_cause = cause
         task.stopped = cause == "time_limit"
+        if task.placed_pending:
+            self._cancel_placed(task, reason)
+            return
+        self.move(task, TaskEvent.STOP, reason)
         self.commands.append(Stop(task_id=task.id, attempt=task.attempt, node=node_of(task)))
+
+    def _cancel_placed(self, task: TaskRecord, reason: Reason) -> None:
+        """A worker placed on a machine that has not picked it up yet is stopped as a Pending one: straight to
+        Cancelled (the spec has no Pending -> Stopping edge), its room given back, and what follows the stop
+        follows at once (a preempted worker queues again). Its machine is still told to stop it, since it may be
+        picking it up right now: a setup under way ends there, and a start already handed to the runtime is
+        stopped once it finished."""
+        self.commands.append(Stop(task_id=task.id, attempt=task.attempt, node=node_of(task)))
+        self.end(task, TaskEvent.STOP, reason)
 
 
 def node_of(task: TaskRecord) -> str:
