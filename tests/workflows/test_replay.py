@@ -19,7 +19,8 @@ def test_histories_are_committed() -> None:
     protocol_1 = {"hello", "fail", "restarts", "cancel", "gang", "groups"}
     protocol_2 = {f"{name}-p2" for name in [*protocol_1, "ui-cancel"]}
     protocol_3 = {f"{name}-p3" for name in [*protocol_1, "ui-cancel"]}
-    assert {p.stem for p in HISTORIES} >= protocol_1 | protocol_2 | protocol_3
+    protocol_5 = {f"{name}-p5" for name in [*protocol_1, "ui-cancel"]}  # 4 issues the same commands as 3 for these
+    assert {p.stem for p in HISTORIES} >= protocol_1 | protocol_2 | protocol_3 | protocol_5
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
