@@ -34,7 +34,7 @@ from workflows.domain.spec import JobSpec, format_errors, parse_spec
 from workflows.domain.status import RUN_TERMINAL, RunState, Status
 from workflows.domain.views import TERMINATED
 
-DISTRIBUTION = "astraeus"  # whose metadata `--version` reads
+DISTRIBUTION = "astraeus-orchestrator"  # whose metadata `--version` reads
 RUN_STATES = [*(s.value for s in RunState), TERMINATED]  # what `ls --state` and `wait --for` accept
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]

@@ -86,6 +86,8 @@ def test_the_examples_run_from_the_installed_wheel_away_from_the_checkout(wheel:
         timeout=60,
     )
     assert where.stdout.startswith(str(site)), where  # the wheel's code, not the checkout's
+    version = subprocess.run([*astraeus, "--version"], cwd=home, env=env, capture_output=True, text=True, timeout=60)
+    assert (version.returncode, version.stdout) == (0, "astraeus 0.1.0\n"), version.stderr
     port, ui = free_port(), free_port()
     log = (tmp_path / "dev.log").open("wb")
     dev = subprocess.Popen(
