@@ -458,7 +458,9 @@ class AgentActivities:
             return
         read = self._pressure_read
         if read is None:  # a new read usually ends at once; one still hanging from a former look is not waited for
-            read = self._pressure_read = asyncio.ensure_future(asyncio.to_thread(self._pressure_watch.poll))
+            read = self._pressure_read = asyncio.ensure_future(
+                asyncio.to_thread(self._pressure_watch.poll, list(self._pressure))
+            )
             await asyncio.wait({read}, timeout=PRESSURE_READ_SECONDS)
         if not read.done():
             return
