@@ -113,6 +113,7 @@ class AgentActivities:
         self.registered_at: datetime | None = None  # when the machine's workflow took this agent's latest registration
         self.registrations = 0  # how often this agent registered: a start begun before the latest one is fenced
         self._lease_seen = time.monotonic()  # when hold_lease last ran here
+        self._leases = 0  # hold_lease activities begun here: a newer one carries the lease of a run continued as new
         self._live: dict[TaskKey, int] = {}  # attempts an activity of this agent starts or watches now
         self._unwatched: set[TaskKey] = set()  # attempts whose watch ended before they did (their run lost them?)
         self._returned: dict[TaskKey, float] = {}  # attempts whose watch returned their exit lately, and when
@@ -168,6 +169,8 @@ class AgentActivities:
         """Renew the machine's lease by heartbeating until the control plane cancels it; meanwhile report the
         GPUs' health and the machine's pressure to the machine's workflow when they change."""
         registrations = self.registrations
+        self._leases += 1
+        lease = self._leases
         # The lease's heartbeat timeout (renewals come three times within it); at least PAUSE_FLOOR_SECONDS, so that
         # a slow look (a pressure read is waited for up to a second) on a loaded machine is not mistaken for a pause.
         ttl = max(3 * input.renew_seconds, PAUSE_FLOOR_SECONDS)
@@ -191,7 +194,11 @@ class AgentActivities:
         except asyncio.CancelledError:
             details = activity.cancellation_details()
             replaced = self.registrations != registrations  # this agent registered again: a new lease replaces it
-            if not replaced and (details is None or not details.worker_shutdown):
+            if (
+                not replaced
+                and (details is None or not details.worker_shutdown)
+                and not await self._carried(lease, ttl)
+            ):
                 # Cancelled by the machine's workflow (another agent took it over), or unknown to the server (it
                 # expired while this agent was away): either way this agent no longer holds the machine. An expired
                 # lease is taken again (the agent registers again); a lease taken over ends the agent.
@@ -199,6 +206,23 @@ class AgentActivities:
                 self.lost_why = EXPIRED if expired else TAKEN_OVER
                 self.lost.set()
             raise
+
+    async def _carried(self, lease: int, ttl: float) -> bool:
+        """Whether the machine's workflow continued as new holding this lease (its former run's lease activity is
+        then unknown to the server): the new run's lease comes to this agent, which holds the machine still. Waited
+        for up to the lease's TTL; an answer that does not come counts the lease lost (the agent registers again)."""
+        info = activity.info()
+        try:
+            handle = self._client.get_workflow_handle(node_id(self.node_name), run_id=info.workflow_run_id)
+            if self._leases == lease and (await handle.describe()).status != WorkflowExecutionStatus.CONTINUED_AS_NEW:
+                return False
+            async with asyncio.timeout(ttl):
+                while self._leases == lease:
+                    await asyncio.sleep(0.05)
+        except (RPCError, TimeoutError):
+            return False
+        log.info("%s: its lease went on in the machine's workflow continued as new", self.node_name)
+        return True
 
     @activity.defn(name="start_task")
     async def start_task(self, input: StartTaskInput) -> StartTaskResult:
@@ -434,7 +458,9 @@ class AgentActivities:
             return
         read = self._pressure_read
         if read is None:  # a new read usually ends at once; one still hanging from a former look is not waited for
-            read = self._pressure_read = asyncio.ensure_future(asyncio.to_thread(self._pressure_watch.poll))
+            read = self._pressure_read = asyncio.ensure_future(
+                asyncio.to_thread(self._pressure_watch.poll, list(self._pressure))
+            )
             await asyncio.wait({read}, timeout=PRESSURE_READ_SECONDS)
         if not read.done():
             return

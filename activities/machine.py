@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Literal
 
@@ -17,6 +18,7 @@ log = logging.getLogger(__name__)
 SYSFS = Path("/sys")
 PROCFS = Path("/proc")
 PRESSURE_FRACTION = 0.05  # below this share of memory available, or of disk free, the machine takes no new work
+PRESSURE_CLEAR_FRACTION = 0.07  # and one under pressure takes it again only above this share: no flapping at 5%
 
 Link = Literal["InfiniBand", "Ethernet"]
 _LINKS: dict[str, Link] = {"infiniband": "InfiniBand", "ib": "InfiniBand", "ethernet": "Ethernet", "roce": "Ethernet"}
@@ -128,8 +130,17 @@ def data_free_bytes(location: Path | None) -> int | None:
     return free_bytes(location)
 
 
-def memory_pressure(procfs: Path = PROCFS) -> bool:
-    """MemAvailable below 5% of MemTotal. A kernel that does not report MemAvailable (before 3.14) shows none."""
+def under_pressure(free: int, total: int, was: bool) -> bool:
+    """Below 5% of `total` free comes under pressure; under it, stays so until above 7% free (hysteresis: a machine
+    that hovers at the 5% line does not come under pressure and leave it at every look)."""
+    if total <= 0:
+        return False
+    return free < (PRESSURE_CLEAR_FRACTION if was else PRESSURE_FRACTION) * total
+
+
+def memory_pressure(procfs: Path = PROCFS, was: bool = False) -> bool:
+    """MemAvailable below 5% of MemTotal (7% while under pressure). A kernel that does not report MemAvailable
+    (before 3.14) shows none."""
     values: dict[str, int] = {}
     for line in (procfs / "meminfo").read_text().splitlines():
         key, _, rest = line.partition(":")
@@ -139,17 +150,18 @@ def memory_pressure(procfs: Path = PROCFS) -> bool:
     total, available = values.get("MemTotal"), values.get("MemAvailable")
     if not total or available is None:
         return False
-    return available < PRESSURE_FRACTION * total
+    return under_pressure(available, total, was)
 
 
-def disk_pressure(path: Path) -> bool:
-    """The filesystem of `path` (or of its nearest existing parent: a data dir not made yet) has below 5% free."""
+def disk_pressure(path: Path, was: bool = False) -> bool:
+    """The filesystem of `path` (or of its nearest existing parent: a data dir not made yet) has below 5% free (7%
+    while under pressure)."""
     while not path.exists() and path != path.parent:
         path = path.parent
     stat = os.statvfs(path)
     if stat.f_blocks == 0:  # a pseudo filesystem has no size to run out of
         return False
-    return stat.f_bavail < PRESSURE_FRACTION * stat.f_blocks
+    return under_pressure(stat.f_bavail, stat.f_blocks, was)
 
 
 class PressureWatch:
@@ -159,11 +171,12 @@ class PressureWatch:
         self._data_dir = data_dir
         self._procfs = procfs
 
-    def poll(self) -> list[str]:
-        """Blocking (a file read, a statvfs that a hung mount can stall): call it off the event loop."""
+    def poll(self, under: Collection[str] = ()) -> list[str]:
+        """The conditions now, given those the machine is `under` (as last reported: each clears only above 7%).
+        Blocking (a file read, a statvfs that a hung mount can stall): call it off the event loop."""
         conditions = []
-        if memory_pressure(self._procfs):
+        if memory_pressure(self._procfs, "memory" in under):
             conditions.append("memory")
-        if disk_pressure(self._data_dir):
+        if disk_pressure(self._data_dir, "disk" in under):
             conditions.append("disk")
         return conditions

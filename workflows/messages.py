@@ -331,6 +331,9 @@ class NodeInput(_Msg):
     name: str
     settings: Settings = Field(default_factory=Settings)
     view: NodeView | None = None
+    # The former run held the lease of `view.holder` when it continued as new: this one holds it on at once, telling
+    # no one (the agent's former lease activity ends without counting the lease lost).
+    lease_held: bool = False
 
 
 class RegisterRequest(_Msg):

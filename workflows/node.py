@@ -1,18 +1,36 @@
 """NodeWorkflow: one machine. Its agent registers through it; a heartbeating activity on the machine's own task
-queue is its lease, so renewals cost no history. A lease that times out makes the machine Down."""
+queue is its lease, so renewals cost no history. A lease that times out makes the machine Down. What the machine
+becomes is decided in workflows/domain/node.py; this workflow holds the lease and carries out the commands."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.domain.nodes import NodeState, NodeStatusEntry, NodeView, lease_task_queue
-    from workflows.domain.reasons import R, Reason
+    from workflows.domain.node import (
+        Cordoned,
+        GpusReported,
+        LeaseExpired,
+        NewLease,
+        NodeCommand,
+        NodeEvent,
+        Notify,
+        OrphanStopped,
+        PressureReported,
+        Registered,
+        Removed,
+        TellRuns,
+        Uncordoned,
+        check,
+        decide_node,
+    )
+    from workflows.domain.nodes import NodeState, NodeView, lease_task_queue
     from workflows.messages import (
         SCHEDULER_TASK_QUEUE,
         CordonRequest,
@@ -27,6 +45,11 @@ with workflow.unsafe.imports_passed_through():
     )
 
 PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
+# Since this change a run that grew long continues as new while it holds the lease too, carrying the lease over;
+# runs started before it (replayed) waited for the lease to end first, however long their history grew.
+CONTINUE_HOLDING_PATCH = "node-continues-as-new-holding-its-lease"
+
+LeaseEnd = Literal["expired", "replaced", "continue"]
 
 
 @workflow.defn(name="NodeWorkflow")
@@ -43,43 +66,89 @@ class NodeWorkflow:
     async def run(self, input: NodeInput) -> None:
         settings = input.settings
         self._held = 0
+        carried = input.lease_held  # the former run held the lease: hold it on, the scheduler knows the machine
         while True:
-            await workflow.wait_condition(
-                lambda: self._registrations != self._held or workflow.info().is_continue_as_new_suggested()
-            )
-            if self._registrations == self._held:
-                workflow.continue_as_new(NodeInput(name=input.name, settings=settings, view=self._view))
-            held = self._held = self._registrations
-            await self._notify()
-            expired = await self._hold_lease(settings.node_lease_ttl_seconds)
-            if expired and self._registrations == held:
-                self._view = self._view.model_copy(update={"holder": None})  # the lease is no one's any more
-                if self._view.state is not NodeState.REMOVED:
-                    lost_at = workflow.now()  # taken now: an agent may register while the scheduler is told
-                    self._change(NodeState.DOWN, R.MachineLost())
-                    await self._notify()
-                    await self._tell_runs(removed=False, lost_at=lost_at)
+            carry = carried and self._registrations == self._held  # not when an agent registered at once
+            carried = False
+            if not carry:
+                await workflow.wait_condition(
+                    lambda: self._registrations != self._held or workflow.info().is_continue_as_new_suggested()
+                )
+                if self._registrations == self._held:
+                    workflow.continue_as_new(NodeInput(name=input.name, settings=settings, view=self._view))
+                self._held = self._registrations
+                await self._notify()
+            held = self._held
+            end = await self._hold_lease(settings.node_lease_ttl_seconds, settings.continue_as_new_events, carry)
+            if end == "continue":
+                workflow.continue_as_new(
+                    NodeInput(name=input.name, settings=settings, view=self._view, lease_held=True)
+                )
+            if end == "expired" and self._registrations == held:
+                await self._decide(LeaseExpired())
 
-    async def _hold_lease(self, ttl: float) -> bool:
-        """Hold the lease until it expires (True) or a new registration replaces it (False)."""
-        self._lease = asyncio.ensure_future(
+    async def _hold_lease(self, ttl: float, long_events: int, carried: bool) -> LeaseEnd:
+        """Hold the lease until it expires, a new registration replaces it, or the history grew long enough to
+        continue as new holding it (at a quiet moment: no update in flight). A lease carried over from the former
+        run expires too if its agent does not take it up within its TTL (the agent died meanwhile)."""
+        lease = self._lease = asyncio.ensure_future(
             workflow.execute_activity(
                 "hold_lease",
                 LeaseInput(node=self._view.name, renew_seconds=max(ttl / 3, 0.2)),
                 task_queue=lease_task_queue(self._view.name, self._view.holder),
                 start_to_close_timeout=timedelta(days=3650),
+                schedule_to_start_timeout=timedelta(seconds=ttl) if carried else None,
                 heartbeat_timeout=timedelta(seconds=ttl),
                 retry_policy=RetryPolicy(maximum_attempts=1),
                 summary="lease",
             )
         )
+
+        def long() -> bool:
+            info = workflow.info()
+            return info.is_continue_as_new_suggested() or info.get_current_history_length() >= long_events
+
+        may_continue = True
+        while may_continue:
+            await workflow.wait_condition(lambda: lease.done() or (long() and workflow.all_handlers_finished()))
+            if lease.done():
+                break
+            if workflow.patched(CONTINUE_HOLDING_PATCH):
+                return "continue"
+            may_continue = False  # a run from before the patch: it waits for the lease to end
         try:
-            await self._lease
+            await lease
         except ActivityError:
-            return True
+            return "expired"
         except asyncio.CancelledError:
-            return False
-        return True
+            return "replaced"
+        return "expired"
+
+    async def _decide(self, event: NodeEvent) -> NodeView:
+        """Decide `event` and carry out its commands, in order."""
+        self._view, commands = decide_node(self._view, event, workflow.now())
+        for command in commands:
+            await self._carry_out(command)
+        return self._view
+
+    async def _carry_out(self, command: NodeCommand) -> None:
+        match command:
+            case Notify():
+                await self._notify()
+            case TellRuns(removed=removed, lost_at=lost_at):
+                await self._tell_runs(removed, lost_at)
+            case NewLease():
+                self._replace_lease()
+
+    def _replace_lease(self) -> None:
+        self._registrations += 1  # the run's loop tells the scheduler and holds the new lease
+        if self._lease is not None and not self._lease.done():
+            self._lease.cancel()  # the old lease belongs to an agent that is gone
+
+    def _validate(self, event: NodeEvent) -> None:
+        refusal = check(self._view, event)
+        if refusal is not None:
+            raise ApplicationError(refusal.message, *refusal.details, type=refusal.type)
 
     async def _tell_runs(self, removed: bool, lost_at: datetime) -> None:
         """Every run with a worker on this machine learns it is gone (its workers go Down), and when: the report
@@ -102,133 +171,87 @@ class NodeWorkflow:
             retry_policy=PATIENT,
         )
 
-    def _change(self, state: NodeState, reason: Reason) -> None:
-        self._view = self._view.model_copy(update={"state": state, "since": workflow.now()})
-        self._note(reason)
-
-    def _note(self, reason: Reason) -> None:
-        """A history entry in the machine's current state (its latest 50 are kept)."""
-        entry = NodeStatusEntry(state=self._view.state, reason=reason.text, at=workflow.now())
-        self._view = self._view.model_copy(update={"history": [*self._view.history, entry][-50:]})
-
     @workflow.update(name="register")
     def register(self, request: RegisterRequest) -> NodeView:
         """The agent (re)starts: record what the machine has, and take a new lease."""
-        self._view = self._view.model_copy(update={"inventory": request.inventory, "holder": request.instance or None})
-        self._change(NodeState.READY, R.NodeRegistered())
-        self._registrations += 1
-        if self._lease is not None and not self._lease.done():
-            self._lease.cancel()  # the old lease belongs to an agent that is gone
+        self._view, commands = decide_node(self._view, _registered(request), workflow.now())
+        assert commands == [NewLease()]  # carried out here: the update answers at once
+        self._replace_lease()
         return self._view
 
     @register.validator
     def _validate_register(self, request: RegisterRequest) -> None:
-        if request.inventory.name != self._view.name:
-            raise ApplicationError(f"inventory of {request.inventory.name} sent to machine {self._view.name}")
-        holder = self._view.holder
-        if holder and request.instance != holder and request.take_over != holder:
-            # Two agents of one machine would both take its workers' activities: the second one is refused.
-            raise ApplicationError(
-                f"machine {self._view.name} is held by agent {holder}, whose lease is live: stop that agent first, "
-                "or give this one another --name",
-                holder,
-                type="LeaseHeld",
-            )
+        self._validate(_registered(request))
 
     @workflow.update(name="report_gpus")
     async def report_gpus(self, report: GpuHealthReport) -> NodeView:
         """The agent saw GPUs fault or become at risk: keep the machine's GPUs and their health current, and
         record each new fault in the machine's history."""
-        assert self._view.inventory is not None
-        before = {gpu.index: gpu for gpu in self._view.inventory.gpus}
-        inventory = self._view.inventory.model_copy(update={"gpus": report.gpus})
-        self._view = self._view.model_copy(update={"inventory": inventory})
-        for gpu in report.gpus:
-            if gpu.fault is not None and gpu.fault != before[gpu.index].fault:
-                self._note(R.GpuFault(index=gpu.index, fault=gpu.fault))
-        await self._notify()
-        return self._view
+        return await self._decide(GpusReported(gpus=report.gpus))
 
     @report_gpus.validator
     def _validate_report_gpus(self, report: GpuHealthReport) -> None:
-        inventory = self._view.inventory
-        if inventory is None:
-            raise ApplicationError(f"machine {self._view.name} has not registered", type="NotRegistered")
-        if [(g.index, g.uuid) for g in report.gpus] != [(g.index, g.uuid) for g in inventory.gpus]:
-            raise ApplicationError(f"the GPUs reported are not those machine {self._view.name} registered")
+        self._validate(GpusReported(gpus=report.gpus))
 
     @workflow.update(name="report_pressure")
     async def report_pressure(self, report: PressureReport) -> NodeView:
         """The agent saw the machine come under memory or disk pressure, or leave it: keep the conditions in the
         inventory (the scheduler places nothing new there meanwhile), and record new pressure in its history."""
-        assert self._view.inventory is not None
-        before = self._view.inventory.pressure
-        inventory = self._view.inventory.model_copy(update={"pressure": report.pressure})
-        self._view = self._view.model_copy(update={"inventory": inventory})
-        if report.pressure and set(report.pressure) - set(before):
-            self._note(R.UnderPressure(condition=", ".join(report.pressure)))
-        await self._notify()
-        return self._view
+        return await self._decide(PressureReported(pressure=report.pressure))
 
     @report_pressure.validator
     def _validate_report_pressure(self, report: PressureReport) -> None:
-        if self._view.inventory is None:
-            raise ApplicationError(f"machine {self._view.name} has not registered", type="NotRegistered")
+        self._validate(PressureReported(pressure=report.pressure))
 
     @workflow.update(name="report_orphan_stopped")
     def report_orphan_stopped(self, report: OrphanStoppedReport) -> NodeView:
         """The agent stopped a worker whose run's workflow is no longer open (terminated in the Temporal UI, say), or
         an attempt its open run no longer has here: the machine's history says which, and why."""
-        if report.attempt is not None:
-            self._note(R.StaleAttemptStopped(task=report.task, attempt=report.attempt, run=report.run))
-        else:
-            self._note(R.OrphanStopped(task=report.task, run=report.run, status=report.status))
+        self._view, commands = decide_node(self._view, _orphan(report), workflow.now())
+        assert not commands  # only its history changes
         return self._view
 
     @report_orphan_stopped.validator
     def _validate_report_orphan_stopped(self, report: OrphanStoppedReport) -> None:
-        if self._view.inventory is None:
-            raise ApplicationError(f"machine {self._view.name} has not registered", type="NotRegistered")
+        self._validate(_orphan(report))
 
     # ---- admin verbs (astraeus nodes cordon|uncordon|remove) ------------------------------------------------------
 
     @workflow.update(name="cordon")
     async def cordon(self, request: CordonRequest) -> NodeView:
         """No new work on the machine (what runs there stays) until it is uncordoned."""
-        self._view = self._view.model_copy(update={"cordon": request.reason or "no reason given"})
-        await self._notify()
-        return self._view
+        return await self._decide(Cordoned(reason=request.reason))
+
+    @cordon.validator
+    def _validate_cordon(self, request: CordonRequest) -> None:
+        self._validate(Cordoned(reason=request.reason))
 
     @workflow.update(name="uncordon")
     async def uncordon(self) -> NodeView:
-        self._view = self._view.model_copy(update={"cordon": None})
-        await self._notify()
-        return self._view
+        return await self._decide(Uncordoned())
 
     @uncordon.validator
     def _validate_uncordon(self) -> None:
-        if self._view.cordon is None:
-            raise ApplicationError(f"machine {self._view.name} is not cordoned", type="NotCordoned")
+        self._validate(Uncordoned())
 
     @workflow.update(name="remove")
     async def remove(self, request: CordonRequest) -> NodeView:
         """The machine leaves the cluster: the scheduler forgets it and its workers go Down ("Machine removed from
         the cluster"). An agent that registers again brings it back."""
-        removed_at = workflow.now()
-        self._change(NodeState.REMOVED, R.MachineRemoved())
-        await self._notify()
-        await self._tell_runs(removed=True, lost_at=removed_at)
-        return self._view
-
-    @cordon.validator
-    def _validate_cordon(self, request: CordonRequest) -> None:
-        if self._view.state is NodeState.REMOVED:
-            raise ApplicationError(f"machine {self._view.name} was removed", type="Removed")
+        return await self._decide(Removed())
 
     @remove.validator
     def _validate_remove(self, request: CordonRequest) -> None:
-        self._validate_cordon(request)
+        self._validate(Removed())
 
     @workflow.query(name="view")
     def view(self) -> NodeView:
         return self._view
+
+
+def _registered(request: RegisterRequest) -> Registered:
+    return Registered(inventory=request.inventory, instance=request.instance, take_over=request.take_over)
+
+
+def _orphan(report: OrphanStoppedReport) -> OrphanStopped:
+    return OrphanStopped(task=report.task, run=report.run, status=report.status, attempt=report.attempt)

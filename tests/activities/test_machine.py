@@ -8,7 +8,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, cast
@@ -303,7 +303,7 @@ class ScriptedPressure(PressureWatch):
         self.hang = threading.Event()
         self.hang.set()
 
-    def poll(self) -> list[str]:
+    def poll(self, under: Collection[str] = ()) -> list[str]:
         self.hang.wait()
         return list(self.now)
 
