@@ -1,10 +1,12 @@
-"""Shared fixtures: the Temporal servers shipped as pip packages, started offline from the venv's bin/."""
+"""Shared fixtures: the Temporal servers shipped as pip packages, started offline from the venv's bin/. And the rule
+that `make test` (CI) runs every suite: under ASTRAEUS_REQUIRE_ALL=1 a skipped test fails, saying why it skipped."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,42 @@ from tests.docker_engine import missing as docker_engine_missing
 from workers.connect import SEARCH_ATTRIBUTES, ensure_search_attributes
 
 BIN = Path(sys.executable).parent
+# Set by `make test` and `make integration`: a suite that cannot run here (no dockerd, no gcc, not root) fails
+# loudly instead of skipping. A developer running pytest by hand may still skip what this machine lacks.
+REQUIRE_ALL = "ASTRAEUS_REQUIRE_ALL"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Under ASTRAEUS_REQUIRE_ALL=1 a skip (a skip mark, or pytest.skip in a fixture or a test) is a failure that
+    says why it skipped; an expected failure (xfail) stays what it is."""
+    report: pytest.TestReport = yield
+    if report.skipped and not hasattr(report, "wasxfail") and os.environ.get(REQUIRE_ALL) == "1":
+        report.outcome = "failed"
+        report.longrepr = f"skipped, and {REQUIRE_ALL}=1 (make test) allows no skip: {_skip_reason(report)}"
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """The same for a whole module skipped while collected (pytest.importorskip, pytest.skip at module level)."""
+    report: pytest.CollectReport = yield
+    if report.skipped and os.environ.get(REQUIRE_ALL) == "1":
+        report.outcome = "failed"
+        report.longrepr = f"skipped, and {REQUIRE_ALL}=1 (make test) allows no skip: {_skip_reason(report)}"
+    return report
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    """A skip's longrepr is (path, line, "Skipped: reason")."""
+    if isinstance(report.longrepr, tuple):
+        path, line, message = report.longrepr
+        return f"{message.removeprefix('Skipped: ')} ({path}:{line})"
+    return str(report.longrepr)
 
 
 @pytest.fixture(scope="session")
