@@ -13,6 +13,7 @@ import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from tests.docker_engine import DockerEngine
 from tests.docker_engine import missing as docker_engine_missing
 from workers.connect import SEARCH_ATTRIBUTES, ensure_search_attributes
@@ -92,6 +93,18 @@ def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerEn
         yield engine
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="session")
+def memory_cgroups() -> MemoryCgroups:
+    """This machine's memory cgroups, where this process and the agents it starts make them. As root they must work:
+    fail loudly, never skip (CI runs as root); a user who is not root skips (but not under make test)."""
+    found = find_memory_cgroups()
+    if isinstance(found, Unenforced):
+        if os.geteuid() != 0:
+            pytest.skip(f"memory cgroups need root: {found.why}")
+        pytest.fail(f"running as root, yet memory cgroups cannot be used: {found.why}")
+    return found
 
 
 @pytest.fixture(scope="session")
