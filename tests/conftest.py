@@ -1,5 +1,5 @@
 """Shared fixtures: the Temporal servers shipped as pip packages, started offline from the venv's bin/. And the rule
-that `make test` (CI) runs every suite: under ASTRAEUS_REQUIRE_ALL=1 a skipped test fails, saying why it skipped."""
+that `make test` (CI) runs every suite: under REQUIRE_ALL_SUITES=1 a skipped test fails, saying why it skipped."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ from workers.connect import SEARCH_ATTRIBUTES, ensure_search_attributes
 BIN = Path(sys.executable).parent
 # Set by `make test` and `make integration`: a suite that cannot run here (no dockerd, no gcc, not root) fails
 # loudly instead of skipping. A developer running pytest by hand may still skip what this machine lacks.
-REQUIRE_ALL = "ASTRAEUS_REQUIRE_ALL"
+REQUIRE_ALL = "REQUIRE_ALL_SUITES"
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Under ASTRAEUS_REQUIRE_ALL=1 a skip (a skip mark, or pytest.skip in a fixture or a test) is a failure that
+    """Under REQUIRE_ALL_SUITES=1 a skip (a skip mark, or pytest.skip in a fixture or a test) is a failure that
     says why it skipped; an expected failure (xfail) stays what it is."""
     report: pytest.TestReport = yield
     if report.skipped and not hasattr(report, "wasxfail") and os.environ.get(REQUIRE_ALL) == "1":

@@ -1,4 +1,4 @@
-"""`make test` (CI) allows no skip: under ASTRAEUS_REQUIRE_ALL=1, which the Makefile sets, a suite that cannot run
+"""`make test` (CI) allows no skip: under REQUIRE_ALL_SUITES=1, which the Makefile sets, a suite that cannot run
 here fails and says why it skipped (the hooks in tests/conftest.py); run by hand without it, it may still skip."""
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ def suites(pytester: pytest.Pytester) -> pytest.Pytester:
 def test_a_suite_that_skips_fails_under_make_test_and_says_why(
     suites: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ASTRAEUS_REQUIRE_ALL", "1")
+    monkeypatch.setenv("REQUIRE_ALL_SUITES", "1")
 
     result = suites.runpytest_inprocess()
 
     result.assert_outcomes(failed=1, errors=2, xfailed=1)  # a skip in setup (mark, fixture) is an error
-    allows_no_skip = "skipped, and ASTRAEUS_REQUIRE_ALL=1 (make test) allows no skip: "
+    allows_no_skip = "skipped, and REQUIRE_ALL_SUITES=1 (make test) allows no skip: "
     result.stdout.fnmatch_lines_random(
         [
             f"{allows_no_skip}dockerd is not installed (make test installs Debian's docker.io) (*test_suites.py:*)",
@@ -67,14 +67,14 @@ def test_a_suite_that_skips_fails_under_make_test_and_says_why(
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 
 
-@pytest.mark.parametrize("value", [None, "0"], ids=["by hand", "make test ASTRAEUS_REQUIRE_ALL=0"])
+@pytest.mark.parametrize("value", [None, "0"], ids=["by hand", "make test REQUIRE_ALL_SUITES=0"])
 def test_a_suite_that_cannot_run_here_still_skips_when_not_required(
     suites: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, value: str | None
 ) -> None:
     if value is None:
-        monkeypatch.delenv("ASTRAEUS_REQUIRE_ALL", raising=False)
+        monkeypatch.delenv("REQUIRE_ALL_SUITES", raising=False)
     else:
-        monkeypatch.setenv("ASTRAEUS_REQUIRE_ALL", value)
+        monkeypatch.setenv("REQUIRE_ALL_SUITES", value)
 
     result = suites.runpytest_inprocess()
 
@@ -85,7 +85,7 @@ def test_a_suite_that_cannot_run_here_still_skips_when_not_required(
 def test_a_module_skipped_while_collected_fails_under_make_test(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ASTRAEUS_REQUIRE_ALL", "1")
+    monkeypatch.setenv("REQUIRE_ALL_SUITES", "1")
     project = with_our_hooks(
         pytester, test_docker="import pytest\ndocker = pytest.importorskip('no_docker_sdk_here')\n"
     )
@@ -102,4 +102,4 @@ def test_make_test_and_make_integration_allow_no_skip(target: str) -> None:
 
     pytest_lines = [line for line in planned.stdout.splitlines() if "-m pytest" in line]
     assert pytest_lines, planned.stdout
-    assert all(line.startswith("ASTRAEUS_REQUIRE_ALL=1 ") for line in pytest_lines), pytest_lines
+    assert all(line.startswith("REQUIRE_ALL_SUITES=1 ") for line in pytest_lines), pytest_lines
