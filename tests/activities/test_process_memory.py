@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
 from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from activities.runtime.process import ProcessRuntime
+from tests.activities.runtimes import has_ended, wait_until_ended
 
 MIB = 1 << 20
 GREEDY = [sys.executable, "-c", "b = bytearray(256 << 20); print('survived')"]  # 256 MiB, touched
@@ -27,24 +27,9 @@ def key(attempt: int = 0) -> TaskKey:
     return TaskKey(namespace="team-a", job="mem", task="w-0", attempt=attempt)
 
 
-def wait_until_ended(runtime: ProcessRuntime, task_key: TaskKey, seconds: float = 20.0) -> Observed:
-    deadline = time.monotonic() + seconds
-    while (observed := runtime.observe(task_key)).running:
-        assert time.monotonic() < deadline, f"{task_key.slug} still runs after {seconds} s"
-        time.sleep(0.02)
-    return observed
-
-
 def limit_of(cgroup: Path) -> int:
     name = "memory.limit_in_bytes" if (cgroup / "memory.limit_in_bytes").exists() else "memory.max"
     return int((cgroup / name).read_text())
-
-
-def has_ended(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 @pytest.fixture
