@@ -24,8 +24,12 @@ $(RUN_STAMP): pyproject.toml
 demo: $(RUN_STAMP)
 	$(BIN)/python -m workers.demo examples/hello.yaml
 
+# `make test` (what CI runs) and `make integration` allow no skip: a suite that cannot run here (no dockerd,
+# not root) fails, saying why (tests/conftest.py). `make test REQUIRE_ALL_SUITES=0` lets such suites skip.
+REQUIRE_ALL_SUITES ?= 1
+
 test: $(STAMP) lint typecheck engine
-	$(BIN)/python -m pytest -q
+	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q
 
 # The tests start their own Docker engine, build a fake NVML and check deploy/compose.yaml: Debian's docker.io,
 # busybox-static (the rootfs of the test image), gcc and docker-compose, installed when missing (as root, like CI).
@@ -47,7 +51,7 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not integration'
 
 integration: $(STAMP) engine
-	$(BIN)/python -m pytest -q -m integration
+	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q -m integration
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.runs

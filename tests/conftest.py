@@ -1,21 +1,60 @@
-"""Shared fixtures: the Temporal servers shipped as pip packages, started offline from the venv's bin/."""
+"""Shared fixtures: the Temporal servers shipped as pip packages, started offline from the venv's bin/. And the rule
+that `make test` (CI) runs every suite: under REQUIRE_ALL_SUITES=1 a skipped test fails, saying why it skipped."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from tests.docker_engine import DockerEngine
 from tests.docker_engine import missing as docker_engine_missing
 from workers.connect import SEARCH_ATTRIBUTES, ensure_search_attributes
 
 BIN = Path(sys.executable).parent
+# Set by `make test` and `make integration`: a suite that cannot run here (no dockerd, no gcc, not root) fails
+# loudly instead of skipping. A developer running pytest by hand may still skip what this machine lacks.
+REQUIRE_ALL = "REQUIRE_ALL_SUITES"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Under REQUIRE_ALL_SUITES=1 a skip (a skip mark, or pytest.skip in a fixture or a test) is a failure that
+    says why it skipped; an expected failure (xfail) stays what it is."""
+    report: pytest.TestReport = yield
+    if report.skipped and not hasattr(report, "wasxfail") and os.environ.get(REQUIRE_ALL) == "1":
+        report.outcome = "failed"
+        report.longrepr = f"skipped, and {REQUIRE_ALL}=1 (make test) allows no skip: {_skip_reason(report)}"
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """The same for a whole module skipped while collected (pytest.importorskip, pytest.skip at module level)."""
+    report: pytest.CollectReport = yield
+    if report.skipped and os.environ.get(REQUIRE_ALL) == "1":
+        report.outcome = "failed"
+        report.longrepr = f"skipped, and {REQUIRE_ALL}=1 (make test) allows no skip: {_skip_reason(report)}"
+    return report
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    """A skip's longrepr is (path, line, "Skipped: reason")."""
+    if isinstance(report.longrepr, tuple):
+        path, line, message = report.longrepr
+        return f"{message.removeprefix('Skipped: ')} ({path}:{line})"
+    return str(report.longrepr)
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +93,18 @@ def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerEn
         yield engine
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="session")
+def memory_cgroups() -> MemoryCgroups:
+    """This machine's memory cgroups, where this process and the agents it starts make them. As root they must work:
+    fail loudly, never skip (CI runs as root); a user who is not root skips (but not under make test)."""
+    found = find_memory_cgroups()
+    if isinstance(found, Unenforced):
+        if os.geteuid() != 0:
+            pytest.skip(f"memory cgroups need root: {found.why}")
+        pytest.fail(f"running as root, yet memory cgroups cannot be used: {found.why}")
+    return found
 
 
 @pytest.fixture(scope="session")

@@ -17,10 +17,11 @@ from activities.prepare import Preparer
 from activities.runtime.base import Launch, Mount, Observed, RuntimeFailure, RuntimeUnavailable, TaskKey
 from activities.runtime.docker import DockerRuntime, container_address, container_name
 from activities.starter import SetupEnded, Starter
+from tests.activities.runtimes import check, probe_until, wait_until_ended
 from tests.docker_engine import IMAGE, DockerEngine
 from workers.devserver import free_port
 from workflows.domain.reasons import Reason
-from workflows.domain.spec import GroupSpec, Readiness
+from workflows.domain.spec import GroupSpec
 
 _attempts = itertools.count(1)
 
@@ -32,14 +33,6 @@ def key(task: str = "w-0") -> TaskKey:
 
 def sh(script: str, **fields: object) -> Launch:
     return Launch(command=["sh", "-c", script], **{"image": IMAGE, **fields})  # type: ignore[arg-type]
-
-
-def wait_until_ended(runtime: DockerRuntime, task_key: TaskKey, seconds: float = 20.0) -> Observed:
-    deadline = time.monotonic() + seconds
-    while (observed := runtime.observe(task_key)).running:
-        assert time.monotonic() < deadline, f"{task_key.slug} still runs after {seconds} s"
-        time.sleep(0.05)
-    return observed
 
 
 def inspect(engine: DockerEngine, task_key: TaskKey) -> dict[str, object]:
@@ -322,20 +315,6 @@ async def test_a_barrier_setup_pulls_then_the_start_runs_it_without_pulling_agai
 
 
 # ---- readiness checks ---------------------------------------------------------------------------------------------
-
-
-def check(command: list[str] | None = None, timeout: float = 2, **http_get: object) -> Readiness:
-    return Readiness.model_validate(
-        {"command": command, "http_get": http_get or None, "period_seconds": 1, "timeout_seconds": timeout}
-    )
-
-
-def probe_until(runtime: DockerRuntime, task_key: TaskKey, readiness: Readiness, seconds: float = 10.0) -> str:
-    deadline = time.monotonic() + seconds
-    while not (result := runtime.probe(task_key, readiness))[0]:
-        assert time.monotonic() < deadline, f"the check still fails after {seconds} s: {result[1]}"
-        time.sleep(0.05)
-    return result[1]
 
 
 def test_a_command_check_is_exec_d_in_the_container(runtime: DockerRuntime) -> None:

@@ -28,7 +28,6 @@ def nvml_loads() -> bool:
 
 
 HAS_NVML = nvml_loads()
-no_nvml_here = pytest.mark.skipif(HAS_NVML, reason="this machine has an NVML library")
 REPO = Path(__file__).resolve().parents[2]
 
 READ_GPUS = """
@@ -106,19 +105,14 @@ def test_an_inventory_uses_the_declaration_when_there_is_one() -> None:
     assert read_inventory_gpus("1xT4", "n1") == ([gpu(0, "T4", 0)], "declared")
 
 
-@no_nvml_here
-def test_nvml_is_unavailable_without_its_library() -> None:
-    with pytest.raises(GpusUnavailable, match=r"^NVML is not available on this machine: "):
-        NvmlProbe().read_gpus()
-
-
-@no_nvml_here
-def test_an_inventory_without_nvml_or_a_declaration_has_no_gpus() -> None:
-    assert read_inventory_gpus(None, "n1") == ([], "none")
-
-
-@pytest.mark.skipif(not HAS_NVML, reason="this machine has no NVML library")
-def test_nvml_reads_this_machines_gpus() -> None:
+def test_nvml_reads_this_machines_gpus_or_says_it_is_unavailable() -> None:
+    """Never skipped (`make test` allows no skip): without a GPU, as in CI, NVML is unavailable and the inventory has
+    none; on a GPU machine NVML reads its GPUs. The fake GPUs below cover NVML's reading on every machine."""
+    if not HAS_NVML:
+        with pytest.raises(GpusUnavailable, match=r"^NVML is not available on this machine: "):
+            NvmlProbe().read_gpus()
+        assert read_inventory_gpus(None, "n1") == ([], "none")
+        return
     gpus = NvmlProbe().read_gpus()
 
     assert [g.index for g in gpus] == list(range(len(gpus)))

@@ -1,14 +1,13 @@
 """The process runtime limits a worker's memory to its `memory_bytes` with a cgroup of its own, made before the
 command runs and removed once it ended; a worker the kernel killed for memory is seen as OOM-killed, by this agent or
 one that restarted. Against the real kernel: as root these tests need memory cgroups and fail without them (CI runs
-as root); they are skipped only for a user who is not root."""
+as root); they are skipped only for a user who is not root (the fixture memory_cgroups in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -18,43 +17,19 @@ import pytest
 from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
 from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from activities.runtime.process import ProcessRuntime
+from tests.activities.runtimes import has_ended, wait_until_ended
 
 MIB = 1 << 20
 GREEDY = [sys.executable, "-c", "b = bytearray(256 << 20); print('survived')"]  # 256 MiB, touched
-
-
-def memory_cgroups() -> MemoryCgroups:
-    """This machine's memory cgroups. As root they must work: fail loudly, never skip (CI runs as root)."""
-    found = find_memory_cgroups()
-    if isinstance(found, Unenforced):
-        if os.geteuid() != 0:
-            pytest.skip(f"memory cgroups need root: {found.why}")
-        pytest.fail(f"running as root, yet memory cgroups cannot be used: {found.why}")
-    return found
 
 
 def key(attempt: int = 0) -> TaskKey:
     return TaskKey(namespace="team-a", job="mem", task="w-0", attempt=attempt)
 
 
-def wait_until_ended(runtime: ProcessRuntime, task_key: TaskKey, seconds: float = 20.0) -> Observed:
-    deadline = time.monotonic() + seconds
-    while (observed := runtime.observe(task_key)).running:
-        assert time.monotonic() < deadline, f"{task_key.slug} still runs after {seconds} s"
-        time.sleep(0.02)
-    return observed
-
-
 def limit_of(cgroup: Path) -> int:
     name = "memory.limit_in_bytes" if (cgroup / "memory.limit_in_bytes").exists() else "memory.max"
     return int((cgroup / name).read_text())
-
-
-def has_ended(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 @pytest.fixture
@@ -75,8 +50,8 @@ def root(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def runtime(root: Path) -> ProcessRuntime:
-    return ProcessRuntime(root, memory_cgroups())
+def runtime(root: Path, memory_cgroups: MemoryCgroups) -> ProcessRuntime:
+    return ProcessRuntime(root, memory_cgroups)
 
 
 def test_a_worker_over_its_memory_bytes_is_oom_killed_and_its_cgroup_removed(
@@ -116,11 +91,12 @@ def test_a_worker_without_memory_bytes_gets_no_cgroup(runtime: ProcessRuntime, r
     assert not (root / key().slug / "cgroup").exists()
 
 
-def test_an_agent_that_restarted_sees_the_oom_kill_of_a_worker_it_did_not_start(root: Path) -> None:
-    memory = memory_cgroups()
+def test_an_agent_that_restarted_sees_the_oom_kill_of_a_worker_it_did_not_start(
+    root: Path, memory_cgroups: MemoryCgroups
+) -> None:
     command = ["sh", "-c", f"sleep 0.5; exec {sys.executable} -c 'b = bytearray(256 << 20)'"]
-    ProcessRuntime(root, memory).start(key(), Launch(command=command, memory_bytes=64 * MIB))
-    restarted = ProcessRuntime(root, memory)
+    ProcessRuntime(root, memory_cgroups).start(key(), Launch(command=command, memory_bytes=64 * MIB))
+    restarted = ProcessRuntime(root, memory_cgroups)
 
     assert restarted.observe(key()).running
     observed = wait_until_ended(restarted, key())

@@ -18,20 +18,12 @@ import pytest
 
 from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
 from activities.runtime.process import ProcessRuntime
+from tests.activities.runtimes import check, has_ended, probe_until, wait_until_ended
 from workers.devserver import free_port
-from workflows.domain.spec import Readiness
 
 
 def key(task: str = "train-0", attempt: int = 1) -> TaskKey:
     return TaskKey(namespace="team-a", job="llm-7b", task=task, attempt=attempt)
-
-
-def wait_until_ended(runtime: ProcessRuntime, task_key: TaskKey, seconds: float = 5.0) -> Observed:
-    deadline = time.monotonic() + seconds
-    while (observed := runtime.observe(task_key)).running:
-        assert time.monotonic() < deadline, f"{task_key.slug} still runs after {seconds} s"
-        time.sleep(0.01)
-    return observed
 
 
 def wait_for_text(path: Path, seconds: float = 5.0) -> str:
@@ -41,14 +33,6 @@ def wait_for_text(path: Path, seconds: float = 5.0) -> str:
         assert time.monotonic() < deadline, f"{path} stays empty"
         time.sleep(0.01)
     return path.read_text()
-
-
-def has_ended(pid: int) -> bool:
-    """Gone, or a zombie (an orphan's new parent may not reap it at once, or at all in a sandbox)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def python(code: str) -> list[str]:
@@ -296,21 +280,6 @@ def test_delete_removes_an_ended_attempt_but_not_a_running_one(runtime: ProcessR
 
 
 # ---- readiness checks ---------------------------------------------------------------------------------------------
-
-
-def check(command: list[str] | None = None, timeout: float = 2, **http_get: object) -> Readiness:
-    return Readiness.model_validate(
-        {"command": command, "http_get": http_get or None, "period_seconds": 1, "timeout_seconds": timeout}
-    )
-
-
-def probe_until(runtime: ProcessRuntime, task_key: TaskKey, readiness: Readiness, seconds: float = 10.0) -> str:
-    """Probe until the check passes (a server needs a moment to listen); its detail."""
-    deadline = time.monotonic() + seconds
-    while not (result := runtime.probe(task_key, readiness))[0]:
-        assert time.monotonic() < deadline, f"the check still fails after {seconds} s: {result[1]}"
-        time.sleep(0.05)
-    return result[1]
 
 
 def test_a_command_check_runs_in_the_workers_environment_and_directory(runtime: ProcessRuntime) -> None:

@@ -24,6 +24,11 @@ ASTRAEUS = str(BIN / "astraeus")
 SETTINGS = {"backoff_base_seconds": 1, "backoff_cap_seconds": 2, "stop_grace_seconds": 1, "node_lease_ttl_seconds": 5}
 
 
+def pairs(entries: list[dict[str, str]]) -> list[tuple[str, str]]:
+    """(state, reason) of each history entry, as `astraeus describe --json` shows them."""
+    return [(e["state"], e["reason"]) for e in entries]
+
+
 class Cluster:
     def __init__(self, root: Path, **settings: float) -> None:
         self.root = root

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.docker_engine import IMAGE, DockerEngine
-from tests.integration.harness import Cluster
+from tests.integration.harness import Cluster, pairs
 from workers.devserver import free_port
 
 pytestmark = pytest.mark.integration
@@ -44,10 +44,6 @@ def submit(cluster: Cluster, tmp_path: Path, name: str, **group: Any) -> None:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     cluster.cli("submit", str(path))
-
-
-def pairs(entries: list[dict[str, str]]) -> list[tuple[str, str]]:
-    return [(e["state"], e["reason"]) for e in entries]
 
 
 def container(engine: DockerEngine, run: str, attempt: int = 0) -> dict[str, Any]:

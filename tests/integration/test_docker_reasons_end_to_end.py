@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.docker_engine import DockerEngine
-from tests.integration.harness import Cluster
+from tests.integration.harness import Cluster, pairs
 from tests.local_registry import LocalRegistry
 
 pytestmark = pytest.mark.integration
@@ -48,10 +48,6 @@ def submit(cluster: Cluster, tmp_path: Path, name: str, groups: list[dict[str, A
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     cluster.cli("submit", str(path))
-
-
-def pairs(entries: list[dict[str, str]]) -> list[tuple[str, str]]:
-    return [(e["state"], e["reason"]) for e in entries]
 
 
 def from_state(history: list[tuple[str, str]], state: str) -> list[tuple[str, str]]:

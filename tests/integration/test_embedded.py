@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import Cluster
+from tests.integration.harness import Cluster, pairs
 
 pytestmark = pytest.mark.integration
 
@@ -37,10 +37,6 @@ def write(tmp_path: Path, text: str) -> str:
     path = tmp_path / "run.yaml"
     path.write_text(textwrap.dedent(text))
     return str(path)
-
-
-def pairs(entries: list[dict[str, str]]) -> list[tuple[str, str]]:
-    return [(e["state"], e["reason"]) for e in entries]
 
 
 def test_hello_runs_two_workers_to_completion(cluster: Cluster) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.harness import Cluster
+from tests.integration.harness import Cluster, pairs
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +39,6 @@ def submit(cluster: Cluster, tmp_path: Path, name: str, *groups: dict[str, Any],
 
 def describe(cluster: Cluster, run: str, namespace: str = "default") -> dict[str, Any]:
     return cluster.json("describe", f"{namespace}/{run}")  # type: ignore[no-any-return]
-
-
-def pairs(entries: list[dict[str, str]]) -> list[tuple[str, str]]:
-    return [(e["state"], e["reason"]) for e in entries]
 
 
 def sleep(seconds: int) -> list[str]:

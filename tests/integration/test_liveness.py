@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import Cluster
+from tests.integration.harness import Cluster, pairs
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +39,6 @@ def submit(cluster: Cluster, tmp_path: Path, name: str, cpu: float) -> None:
 
 def worker(cluster: Cluster, run: str) -> dict:  # type: ignore[type-arg]
     return cluster.describe(run)["tasks"][0]  # type: ignore[no-any-return]
-
-
-def pairs(entries: list[dict[str, str]]) -> list[tuple[str, str]]:
-    return [(e["state"], e["reason"]) for e in entries]
 
 
 def test_a_killed_agent_makes_its_workers_stale_then_down_then_restarted_elsewhere(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.harness import Cluster
+from tests.integration.harness import Cluster, pairs
 
 pytestmark = pytest.mark.integration
 
@@ -31,10 +31,6 @@ def submit(cluster: Cluster, tmp_path: Path, name: str, priority: int, sleep: in
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     cluster.cli("submit", str(path))
-
-
-def pairs(entries: list[dict[str, str]]) -> list[tuple[str, str]]:
-    return [(e["state"], e["reason"]) for e in entries]
 
 
 def test_higher_priority_work_preempts_and_the_victim_runs_again_uncharged(cluster: Cluster, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import yaml
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from tests.integration.harness import Cluster
+from tests.integration.harness import Cluster, pairs
 from workers.render import _when
 from workflows.domain.nodes import node_id
 from workflows.domain.settings import Settings
@@ -63,10 +63,6 @@ def submit(cluster: Cluster, tmp_path: Path, name: str, groups: list[dict[str, A
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     cluster.cli("submit", str(path))
-
-
-def pairs(entries: list[dict[str, str]]) -> list[tuple[str, str]]:
-    return [(e["state"], e["reason"]) for e in entries]
 
 
 def task(described: dict[str, Any], task_id: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import pytest
 
 from activities.runtime.base import TaskKey
 from activities.runtime.process import ProcessRuntime
-from tests.integration.harness import BIN, Cluster
+from tests.integration.harness import BIN, Cluster, pairs
 
 pytestmark = pytest.mark.integration
 
@@ -61,10 +61,6 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-def pairs(entries: list[dict[str, str]]) -> list[tuple[str, str]]:
-    return [(e["state"], e["reason"]) for e in entries]
 
 
 def test_a_terminated_runs_worker_is_stopped_by_its_machine_which_says_why(cluster: Cluster, tmp_path: Path) -> None:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client
@@ -211,3 +212,8 @@ async def fake_cluster(client: Client, script: Script, settings: Settings | None
 
 def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def pairs(entries: Iterable[Any]) -> list[tuple[str, str]]:
+    """(state, reason) of each entry of a history."""
+    return [(e.state, e.reason) for e in entries]

@@ -20,7 +20,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.control import ControlActivities
-from tests.workflows.fakes import NODE, FakeCluster, Script, unique
+from tests.workflows.fakes import NODE, FakeCluster, Script, pairs, unique
 from workers.client import run_result
 from workflows.domain.nodes import node_task_queue
 from workflows.domain.settings import Settings
@@ -59,10 +59,6 @@ async def until_stale(handle: WorkflowHandle[Any, Any]) -> None:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"never Stale: {described.tasks[0].history if described.tasks else described.status}")
-
-
-def pairs(entries: Any) -> list[tuple[str, str]]:
-    return [(e.state, e.reason) for e in entries]
 
 
 async def test_a_silent_worker_is_stale_after_15_s_and_down_after_its_60_s_ttl(

@@ -10,7 +10,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from tests.workflows.fakes import Script, fake_cluster, unique
+from tests.workflows.fakes import Script, fake_cluster, pairs, unique
 from workers.client import run_result
 from workflows.domain.events import Created, PlacementUpdate, TaskStarted
 from workflows.domain.job import decide
@@ -35,10 +35,6 @@ async def start(env: WorkflowEnvironment, job: JobSpec):  # type: ignore[no-unty
         task_queue=CONTROL_TASK_QUEUE,
         search_attributes=search_attributes(job, "Pending"),
     )
-
-
-def pairs(entries) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
-    return [(e.state, e.reason) for e in entries]
 
 
 async def test_two_workers_complete_with_the_specs_reasons(time_skipping: WorkflowEnvironment) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from tests.workflows.fakes import Script, fake_cluster, unique
+from tests.workflows.fakes import Script, fake_cluster, pairs, unique
 from workers.client import run_result
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
@@ -52,10 +52,6 @@ async def until(handle: WorkflowHandle[Any, Any], check: Any, tries: int = 200) 
             return described
         await asyncio.sleep(0.05)
     raise AssertionError(f"never true; last: {described.status} {[t.status for t in described.tasks]}")
-
-
-def pairs(entries: Any) -> list[tuple[str, str]]:
-    return [(e.state, e.reason) for e in entries]
 
 
 async def test_a_late_heartbeat_makes_a_worker_stale_and_a_heartbeat_brings_it_back(
