@@ -28,7 +28,8 @@ from workflows.node import NodeWorkflow
 
 
 class FakeMachine:
-    def __init__(self) -> None:
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name  # the machine whose changes it hears (None: every machine's)
         self.alive = True
         self.seen: list[NodeView] = []
         self.lost: list[MachineLostReport] = []
@@ -42,18 +43,20 @@ class FakeMachine:
 
     @activity.defn(name="machine_lost")
     async def machine_lost(self, report: MachineLostReport) -> int:
-        self.lost.append(report)
+        if self.name is None or report.node == self.name:
+            self.lost.append(report)
         return 0
 
     @activity.defn(name="node_changed")
     async def node_changed(self, input: NodeChangedInput) -> None:
-        self.seen.append(input.node)
+        if self.name is None or input.node.name == self.name:  # the queue is shared with other tests' machines
+            self.seen.append(input.node)
 
 
 async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping: WorkflowEnvironment) -> None:
     client = time_skipping.client
     name = unique("m")
-    machine = FakeMachine()
+    machine = FakeMachine(name)
     inventory = NodeInventory(
         name=name, cpus=8, memory_bytes=2**34, gpus=[GpuInfo(index=0, uuid="GPU-0", model="L4", memory_bytes=2**34)]
     )
@@ -97,7 +100,7 @@ async def test_a_removed_machine_stays_removed_when_its_lease_then_expires(time_
 
     client = time_skipping.client
     name = unique("m")
-    machine = FakeMachine()
+    machine = FakeMachine(name)
     inventory = NodeInventory(name=name, cpus=8, memory_bytes=2**34)
     async with (
         Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
@@ -132,7 +135,7 @@ async def test_an_orphan_stopped_by_the_agent_is_written_in_the_machines_history
 
     client = time_skipping.client
     name = unique("m")
-    machine = FakeMachine()
+    machine = FakeMachine(name)
     report = OrphanStoppedReport(task="w-0", run="default/sleepy", status="terminated")
     async with (
         Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow], activities=[machine.machine_lost]),
@@ -183,7 +186,7 @@ async def test_a_second_agent_is_refused_while_the_first_holds_the_lease(time_sk
     name = unique("m")
     first, second, third = "host-a:101:aaaa", "host-a:202:bbbb", "host-b:303:cccc"
     agents = {instance: FakeAgent() for instance in (first, second)}
-    control = FakeMachine()
+    control = FakeMachine(name)
     inventory = NodeInventory(name=name, cpus=8, memory_bytes=2**34)
     async with contextlib.AsyncExitStack() as stack:
         workers = [
