@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -10,16 +11,32 @@ from pathlib import Path
 
 from workers.cli import load_spec
 from workers.client import AstraeusClient
-from workers.devserver import free_port
+from workers.devserver import DevServerError, free_port
 from workers.embedded import Embedded
 from workers.render import render_describe, render_events
+
+PORT_TRIES = 3
+
+
+async def started(data_dir: Path) -> Embedded:
+    """The embedded default on free ports. A port another process takes between our choice and the server's bind
+    (a busy machine) fails the server's start: then new ports are chosen."""
+    for attempt in range(1, PORT_TRIES + 1):
+        embedded = Embedded(data_dir, port=free_port(), ui_port=free_port(), nodes=2, gpus="2xL4-24GB")
+        try:
+            return await embedded.__aenter__()
+        except DevServerError as error:
+            if "address already in use" not in str(error) or attempt == PORT_TRIES:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def demo(spec_path: str) -> int:
     spec = load_spec(spec_path)
     with tempfile.TemporaryDirectory(prefix="astraeus-demo-") as data_dir:
-        embedded = Embedded(Path(data_dir), port=free_port(), ui_port=free_port(), nodes=2, gpus="2xL4-24GB")
-        async with embedded:
+        async with contextlib.AsyncExitStack() as stack:
+            embedded = await started(Path(data_dir))
+            stack.push_async_exit(embedded)
             assert embedded.client is not None
             print(f"Temporal UI: {embedded.server.ui_address} (open while the demo runs)")
             print(f"Temporal frontend: {embedded.server.address}")
