@@ -56,7 +56,9 @@ def meminfo(procfs: Path, total_kb: int, available_kb: int | None) -> Path:
     lines = [f"MemTotal:       {total_kb} kB", "MemFree:          123456 kB"]
     if available_kb is not None:
         lines.append(f"MemAvailable:   {available_kb} kB")
-    (procfs / "meminfo").write_text("\n".join([*lines, "Buffers:           2048 kB", ""]))
+    # Whole or not at all, as the kernel's file reads: an agent looking while it is rewritten must not see it empty.
+    (procfs / "meminfo.tmp").write_text("\n".join([*lines, "Buffers:           2048 kB", ""]))
+    (procfs / "meminfo.tmp").replace(procfs / "meminfo")
     return procfs
 
 
