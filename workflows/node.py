@@ -11,10 +11,11 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.domain.nodes import NodeState, NodeStatusEntry, NodeView, lease_task_queue
+    from workflows import contracts
+    from workflows.contracts import SCHEDULER_TASK_QUEUE, lease_task_queue
+    from workflows.domain.nodes import NodeState, NodeStatusEntry, NodeView
     from workflows.domain.reasons import R, Reason
     from workflows.messages import (
-        SCHEDULER_TASK_QUEUE,
         CordonRequest,
         GpuHealthReport,
         LeaseInput,
@@ -29,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
 PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
 
 
-@workflow.defn(name="NodeWorkflow")
+@workflow.defn(name=contracts.NODE_WORKFLOW)
 class NodeWorkflow:
     @workflow.init
     def __init__(self, input: NodeInput) -> None:
@@ -64,7 +65,7 @@ class NodeWorkflow:
         """Hold the lease until it expires (True) or a new registration replaces it (False)."""
         self._lease = asyncio.ensure_future(
             workflow.execute_activity(
-                "hold_lease",
+                contracts.hold_lease,
                 LeaseInput(node=self._view.name, renew_seconds=max(ttl / 3, 0.2)),
                 task_queue=lease_task_queue(self._view.name, self._view.holder),
                 start_to_close_timeout=timedelta(days=3650),
@@ -85,7 +86,7 @@ class NodeWorkflow:
         """Every run with a worker on this machine learns it is gone (its workers go Down), and when: the report
         may reach a run after a new agent of the machine started one of its workers, which must not count lost."""
         await workflow.execute_activity(
-            "machine_lost",
+            contracts.machine_lost,
             MachineLostReport(node=self._view.name, removed=removed, lost_at=lost_at),
             task_queue=SCHEDULER_TASK_QUEUE,  # the scheduler knows every worker on the machine
             start_to_close_timeout=timedelta(seconds=60),
@@ -95,7 +96,7 @@ class NodeWorkflow:
 
     async def _notify(self) -> None:
         await workflow.execute_activity(
-            "node_changed",
+            contracts.node_changed,
             NodeChangedInput(node=self._view),
             task_queue=SCHEDULER_TASK_QUEUE,
             start_to_close_timeout=timedelta(seconds=30),
@@ -111,7 +112,7 @@ class NodeWorkflow:
         entry = NodeStatusEntry(state=self._view.state, reason=reason.text, at=workflow.now())
         self._view = self._view.model_copy(update={"history": [*self._view.history, entry][-50:]})
 
-    @workflow.update(name="register")
+    @workflow.update(name=contracts.REGISTER.name)
     def register(self, request: RegisterRequest) -> NodeView:
         """The agent (re)starts: record what the machine has, and take a new lease."""
         self._view = self._view.model_copy(update={"inventory": request.inventory, "holder": request.instance or None})
@@ -135,7 +136,7 @@ class NodeWorkflow:
                 type="LeaseHeld",
             )
 
-    @workflow.update(name="report_gpus")
+    @workflow.update(name=contracts.REPORT_GPUS.name)
     async def report_gpus(self, report: GpuHealthReport) -> NodeView:
         """The agent saw GPUs fault or become at risk: keep the machine's GPUs and their health current, and
         record each new fault in the machine's history."""
@@ -157,7 +158,7 @@ class NodeWorkflow:
         if [(g.index, g.uuid) for g in report.gpus] != [(g.index, g.uuid) for g in inventory.gpus]:
             raise ApplicationError(f"the GPUs reported are not those machine {self._view.name} registered")
 
-    @workflow.update(name="report_pressure")
+    @workflow.update(name=contracts.REPORT_PRESSURE.name)
     async def report_pressure(self, report: PressureReport) -> NodeView:
         """The agent saw the machine come under memory or disk pressure, or leave it: keep the conditions in the
         inventory (the scheduler places nothing new there meanwhile), and record new pressure in its history."""
@@ -175,7 +176,7 @@ class NodeWorkflow:
         if self._view.inventory is None:
             raise ApplicationError(f"machine {self._view.name} has not registered", type="NotRegistered")
 
-    @workflow.update(name="report_orphan_stopped")
+    @workflow.update(name=contracts.REPORT_ORPHAN_STOPPED.name)
     def report_orphan_stopped(self, report: OrphanStoppedReport) -> NodeView:
         """The agent stopped a worker whose run's workflow is no longer open (terminated in the Temporal UI, say), or
         an attempt its open run no longer has here: the machine's history says which, and why."""
@@ -192,14 +193,14 @@ class NodeWorkflow:
 
     # ---- admin verbs (astraeus nodes cordon|uncordon|remove) ------------------------------------------------------
 
-    @workflow.update(name="cordon")
+    @workflow.update(name=contracts.CORDON.name)
     async def cordon(self, request: CordonRequest) -> NodeView:
         """No new work on the machine (what runs there stays) until it is uncordoned."""
         self._view = self._view.model_copy(update={"cordon": request.reason or "no reason given"})
         await self._notify()
         return self._view
 
-    @workflow.update(name="uncordon")
+    @workflow.update(name=contracts.UNCORDON.name)
     async def uncordon(self) -> NodeView:
         self._view = self._view.model_copy(update={"cordon": None})
         await self._notify()
@@ -210,7 +211,7 @@ class NodeWorkflow:
         if self._view.cordon is None:
             raise ApplicationError(f"machine {self._view.name} is not cordoned", type="NotCordoned")
 
-    @workflow.update(name="remove")
+    @workflow.update(name=contracts.REMOVE.name)
     async def remove(self, request: CordonRequest) -> NodeView:
         """The machine leaves the cluster: the scheduler forgets it and its workers go Down ("Machine removed from
         the cluster"). An agent that registers again brings it back."""
@@ -229,6 +230,6 @@ class NodeWorkflow:
     def _validate_remove(self, request: CordonRequest) -> None:
         self._validate_cordon(request)
 
-    @workflow.query(name="view")
+    @workflow.query(name=contracts.VIEW.name)
     def view(self) -> NodeView:
         return self._view
