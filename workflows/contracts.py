@@ -324,5 +324,5 @@ async def query(handle: WorkflowHandle[Any, Any], asked: Query[In, Out], *args: 
 
 
 async def update(handle: WorkflowHandle[Any, Any], sent: Update[In, Out], *args: In) -> Out:
-    result: Out = await handle.execute_update(sent.name, args=list(args), result_type=sent.result)
+    result: Out = await handle.execute_update(sent.name, *args, result_type=sent.result)
     return result
