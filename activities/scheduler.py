@@ -21,12 +21,11 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
-from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import metrics
 from workflows import contracts
-from workflows.contracts import QUOTAS_WORKFLOW_ID, SA_NODES, SA_PRIORITY, implements
+from workflows.contracts import PRIORITY_KEY, QUOTAS_WORKFLOW_ID, SA_NODES, implements
 from workflows.domain.nodes import NodeState, NodeView
 from workflows.domain.planning import WorkerPlan, plan_workers
 from workflows.domain.quotas import Quota
@@ -47,7 +46,6 @@ from workflows.messages import (
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
-PRIORITY_KEY = SearchAttributeKey.for_int(SA_PRIORITY)
 SIGNALS_AT_ONCE = 32  # runs being signalled at once
 SWEEP_SECONDS = 10.0  # how often closed runs that still hold room are looked for
 RESEND_TRIES = 20  # a signal that fails is sent again, backing off to 5 s: about a minute and a half in all
