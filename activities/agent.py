@@ -30,7 +30,9 @@ from activities.machine import PressureWatch
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime, TaskKey
 from activities.starter import SetupEnded, Starter
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView, node_id
+from workflows import contracts
+from workflows.contracts import implements, node_id
+from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
 from workflows.domain.reasons import R, Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import Readiness, job_id
@@ -164,7 +166,7 @@ class AgentActivities:
         """How long no lease was held here: long past its TTL, the machine's workflow holds none for this agent."""
         return time.monotonic() - self._lease_seen
 
-    @activity.defn(name="hold_lease")
+    @implements(contracts.hold_lease)
     async def hold_lease(self, input: LeaseInput) -> None:
         """Renew the machine's lease by heartbeating until the control plane cancels it; meanwhile report the
         GPUs' health and the machine's pressure to the machine's workflow when they change."""
@@ -224,7 +226,7 @@ class AgentActivities:
         log.info("%s: its lease went on in the machine's workflow continued as new", self.node_name)
         return True
 
-    @activity.defn(name="start_task")
+    @implements(contracts.start_task)
     async def start_task(self, input: StartTaskInput) -> StartTaskResult:
         """Admit the attempt within the machine's real free GPUs, prepare it (reporting each wait to the run,
         and waiting as long as a step waits), pull its image, and start it. A retry finds what it started.
@@ -232,7 +234,7 @@ class AgentActivities:
         gpus, started, picked_up = await self._start(input)
         return StartTaskResult(gpu_indices=gpus, started=started, picked_up_at=picked_up)
 
-    @activity.defn(name="run_task")
+    @implements(contracts.run_task)
     async def run_task(self, input: RunTaskInput) -> TaskExit:
         """A worker's whole life here in one activity: start it (as start_task), tell the run it was started and
         runs, then watch it until it ends (as supervise_task). Called again, it finds what it started."""
@@ -302,7 +304,7 @@ class AgentActivities:
             raise ApplicationError(ended.reason.text, type=ended.reason.code, non_retryable=True) from None
         return gpus, started
 
-    @activity.defn(name="supervise_task")
+    @implements(contracts.supervise_task)
     async def supervise_task(self, input: SuperviseInput) -> TaskExit:
         """Report the worker running, then watch it until it ends, heartbeating all along; with a readiness
         check, report its health to the run whenever it changes. A supervisor that re-attached after a missed
@@ -341,7 +343,9 @@ class AgentActivities:
         observed = await asyncio.to_thread(self._runtime.observe, key)
         if observed.not_found:
             return TaskExit(not_found=True), 0.0
-        await self._client.get_workflow_handle(job_id(ref.namespace, ref.job)).signal("task_running", report)
+        await contracts.signal(
+            self._client.get_workflow_handle(job_id(ref.namespace, ref.job)), contracts.TASK_RUNNING, report
+        )
         checking = None
         if readiness is not None:
             checking = asyncio.ensure_future(self._check_health(ref, readiness))
@@ -372,7 +376,7 @@ class AgentActivities:
         tail = await asyncio.to_thread(self._runtime.log_tail, key, settings.log_tail_lines, settings.log_tail_bytes)
         return TaskExit(exit_code=observed.exit_code, oom=observed.oom, log_tail=tail), paused
 
-    @activity.defn(name="stop_task")
+    @implements(contracts.stop_task)
     async def stop_task(self, input: StopTaskInput) -> None:
         """The stop signal, the grace period, then a kill; returns once the worker has ended. A worker still
         being set up stops there."""
@@ -393,7 +397,7 @@ class AgentActivities:
                 log.warning("%s: could not stop %s: %s", self._inventory.name, key.slug, result)
         return len(running)
 
-    @activity.defn(name="read_log")
+    @implements(contracts.read_log)
     async def read_log(self, input: ReadLogInput) -> LogText:
         """An attempt's output (stdout and stderr), the last `max_bytes` of it, for `astraeus logs`."""
         key = task_key(input.ref)
@@ -415,7 +419,7 @@ class AgentActivities:
             if healthy != told:
                 report = TaskHealthReport(task_id=ref.task_id, attempt=ref.attempt, healthy=healthy, detail=detail)
                 try:
-                    await handle.signal("task_health", report)
+                    await contracts.signal(handle, contracts.TASK_HEALTH, report)
                     told = healthy
                 except Exception as err:  # told at the next check
                     log.warning("%s: could not report its health: %s", key.slug, err)
@@ -433,7 +437,8 @@ class AgentActivities:
             reason=reason.text,
             picked_up_at=self._picked_up.get(key),
         )
-        await self._client.get_workflow_handle(job_id(key.namespace, key.job)).signal("task_progress", report)
+        handle = self._client.get_workflow_handle(job_id(key.namespace, key.job))
+        await contracts.signal(handle, contracts.TASK_PROGRESS, report)
 
     async def _report_gpu_health(self) -> None:
         """Tell the machine's workflow when a GPU faults or becomes at risk (update `report_gpus`)."""
@@ -444,7 +449,7 @@ class AgentActivities:
             return
         handle = self._client.get_workflow_handle(node_id(self._inventory.name))
         try:
-            await handle.execute_update("report_gpus", GpuHealthReport(gpus=gpus))
+            await contracts.update(handle, contracts.REPORT_GPUS, GpuHealthReport(gpus=gpus))
         except Exception as err:  # told again at the next look
             log.warning("%s: could not report the GPUs' health: %s", self._inventory.name, err)
             return
@@ -474,7 +479,7 @@ class AgentActivities:
             return
         handle = self._client.get_workflow_handle(node_id(self._inventory.name))
         try:
-            await handle.execute_update("report_pressure", PressureReport(pressure=pressure))
+            await contracts.update(handle, contracts.REPORT_PRESSURE, PressureReport(pressure=pressure))
         except Exception as err:  # told again at the next look
             log.warning("%s: could not report its pressure: %s", self._inventory.name, err)
             return
@@ -517,9 +522,7 @@ class AgentActivities:
         """The attempts a run has on this machine (query `attempts_on`); None when its workflow does not exist."""
         handle = self._client.get_workflow_handle(job_id(namespace, job))
         try:
-            answer: AttemptsOnNode = await handle.query(
-                "attempts_on", AttemptsQuery(node=self.node_name), result_type=AttemptsOnNode
-            )
+            answer = await contracts.query(handle, contracts.ATTEMPTS_ON, AttemptsQuery(node=self.node_name))
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
                 return None
@@ -593,9 +596,8 @@ class AgentActivities:
             if observed.exit_code == 0 and not observed.oom:
                 report = ExitedWhileLostReport(task_id=key.task, attempt=key.attempt, node=self.node_name)
                 try:
-                    await self._client.get_workflow_handle(job_id(key.namespace, key.job)).signal(
-                        "task_exited_while_lost", report
-                    )
+                    run = self._client.get_workflow_handle(job_id(key.namespace, key.job))
+                    await contracts.signal(run, contracts.TASK_EXITED_WHILE_LOST, report)
                 except Exception as err:
                     gone = isinstance(err, RPCError) and err.status == RPCStatusCode.NOT_FOUND  # its run closed
                     log.warning("%s: could not tell %s exited 0: %s", self.node_name, key.slug, err)
@@ -643,7 +645,7 @@ class AgentActivities:
         handle = self._client.get_workflow_handle(node_id(self._inventory.name))
         while self._orphans_untold:
             try:
-                await handle.execute_update("report_orphan_stopped", self._orphans_untold[0])
+                await contracts.update(handle, contracts.REPORT_ORPHAN_STOPPED, self._orphans_untold[0])
             except Exception as err:
                 log.warning("%s: could not write a stopped orphan in its history: %s", self._inventory.name, err)
                 return

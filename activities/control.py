@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from workflows import contracts
+from workflows.contracts import SA_NODES, implements
 from workflows.domain.settings import Settings
-from workflows.messages import PROTOCOL, SA_NODES, CancelRunInput, LoadSettingsResult, MachineLostReport
+from workflows.messages import PROTOCOL, CancelRunInput, LoadSettingsResult, MachineLostReport
 
 
 class ControlActivities:
@@ -15,27 +16,27 @@ class ControlActivities:
         self._settings = settings
         self._client = client
 
-    @activity.defn(name="load_settings")
+    @implements(contracts.load_settings)
     async def load_settings(self) -> LoadSettingsResult:
         """The operator's settings and this version's protocol, recorded in each run's history when it starts (so
         replay sees the same)."""
         return LoadSettingsResult(settings=self._settings, protocol=PROTOCOL)
 
-    @activity.defn(name="machine_lost")
+    @implements(contracts.machine_lost)
     async def machine_lost(self, report: MachineLostReport) -> int:
         """Tell every open run with a worker on the machine (search attribute AstraeusNodes) that it is gone."""
         told = 0
-        query = f'WorkflowType="JobWorkflow" AND ExecutionStatus="Running" AND {SA_NODES}="{report.node}"'
+        query = f'{contracts.OPEN_JOBS} AND {SA_NODES}="{report.node}"'
         async for run in self._client.list_workflows(query):
             try:
-                await self._client.get_workflow_handle(run.id).signal("machine_lost", report)
+                await contracts.signal(self._client.get_workflow_handle(run.id), contracts.MACHINE_LOST, report)
                 told += 1
             except RPCError as error:
                 if error.status != RPCStatusCode.NOT_FOUND:  # it closed meanwhile: nothing left to tell
                     raise
         return told
 
-    @activity.defn(name="cancel_run_workflow")
+    @implements(contracts.cancel_run_workflow)
     async def cancel_run_workflow(self, input: CancelRunInput) -> None:
         """Ask Temporal to cancel a run's workflow whose run ended Cancelled: the SDK closes a workflow Canceled only
         after such a request, and a workflow may not ask it of itself. Asking twice is harmless."""

@@ -20,21 +20,18 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel
-from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
-from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import metrics
+from workflows import contracts
+from workflows.contracts import PRIORITY_KEY, QUOTAS_WORKFLOW_ID, SA_NODES, implements
 from workflows.domain.nodes import NodeState, NodeView
 from workflows.domain.planning import WorkerPlan, plan_workers
 from workflows.domain.quotas import Quota
 from workflows.domain.requests import Allocation, TaskRequest, allocation_for
 from workflows.domain.scheduling import Decision, Preemption, schedule
 from workflows.messages import (
-    QUOTAS_WORKFLOW_ID,
-    SA_NODES,
-    SA_PRIORITY,
     MachineLostReport,
     NodeChangedInput,
     PlaceInput,
@@ -44,13 +41,11 @@ from workflows.messages import (
     PreemptRequest,
     QuotasChangedInput,
     ReleaseInput,
-    SchedulerView,
 )
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
-PRIORITY_KEY = SearchAttributeKey.for_int(SA_PRIORITY)
 SIGNALS_AT_ONCE = 32  # runs being signalled at once
 SWEEP_SECONDS = 10.0  # how often closed runs that still hold room are looked for
 RESEND_TRIES = 20  # a signal that fails is sent again, backing off to 5 s: about a minute and a half in all
@@ -87,15 +82,15 @@ class SchedulerService:
         """Load every machine, quota and open run (its waiting and placed workers), then decide once. Runs before
         the service serves anything, so nothing changes the view meanwhile."""
         now = self._clock()
-        async for wf in self._client.list_workflows('WorkflowType="NodeWorkflow" AND ExecutionStatus="Running"'):
-            view = await self._client.get_workflow_handle(wf.id).query("view", result_type=NodeView)
+        async for wf in self._client.list_workflows(contracts.OPEN_NODES):
+            view = await contracts.query(self._client.get_workflow_handle(wf.id), contracts.VIEW)
             self._set_node(view)
         self._quotas = {q.namespace: q for q in await self._read_quotas()}
-        query = 'WorkflowType="JobWorkflow" AND ExecutionStatus="Running"'
+        query = contracts.OPEN_JOBS
         async for wf in self._client.list_workflows(query):
             handle = self._client.get_workflow_handle(wf.id)
             try:
-                seen = await handle.query("scheduler_view", result_type=SchedulerView)
+                seen = await contracts.query(handle, contracts.SCHEDULER_VIEW)
             except (RPCError, WorkflowQueryFailedError) as error:
                 # Created a moment ago (still being created, or ended since it was listed): a new run asks
                 # for placement itself once it can.
@@ -129,7 +124,7 @@ class SchedulerService:
         held = {key[0] for key in self._allocations} | {key[0] for key in self._requests}
         if not held:
             return
-        async for wf in self._client.list_workflows('WorkflowType="JobWorkflow" AND ExecutionStatus="Running"'):
+        async for wf in self._client.list_workflows(contracts.OPEN_JOBS):
             held.discard(wf.id)
         freed = False
         for job_id in sorted(held):  # not listed as open: make sure (the list may lag behind a run just started)
@@ -148,7 +143,7 @@ class SchedulerService:
     async def _read_quotas(self) -> list[Quota]:
         try:
             handle = self._client.get_workflow_handle(QUOTAS_WORKFLOW_ID)
-            return await handle.query("quotas", result_type=list[Quota])  # type: ignore[no-any-return]
+            return await contracts.query(handle, contracts.QUOTAS)
         except RPCError as error:
             if error.status != RPCStatusCode.NOT_FOUND:
                 raise
@@ -162,7 +157,7 @@ class SchedulerService:
 
     # ---- activities -------------------------------------------------------------------------------------------
 
-    @activity.defn(name="place")
+    @implements(contracts.place)
     async def place(self, input: PlaceInput) -> PlaceResult:
         """Take the requests into the queue and decide; the answer for each (its machine, or why it waits) is the
         call's result, so a run placed at once needs no signal. A request asked again for a worker already placed
@@ -197,7 +192,7 @@ class SchedulerService:
             return last[0]
         return None
 
-    @activity.defn(name="release")
+    @implements(contracts.release)
     async def release(self, input: ReleaseInput) -> None:
         key = (input.job_id, input.task_id)
         held = self._allocations.get(key)
@@ -210,26 +205,26 @@ class SchedulerService:
             self._sent.pop(key, None)
         await self._settle()
 
-    @activity.defn(name="node_changed")
+    @implements(contracts.node_changed)
     async def node_changed(self, input: NodeChangedInput) -> None:
         self._set_node(input.node)
         await self._settle()
 
-    @activity.defn(name="quotas_changed")
+    @implements(contracts.quotas_changed)
     async def quotas_changed(self, input: QuotasChangedInput) -> None:
         self._quotas = {q.namespace: q for q in input.quotas}
         await self._settle()
 
-    @activity.defn(name="machine_lost")
+    @implements(contracts.machine_lost)
     async def machine_lost(self, report: MachineLostReport) -> int:
         """Tell every open run with a worker on the machine that it is gone (its workers go Down): the runs that
         hold room there, and those that list it in their search attribute AstraeusNodes (runs created before the
         scheduler answered for them). Returns once each was told, so that a lost machine's runs always learn it."""
         held = {job for (job, _), alloc in self._allocations.items() if alloc.node == report.node}
-        query = f'WorkflowType="JobWorkflow" AND ExecutionStatus="Running" AND {SA_NODES}="{report.node}"'
+        query = f'{contracts.OPEN_JOBS} AND {SA_NODES}="{report.node}"'
         async for run in self._client.list_workflows(query):
             held.add(run.id)
-        told = await asyncio.gather(*(self._tell(job, "machine_lost", report) for job in sorted(held)))
+        told = await asyncio.gather(*(self._tell(job, contracts.MACHINE_LOST.name, report) for job in sorted(held)))
         return sum(told)
 
     async def _tell(self, job_id: str, name: str, message: BaseModel) -> bool:
@@ -242,7 +237,7 @@ class SchedulerService:
             return False
         return True
 
-    @activity.defn(name="plan_workers")
+    @implements(contracts.plan_workers)
     async def plan_workers(self, input: PlanInput) -> WorkerPlan:
         """How many workers a group asking `total_gpus` becomes, on the machines as they are now."""
         quota = self._quotas.get(input.request.namespace)
@@ -318,7 +313,7 @@ class SchedulerService:
             self._requests.pop(request.key, None)
             self._sent.pop(request.key, None)
             if not asking:
-                self.outbox.put(request.job_id, "placement", self._placed(request, decision.node))
+                self.outbox.put(request.job_id, contracts.PLACEMENT.name, self._placed(request, decision.node))
             return
         assert decision.reason is not None
         reason, quota = decision.reason, decision.reached.text if decision.reached is not None else ""
@@ -344,7 +339,7 @@ class SchedulerService:
         )
         self._sent[request.key] = (update, now)
         if not asking:
-            self.outbox.put(request.job_id, "placement", update)
+            self.outbox.put(request.job_id, contracts.PLACEMENT.name, update)
 
     def _placed(self, request: TaskRequest, node: str) -> PlacementAnswer:
         """A machine for the worker, with the address its run's other workers reach it at (a gang's leader)."""
@@ -357,7 +352,7 @@ class SchedulerService:
             self._preempting[(preemption.job_id, task_id)] = preemption.head
         request = PreemptRequest(task_ids=list(preemption.task_ids), by=preemption.by)
         log.info("preempting %s %s for %s", preemption.job_id, preemption.task_ids, preemption.head)
-        self.outbox.put(preemption.job_id, "preempt", request)
+        self.outbox.put(preemption.job_id, contracts.PREEMPT.name, request)
 
     async def _deliver(self, job_id: str, name: str, message: BaseModel) -> None:
         if not await self._tell(job_id, name, message) and self._forget(job_id):

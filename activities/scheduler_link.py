@@ -28,9 +28,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from temporalio import activity
 
 from activities.scheduler import SchedulerService
+from workflows import contracts
+from workflows.contracts import implements
 from workflows.messages import PlaceInput, PlaceResult, ReleaseInput
 
 log = logging.getLogger(__name__)
@@ -157,12 +158,12 @@ class SchedulerLink:
         self._places = Batches(lambda inputs: self._call("/place", PLACES.dump_json(inputs), PLACED))
         self._releases = Batches(lambda inputs: self._call("/release", RELEASES.dump_json(inputs), NOTHING))
 
-    @activity.defn(name="place")
+    @implements(contracts.place)
     async def place(self, input: PlaceInput) -> PlaceResult:
         result: PlaceResult = await self._places.call(input)
         return result
 
-    @activity.defn(name="release")
+    @implements(contracts.release)
     async def release(self, input: ReleaseInput) -> None:
         await self._releases.call(input)
 

@@ -36,8 +36,8 @@ from bench.common import HistoryFigures, ms, now, read_history, run_and_exit
 from bench.floor import Floor, run_floor
 from bench.runs import spec_for
 from workers.client import AstraeusClient, AstraeusError, run_result
+from workflows.contracts import SA_NAMESPACE, SA_STATE
 from workflows.domain.spec import job_id
-from workflows.messages import SA_NAMESPACE, SA_STATE
 
 NAMESPACE = "burst"
 IDLE_NAMESPACE = "idle"

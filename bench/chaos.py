@@ -31,9 +31,9 @@ from bench.chaos_report import Outcome, outcome_lines
 from bench.cluster import Cluster, Machines
 from bench.common import run_and_exit
 from workers.client import AstraeusClient
+from workflows.contracts import SA_NAMESPACE
 from workflows.domain.nodes import NodeState
 from workflows.domain.spec import JobSpec, job_id, parse_spec
-from workflows.messages import SA_NAMESPACE
 
 NAMESPACE = "chaos"
 BASELINE_NAMESPACE = "baseline"

@@ -32,8 +32,8 @@ from workers.connect import TEMPORAL_NAMESPACE, connect
 from workers.devserver import DevServer, free_port
 from workers.embedded import shut_down
 from workers.services import ControlWorker, Part, scheduler_worker
+from workflows.contracts import SCHEDULER_TASK_QUEUE
 from workflows.domain.settings import Settings
-from workflows.messages import SCHEDULER_TASK_QUEUE
 
 PR_SET_CHILD_SUBREAPER = 36
 ROOT = Path(__file__).resolve().parents[1]  # the repository: `python -m bench.agents` runs from here

@@ -11,15 +11,17 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from workers.client import AstraeusError, NotFound
-from workflows.domain.nodes import NodeView, node_id
+from workflows import contracts
+from workflows.contracts import CONTROL_TASK_QUEUE, QUOTAS_WORKFLOW_ID, In, Out, node_id
+from workflows.domain.nodes import NodeView
 from workflows.domain.quotas import Quota
-from workflows.messages import CONTROL_TASK_QUEUE, QUOTAS_WORKFLOW_ID, CordonRequest, QuotasInput, RemoveQuotaRequest
+from workflows.messages import CordonRequest, QuotasInput, RemoveQuotaRequest
 from workflows.quotas import QuotasWorkflow
 
 
-async def _update(handle: WorkflowHandle[Any, Any], update: str, args: list[Any], result_type: type[Any]) -> Any:
+async def _update(handle: WorkflowHandle[Any, Any], update: contracts.Update[In, Out], *args: In) -> Out:
     try:
-        return await handle.execute_update(update, args=args, result_type=result_type)
+        return await contracts.update(handle, update, *args)
     except WorkflowUpdateFailedError as error:
         cause = error.cause
         raise AstraeusError(cause.message if isinstance(cause, ApplicationError) else str(cause)) from None
@@ -35,13 +37,13 @@ async def set_quota(client: Client, quota: Quota) -> list[Quota]:
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         static_summary="namespace quotas",
     )
-    return await _update(handle, "set_quota", [quota], list[Quota])  # type: ignore[no-any-return]
+    return await _update(handle, contracts.SET_QUOTA, quota)
 
 
 async def remove_quota(client: Client, namespace: str) -> list[Quota]:
     handle = client.get_workflow_handle(QUOTAS_WORKFLOW_ID)
     try:
-        return await _update(handle, "remove_quota", [RemoveQuotaRequest(namespace=namespace)], list[Quota])  # type: ignore[no-any-return]
+        return await _update(handle, contracts.REMOVE_QUOTA, RemoveQuotaRequest(namespace=namespace))
     except RPCError as error:
         if error.status != RPCStatusCode.NOT_FOUND:
             raise
@@ -51,7 +53,7 @@ async def remove_quota(client: Client, namespace: str) -> list[Quota]:
 async def quotas(client: Client) -> list[Quota]:
     try:
         handle = client.get_workflow_handle(QUOTAS_WORKFLOW_ID)
-        return await handle.query("quotas", result_type=list[Quota])  # type: ignore[no-any-return]
+        return await contracts.query(handle, contracts.QUOTAS)
     except RPCError as error:
         if error.status != RPCStatusCode.NOT_FOUND:
             raise
@@ -61,9 +63,11 @@ async def quotas(client: Client) -> list[Quota]:
 async def node_verb(client: Client, name: str, verb: str, reason: str | None = None) -> NodeView:
     """`cordon`, `uncordon` or `remove` one machine."""
     handle = client.get_workflow_handle(node_id(name))
-    args: list[Any] = [] if verb == "uncordon" else [CordonRequest(reason=reason or "")]
     try:
-        return await _update(handle, verb, args, NodeView)  # type: ignore[no-any-return]
+        if verb == "uncordon":
+            return await _update(handle, contracts.UNCORDON)
+        request = CordonRequest(reason=reason or "")
+        return await _update(handle, {"cordon": contracts.CORDON, "remove": contracts.REMOVE}[verb], request)
     except RPCError as error:
         if error.status != RPCStatusCode.NOT_FOUND:
             raise

@@ -32,6 +32,8 @@ from temporalio.exceptions import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from workflows import contracts
+from workflows.contracts import CONTROL_TASK_QUEUE, PRIORITY_KEY, SA_NAMESPACE, SA_STATE, STATE_KEY, In, Out
 from workflows.domain.nodes import NodeView
 from workflows.domain.spec import JobSpec, job_id
 from workflows.domain.status import TASK_ENDED, Folded, JobRecord, RunState, Status
@@ -50,19 +52,9 @@ from workflows.domain.views import (
     unfolded,
 )
 from workflows.domain.views import events as events_of
-from workflows.job import PRIORITY_KEY, STATE_KEY, JobWorkflow, search_attributes
+from workflows.job import JobWorkflow, search_attributes
 from workflows.logs import LogsWorkflow
-from workflows.messages import (
-    CONTROL_TASK_QUEUE,
-    RUN_FAILED,
-    SA_NAMESPACE,
-    SA_STATE,
-    JobInput,
-    LogsInput,
-    ReadLogInput,
-    StopTaskRequest,
-    TaskRef,
-)
+from workflows.messages import RUN_FAILED, JobInput, LogsInput, ReadLogInput, StopTaskRequest, TaskRef
 
 _LET_GO_SECONDS = 0.1  # AstraeusClient.close: time for the SDK's threads to let go of a dropped connection
 
@@ -115,9 +107,9 @@ async def run_result(handle: WorkflowHandle[Any, Any]) -> Status:
         if isinstance(cause, ApplicationError) and cause.type == RUN_FAILED and cause.details:
             return Status.model_validate(cause.details[0])
         if isinstance(cause, CancelledError):
-            return await handle.query("status", result_type=Status)  # type: ignore[no-any-return]
+            return await contracts.query(handle, contracts.STATUS)
         if isinstance(cause, TerminatedError):
-            status: Status = await handle.query("status", result_type=Status)
+            status = await contracts.query(handle, contracts.STATUS)
             ended = await _termination(handle, (await handle.describe()).close_time)
             return terminated_status(status, ended.why, ended.at)
         raise
@@ -213,14 +205,14 @@ class AstraeusClient:
             raise AstraeusError(f"a run named {spec.name} already exists in namespace {spec.namespace}") from None
         return spec.job_id
 
-    async def _query(self, namespace: str, name: str, query: str, result_type: type[Any]) -> Any:
-        return await self._ask(self._handle(namespace, name), namespace, name, query, result_type)
+    async def _query(self, namespace: str, name: str, query: contracts.Query[None, Out]) -> Out:
+        return await self._ask(self._handle(namespace, name), namespace, name, query)
 
     async def _ask(
-        self, handle: WorkflowHandle[Any, Any], namespace: str, name: str, query: str, result_type: type[Any]
-    ) -> Any:
+        self, handle: WorkflowHandle[Any, Any], namespace: str, name: str, query: contracts.Query[None, Out]
+    ) -> Out:
         try:
-            return await handle.query(query, result_type=result_type)
+            return await contracts.query(handle, query)
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
                 raise NotFound(f"no run named {name} in namespace {namespace}") from None
@@ -238,7 +230,7 @@ class AstraeusClient:
 
     async def status(self, namespace: str, name: str) -> Status:
         """The run's status; Terminated (with Temporal's reason) when its workflow was terminated."""
-        status: Status = await self._query(namespace, name, "status", Status)
+        status = await self._query(namespace, name, contracts.STATUS)
         ended = await self._terminated(namespace, name)
         return status if ended is None else terminated_status(status, ended.why, ended.at)
 
@@ -272,7 +264,7 @@ class AstraeusClient:
                 raise NotFound(f"no run named {name} in namespace {namespace}") from None
             raise
         latest = self.temporal.get_workflow_handle(handle.id, run_id=info.run_id)  # one run answers every question
-        described: JobDescription = await self._ask(latest, namespace, name, "describe", JobDescription)
+        described = await self._ask(latest, namespace, name, contracts.DESCRIBE)
         if summarised(described):
             folds = await self._folds(latest, namespace, name)
             described = described if folds is None else unfolded(described, folds)
@@ -284,7 +276,7 @@ class AstraeusClient:
         """What each run of the workflow folded out of the run's histories, oldest first: the latest run answers for
         itself, and each earlier one's is in the input the run after it was continued with. None when Temporal no
         longer keeps one of them (it keeps a closed run for its namespace's retention): the summary entry stays."""
-        folds: list[Folded] = [await self._ask(latest, namespace, name, "folded", Folded)]
+        folds: list[Folded] = [await self._ask(latest, namespace, name, contracts.FOLDED)]
         run_id = latest.run_id
         while run_id:
             given = await self._given(latest.id, run_id)
@@ -349,16 +341,15 @@ class AstraeusClient:
             await asyncio.sleep(poll_seconds)
 
     async def cancel(self, namespace: str, name: str) -> Status:
-        return await self._update(namespace, name, "cancel", None)
+        return await self._update(namespace, name, contracts.CANCEL)
 
     async def stop(self, namespace: str, name: str, task_id: str, reason: str | None = None) -> Status:
-        return await self._update(namespace, name, "stop_task", StopTaskRequest(task_id=task_id, reason=reason))
+        return await self._update(namespace, name, contracts.STOP_TASK, StopTaskRequest(task_id=task_id, reason=reason))
 
-    async def _update(self, namespace: str, name: str, update: str, arg: BaseModel | None) -> Status:
+    async def _update(self, namespace: str, name: str, update: contracts.Update[In, Status], *args: In) -> Status:
         handle = self._handle(namespace, name)
         try:
-            args = [arg] if arg is not None else []
-            return await handle.execute_update(update, args=args, result_type=Status)  # type: ignore[no-any-return]
+            return await contracts.update(handle, update, *args)
         except WorkflowUpdateFailedError as error:
             cause = error.cause
             raise AstraeusError(cause.message if isinstance(cause, ApplicationError) else str(cause)) from None
@@ -430,7 +421,7 @@ class AstraeusClient:
         """Runs, newest first, filtered by namespace and state, `limit` at most, from one visibility query (search
         attributes and memo); `page` is the token a previous page gave. A run whose workflow was terminated is
         Terminated, whatever state it last recorded (its AstraeusState stays that one)."""
-        query = 'WorkflowType="JobWorkflow"'
+        query = f'WorkflowType="{contracts.JOB_WORKFLOW}"'
         if namespace:
             query += f' AND {SA_NAMESPACE}="{_quote(namespace)}"'
         if state == TERMINATED:
@@ -454,8 +445,8 @@ class AstraeusClient:
 
     async def nodes(self) -> list[NodeView]:
         views = []
-        async for wf in self.temporal.list_workflows('WorkflowType="NodeWorkflow" AND ExecutionStatus="Running"'):
-            views.append(await self.temporal.get_workflow_handle(wf.id).query("view", result_type=NodeView))
+        async for wf in self.temporal.list_workflows(contracts.OPEN_NODES):
+            views.append(await contracts.query(self.temporal.get_workflow_handle(wf.id), contracts.VIEW))
         return sorted(views, key=lambda v: v.name)
 
 

@@ -18,7 +18,7 @@ from temporalio.envconfig import ClientConfigProfile, ClientConfigTLS, DataSourc
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
-from workflows.messages import SA_NAMESPACE, SA_NODES, SA_PRIORITY, SA_STATE
+from workflows.contracts import SA_NAMESPACE, SA_NODES, SA_PRIORITY, SA_STATE
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
 TEMPORAL_NAMESPACE = "default"  # the namespace when no profile or TEMPORAL_NAMESPACE names one

@@ -9,7 +9,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -32,11 +32,12 @@ from activities.runtime.docker import DockerRuntime
 from activities.runtime.process import ProcessRuntime
 from activities.scheduler import SchedulerService
 from activities.scheduler_link import DEFAULT_ADDRESS, SchedulerDoor, SchedulerLink
-from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView, lease_task_queue, node_id, node_task_queue
+from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id, node_task_queue
+from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView
 from workflows.domain.settings import Settings
 from workflows.job import JobWorkflow
 from workflows.logs import LogsWorkflow
-from workflows.messages import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, NodeInput, RegisterRequest
+from workflows.messages import NodeInput, RegisterRequest
 from workflows.node import NodeWorkflow
 from workflows.quotas import QuotasWorkflow
 
@@ -76,6 +77,67 @@ WORKFLOW_TASK_OPTIONS: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class Serves:
+    """What one Temporal worker of a process registers: its task queue, its workflows and its activities
+    (tests/test_contracts.py checks them against every call the workflows make)."""
+
+    task_queue: str
+    workflows: list[type] = field(default_factory=list)
+    activities: list[Callable[..., Any]] = field(default_factory=list)
+
+
+def control_serves(control: ControlActivities, link: SchedulerLink) -> Serves:
+    """The control plane: every workflow, their local activities, and machine_lost for machines that called it here
+    (the scheduler tells runs now)."""
+    return Serves(
+        CONTROL_TASK_QUEUE,
+        [JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow],
+        [control.load_settings, control.machine_lost, control.cancel_run_workflow, link.place, link.release],
+    )
+
+
+def scheduler_serves(service: SchedulerService) -> Serves:
+    """The scheduler service; place and release for runs of protocols before 3."""
+    return Serves(
+        SCHEDULER_TASK_QUEUE,
+        activities=[
+            service.place,
+            service.release,
+            service.node_changed,
+            service.quotas_changed,
+            service.plan_workers,
+            service.machine_lost,
+        ],
+    )
+
+
+def machine_serves(activities: AgentActivities) -> Serves:
+    """A node agent's machine queue: its workers' activities."""
+    return Serves(
+        node_task_queue(activities.node_name),
+        activities=[
+            activities.start_task,
+            activities.run_task,
+            activities.supervise_task,
+            activities.stop_task,
+            activities.read_log,
+        ],
+    )
+
+
+def lease_serves(activities: AgentActivities) -> Serves:
+    """A node agent's own lease queue."""
+    return Serves(lease_task_queue(activities.node_name, activities.instance), activities=[activities.hold_lease])
+
+
+def serving(client: Client, serves: Serves, **options: Any) -> Worker:
+    """The Temporal worker that registers what `serves` says."""
+    return Worker(
+        client, task_queue=serves.task_queue, workflows=serves.workflows, activities=serves.activities, **options
+    )
+
+
 class ControlWorker:
     """The control plane's Temporal worker, hosting every JobWorkflow and NodeWorkflow, and its link to the
     scheduler's door at `scheduler` (HOST:PORT: the runs' `place` and `release`, as local activities), closed when
@@ -84,20 +146,8 @@ class ControlWorker:
     def __init__(self, client: Client, settings: Settings, scheduler: str = DEFAULT_ADDRESS) -> None:
         control = ControlActivities(settings, client)
         self.link = SchedulerLink(scheduler)
-        self.worker = Worker(
-            client,
-            task_queue=CONTROL_TASK_QUEUE,
-            workflows=[JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow],
-            # machine_lost: for machines that called it here (the scheduler tells runs now)
-            activities=[
-                control.load_settings,
-                control.machine_lost,
-                control.cancel_run_workflow,
-                self.link.place,
-                self.link.release,
-            ],
-            workflow_runner=WORKFLOW_RUNNER,
-            **WORKFLOW_TASK_OPTIONS,
+        self.worker = serving(
+            client, control_serves(control, self.link), workflow_runner=WORKFLOW_RUNNER, **WORKFLOW_TASK_OPTIONS
         )
 
     async def run(self) -> None:
@@ -146,19 +196,7 @@ async def scheduler_worker(client: Client, door: SchedulerDoor | None = None) ->
     except BaseException:
         await door.close()
         raise
-    worker = Worker(
-        client,
-        task_queue=SCHEDULER_TASK_QUEUE,
-        activities=[
-            service.place,
-            service.release,
-            service.node_changed,
-            service.quotas_changed,
-            service.plan_workers,
-            service.machine_lost,
-        ],
-        max_concurrent_activities=100,
-    )
+    worker = serving(client, scheduler_serves(service), max_concurrent_activities=100)
     return SchedulerWorker(service, worker, door)
 
 
@@ -349,16 +387,9 @@ class Agent:
         self._client = client
         self._grace = grace_seconds
         self._settings = settings or Settings()
-        self.machine = Worker(
+        self.machine = serving(
             client,
-            task_queue=node_task_queue(self.name),
-            activities=[
-                activities.start_task,
-                activities.run_task,
-                activities.supervise_task,
-                activities.stop_task,
-                activities.read_log,
-            ],
+            machine_serves(activities),
             max_concurrent_activities=1000,
             graceful_shutdown_timeout=timedelta(seconds=1),
             # One poller: a machine takes its few starts one poll at a time, well within a second. With the SDK's 5,
@@ -371,10 +402,9 @@ class Agent:
             max_heartbeat_throttle_interval=timedelta(seconds=self._settings.stale_grace_seconds / 3),
             default_heartbeat_throttle_interval=timedelta(seconds=self._settings.stale_grace_seconds / 3),
         )
-        self.lease = Worker(
+        self.lease = serving(
             client,
-            task_queue=lease_task_queue(self.name, activities.instance),
-            activities=[activities.hold_lease],
+            lease_serves(activities),
             graceful_shutdown_timeout=timedelta(seconds=1),
             # Every renewal reaches the server when it is made. The SDK's default sends a heartbeat at most every
             # 0.8 x its timeout (the lease), so a lease renewed last 24 s before a crash expired 6 s after it.

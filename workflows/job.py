@@ -8,20 +8,22 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import (
-    RetryPolicy,
-    SearchAttributeKey,
-    SearchAttributePair,
-    SearchAttributeUpdate,
-    TypedSearchAttributes,
-)
+from temporalio.common import RetryPolicy, SearchAttributePair, SearchAttributeUpdate, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
+    from workflows import contracts
+    from workflows.contracts import (
+        CONTROL_TASK_QUEUE,
+        NAMESPACE_KEY,
+        NODES_KEY,
+        PRIORITY_KEY,
+        SCHEDULER_TASK_QUEUE,
+        STATE_KEY,
+        node_task_queue,
+    )
     from workflows.domain import events as ev
     from workflows.domain.job import decide, fail_undecided, is_settled
-    from workflows.domain.nodes import node_task_queue
-    from workflows.domain.planning import WorkerPlan
     from workflows.domain.reasons import R, error_text
     from workflows.domain.resume import resume
     from workflows.domain.spec import JobSpec
@@ -37,19 +39,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain.tasks import allocation, group_of, new_job, nodes_in_use, task_request
     from workflows.domain.views import Event, JobDescription, describe, events
     from workflows.messages import (
-        CONTROL_TASK_QUEUE,
         RUN_FAILED,
-        SA_NAMESPACE,
-        SA_NODES,
-        SA_PRIORITY,
-        SA_STATE,
-        SCHEDULER_TASK_QUEUE,
         AttemptsOnNode,
         AttemptsQuery,
         CancelRunInput,
         ExitedWhileLostReport,
         JobInput,
-        LoadSettingsResult,
         MachineLostReport,
         PlaceInput,
         PlacementAnswer,
@@ -60,7 +55,6 @@ with workflow.unsafe.imports_passed_through():
         RunTaskInput,
         SchedulerView,
         StartTaskInput,
-        StartTaskResult,
         StopTaskInput,
         StopTaskRequest,
         SuperviseInput,
@@ -71,11 +65,6 @@ with workflow.unsafe.imports_passed_through():
         TaskReport,
     )
 
-STATE_KEY = SearchAttributeKey.for_keyword(SA_STATE)
-NAMESPACE_KEY = SearchAttributeKey.for_keyword(SA_NAMESPACE)
-PRIORITY_KEY = SearchAttributeKey.for_int(SA_PRIORITY)
-NODES_KEY = SearchAttributeKey.for_keyword_list(SA_NODES)
-
 # The scheduler and agents come back after a crash: keep retrying calls to them, gently.
 PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
 # A supervisor is never retried by Temporal: the workflow decides (a missed heartbeat makes the worker Stale).
@@ -83,6 +72,7 @@ ONCE = RetryPolicy(maximum_attempts=1)
 
 Key = tuple[str, int]
 T = TypeVar("T")
+In = TypeVar("In")
 
 # A change of behaviour that histories recorded before it must not see on replay (workflow.patched): Temporal's
 # cancellation request became the run's cancel (it used to close the workflow at once, its workers running). It
@@ -101,7 +91,7 @@ def search_attributes(spec: JobSpec, state: str) -> TypedSearchAttributes:
     )
 
 
-@workflow.defn(name="JobWorkflow")
+@workflow.defn(name=contracts.JOB_WORKFLOW)
 class JobWorkflow:
     def __init__(self) -> None:
         self._job: JobRecord | None = None
@@ -126,7 +116,7 @@ class JobWorkflow:
         else:
             loaded = await self._despite_cancel(
                 lambda: workflow.execute_local_activity(
-                    "load_settings", result_type=LoadSettingsResult, start_to_close_timeout=timedelta(seconds=10)
+                    contracts.load_settings, start_to_close_timeout=timedelta(seconds=10)
                 )
             )
             self._job = new_job(input.spec, loaded.settings, workflow.now())
@@ -199,7 +189,7 @@ class JobWorkflow:
         info = workflow.info()
         try:
             await workflow.execute_activity(
-                "cancel_run_workflow",
+                contracts.cancel_run_workflow,
                 CancelRunInput(workflow_id=info.workflow_id, run_id=info.run_id, reason=reason),
                 task_queue=CONTROL_TASK_QUEUE,
                 start_to_close_timeout=timedelta(seconds=30),
@@ -285,10 +275,10 @@ class JobWorkflow:
         return TaskRef(namespace=spec.namespace, job=spec.name, task_id=task_id, attempt=attempt)
 
     async def _place(self, command: ev.Place) -> None:
-        result = await self._scheduler(
-            "place",
+        # None in histories from before the scheduler answered in its result
+        result: PlaceResult | None = await self._scheduler(
+            contracts.place,
             PlaceInput(requests=command.requests),
-            PlaceResult,  # None in histories from before the scheduler answered in its result
             f"place {', '.join(r.task_id for r in command.requests)}",
         )
         for answer in result.answers if result is not None else []:
@@ -296,10 +286,9 @@ class JobWorkflow:
 
     async def _plan(self, command: ev.PlanWorkers) -> None:
         plan = await workflow.execute_activity(
-            "plan_workers",
+            contracts.plan_workers,
             PlanInput(request=command.request, total_gpus=command.total_gpus, machines=command.machines),
             task_queue=SCHEDULER_TASK_QUEUE,
-            result_type=WorkerPlan,
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=PATIENT,
             summary=f"plan group {command.group}",
@@ -309,21 +298,19 @@ class JobWorkflow:
     async def _release(self, command: ev.Release) -> None:
         assert self._job is not None
         await self._scheduler(
-            "release",
+            contracts.release,
             ReleaseInput(job_id=self._job.id, task_id=command.task_id, attempt=command.attempt),
-            None,
             f"release {command.task_id}",
         )
 
-    async def _scheduler(self, name: str, message: PlaceInput | ReleaseInput, result: type | None, summary: str) -> Any:
+    async def _scheduler(self, call: Callable[[In], Awaitable[T]], message: In, summary: str) -> T:
         """Call the scheduler: since protocol 3 a local activity through the scheduler's door (one marker event,
         and no workflow task of its own: activities/scheduler_link.py), before that an activity on its queue."""
         assert self._job is not None
         if self._job.protocol >= 3:
             return await workflow.execute_local_activity(
-                name,
+                call,
                 message,
-                result_type=result,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=PATIENT,
                 # While the scheduler is away, a retry after more than 2 s waits on a timer, the workflow task
@@ -332,10 +319,9 @@ class JobWorkflow:
                 summary=summary,
             )
         return await workflow.execute_activity(
-            name,
+            call,
             message,
             task_queue=SCHEDULER_TASK_QUEUE,
-            result_type=result,
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=PATIENT,
             summary=summary,
@@ -353,10 +339,9 @@ class JobWorkflow:
         self._starting.add(key)
         try:
             result = await workflow.execute_activity(
-                "start_task",
+                contracts.start_task,
                 self._start_input(command),
                 task_queue=node_task_queue(command.node),
-                result_type=StartTaskResult,
                 start_to_close_timeout=timedelta(minutes=10),
                 heartbeat_timeout=timedelta(seconds=60),
                 retry_policy=PATIENT,
@@ -402,23 +387,23 @@ class JobWorkflow:
         reattach = False
         while True:
             starting = start is not None and (task_id, attempt) not in self._reported_running
-            message: RunTaskInput | SuperviseInput
+            options: dict[str, Any] = {
+                "task_queue": node_task_queue(node),
+                "start_to_close_timeout": timedelta(days=3650),
+                "heartbeat_timeout": timedelta(seconds=settings.stale_grace_seconds),
+                "retry_policy": ONCE,
+                "summary": f"{'run' if starting else 'supervise'} {task_id} on {node}",
+            }
+            watch: Awaitable[TaskExit]
             if start is not None and starting:
                 message = RunTaskInput(start=self._start_input(start), settings=settings, readiness=readiness)
+                watch = workflow.execute_activity(contracts.run_task, message, **options)
             else:
                 ref = self._ref(task_id, attempt)
-                message = SuperviseInput(ref=ref, settings=settings, reattach=reattach, readiness=readiness)
+                again = SuperviseInput(ref=ref, settings=settings, reattach=reattach, readiness=readiness)
+                watch = workflow.execute_activity(contracts.supervise_task, again, **options)
             try:
-                result = await workflow.execute_activity(
-                    "run_task" if starting else "supervise_task",
-                    message,
-                    task_queue=node_task_queue(node),
-                    result_type=TaskExit,
-                    start_to_close_timeout=timedelta(days=3650),
-                    heartbeat_timeout=timedelta(seconds=settings.stale_grace_seconds),
-                    retry_policy=ONCE,
-                    summary=f"{'run' if starting else 'supervise'} {task_id} on {node}",
-                )
+                result = await watch
             except ActivityError as error:
                 if isinstance(error.cause, CancelledError):
                     return  # the worker left its machine, or the run continues as new
@@ -458,7 +443,7 @@ class JobWorkflow:
         assert self._job is not None
         grace = self._job.settings.stop_grace_seconds
         await workflow.execute_activity(
-            "stop_task",
+            contracts.stop_task,
             StopTaskInput(ref=self._ref(command.task_id, command.attempt), grace_seconds=grace),
             task_queue=node_task_queue(command.node),
             start_to_close_timeout=timedelta(seconds=grace + 60),
@@ -477,36 +462,36 @@ class JobWorkflow:
 
     # ---- messages ---------------------------------------------------------------------------------------------
 
-    @workflow.signal(name="placement")
+    @workflow.signal(name=contracts.PLACEMENT.name)
     def placement(self, answer: PlacementAnswer) -> None:
         self._inbox.append(ev.PlacementUpdate(**answer.model_dump()))
 
-    @workflow.signal(name="task_progress")
+    @workflow.signal(name=contracts.TASK_PROGRESS.name)
     def task_progress(self, report: TaskProgressReport) -> None:
         self._inbox.append(ev.TaskProgress(**report.model_dump()))
 
-    @workflow.signal(name="task_running")
+    @workflow.signal(name=contracts.TASK_RUNNING.name)
     def task_running(self, report: TaskReport) -> None:
         self._reported_running.add((report.task_id, report.attempt))
         self._inbox.append(ev.TaskRunning(**report.model_dump()))
 
-    @workflow.signal(name="task_health")
+    @workflow.signal(name=contracts.TASK_HEALTH.name)
     def task_health(self, report: TaskHealthReport) -> None:
         self._inbox.append(ev.TaskHealth(**report.model_dump()))
 
-    @workflow.signal(name="machine_lost")
+    @workflow.signal(name=contracts.MACHINE_LOST.name)
     def machine_lost(self, report: MachineLostReport) -> None:
         self._inbox.append(ev.MachineLost(node=report.node, removed=report.removed, lost_at=report.lost_at))
 
-    @workflow.signal(name="task_exited_while_lost")
+    @workflow.signal(name=contracts.TASK_EXITED_WHILE_LOST.name)
     def task_exited_while_lost(self, report: ExitedWhileLostReport) -> None:
         self._inbox.append(ev.ExitedWhileLost(**report.model_dump()))
 
-    @workflow.signal(name="preempt")
+    @workflow.signal(name=contracts.PREEMPT.name)
     def preempt(self, request: PreemptRequest) -> None:
         self._inbox.append(ev.Preempt(task_ids=request.task_ids, by=request.by))
 
-    @workflow.update(name="cancel")
+    @workflow.update(name=contracts.CANCEL.name)
     def cancel(self) -> Status:
         self._inbox.append(ev.CancelRequested())
         return self._record().status
@@ -519,7 +504,7 @@ class JobWorkflow:
         if job.cancel_requested:
             raise ApplicationError(f"run {job.spec.namespace}/{job.spec.name} is already being cancelled")
 
-    @workflow.update(name="stop_task")
+    @workflow.update(name=contracts.STOP_TASK.name)
     def stop_task(self, request: StopTaskRequest) -> Status:
         reason = request.reason or R.StoppedByScheduler.template
         self._inbox.append(ev.StopRequested(task_id=request.task_id, reason=reason))
@@ -539,32 +524,32 @@ class JobWorkflow:
         if task.state is TaskState.STOPPING:
             raise ApplicationError(f"worker {task.id} of run {job.spec.name} is already stopping", type="Stopping")
 
-    @workflow.query(name="status")
+    @workflow.query(name=contracts.STATUS.name)
     def status(self) -> Status:
         return self._record().status
 
-    @workflow.query(name="describe")
+    @workflow.query(name=contracts.DESCRIBE.name)
     def describe(self) -> JobDescription:
         return describe(self._record())
 
-    @workflow.query(name="events")
+    @workflow.query(name=contracts.EVENTS.name)
     def events(self) -> list[Event]:
         return events(self._record())
 
-    @workflow.query(name="folded")
+    @workflow.query(name=contracts.FOLDED.name)
     def folded(self) -> Folded:
         """The entries this run of the workflow folded out of the run's histories (its input holds those the run
         before it folded): clients put them back to serve the whole history."""
         return self._record().folded
 
-    @workflow.query(name="attempts_on")
+    @workflow.query(name=contracts.ATTEMPTS_ON.name)
     def attempts_on(self, query: AttemptsQuery) -> AttemptsOnNode:
         """The attempts this run has on a machine now: an agent starts, and keeps running, only those (fencing)."""
         job = self._record()
         attempts = {t.id: t.attempt for t in job.tasks if t.node == query.node and t.on_node}
         return AttemptsOnNode(open=job.state not in RUN_TERMINAL, attempts=attempts)
 
-    @workflow.query(name="scheduler_view")
+    @workflow.query(name=contracts.SCHEDULER_VIEW.name)
     def scheduler_view(self) -> SchedulerView:
         """What this run asks of the scheduler, for a scheduler that rebuilds its view."""
         job = self._record()

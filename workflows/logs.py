@@ -13,19 +13,19 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.domain.nodes import node_task_queue
+    from workflows import contracts
+    from workflows.contracts import node_task_queue
     from workflows.messages import LogsInput, LogText
 
 
-@workflow.defn(name="LogsWorkflow")
+@workflow.defn(name=contracts.LOGS_WORKFLOW)
 class LogsWorkflow:
     @workflow.run
     async def run(self, input: LogsInput) -> LogText:
         text: LogText = await workflow.execute_activity(
-            "read_log",
+            contracts.read_log,
             input.read,
             task_queue=node_task_queue(input.node),
-            result_type=LogText,
             schedule_to_close_timeout=timedelta(seconds=input.answer_within_seconds),
             retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=2)),
             summary=f"read the log of {input.read.ref.task_id} on {input.node}",

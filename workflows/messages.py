@@ -1,4 +1,5 @@
-"""One pydantic model per message between clients, workflows and activities, and the names they travel by."""
+"""One pydantic model per message between clients, workflows and activities (the names they travel by are in
+`workflows/contracts.py`)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,6 @@ from workflows.domain.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec, Readiness
 from workflows.domain.status import JobRecord, NodeReasons
-
-CONTROL_TASK_QUEUE = "astraeus-control"
-SCHEDULER_TASK_QUEUE = "astraeus-scheduler"
-
-# Search attributes that make runs listable and filterable (Temporal UI, `astraeus ls`).
-SA_NAMESPACE = "AstraeusNamespace"
-SA_STATE = "AstraeusState"
-SA_PRIORITY = "AstraeusPriority"
-SA_NODES = "AstraeusNodes"  # machines that hold a worker of the run now
 
 
 class _Msg(BaseModel):
@@ -208,9 +200,7 @@ class PlanInput(_Msg):
     machines: int | None = None
 
 
-# ---- QuotasWorkflow (id QUOTAS_WORKFLOW_ID) -----------------------------------------------------------------------
-
-QUOTAS_WORKFLOW_ID = "quotas"
+# ---- QuotasWorkflow --------------------------------------------------------------------------------------------------
 
 
 class QuotasInput(_Msg):

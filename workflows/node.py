@@ -13,6 +13,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from workflows import contracts
+    from workflows.contracts import SCHEDULER_TASK_QUEUE, lease_task_queue
     from workflows.domain.node import (
         Cordoned,
         GpusReported,
@@ -30,9 +32,8 @@ with workflow.unsafe.imports_passed_through():
         check,
         decide_node,
     )
-    from workflows.domain.nodes import NodeState, NodeView, lease_task_queue
+    from workflows.domain.nodes import NodeState, NodeView
     from workflows.messages import (
-        SCHEDULER_TASK_QUEUE,
         CordonRequest,
         GpuHealthReport,
         LeaseInput,
@@ -52,7 +53,7 @@ CONTINUE_HOLDING_PATCH = "node-continues-as-new-holding-its-lease"
 LeaseEnd = Literal["expired", "replaced", "continue"]
 
 
-@workflow.defn(name="NodeWorkflow")
+@workflow.defn(name=contracts.NODE_WORKFLOW)
 class NodeWorkflow:
     @workflow.init
     def __init__(self, input: NodeInput) -> None:
@@ -93,7 +94,7 @@ class NodeWorkflow:
         run expires too if its agent does not take it up within its TTL (the agent died meanwhile)."""
         lease = self._lease = asyncio.ensure_future(
             workflow.execute_activity(
-                "hold_lease",
+                contracts.hold_lease,
                 LeaseInput(node=self._view.name, renew_seconds=max(ttl / 3, 0.2)),
                 task_queue=lease_task_queue(self._view.name, self._view.holder),
                 start_to_close_timeout=timedelta(days=3650),
@@ -154,7 +155,7 @@ class NodeWorkflow:
         """Every run with a worker on this machine learns it is gone (its workers go Down), and when: the report
         may reach a run after a new agent of the machine started one of its workers, which must not count lost."""
         await workflow.execute_activity(
-            "machine_lost",
+            contracts.machine_lost,
             MachineLostReport(node=self._view.name, removed=removed, lost_at=lost_at),
             task_queue=SCHEDULER_TASK_QUEUE,  # the scheduler knows every worker on the machine
             start_to_close_timeout=timedelta(seconds=60),
@@ -164,14 +165,14 @@ class NodeWorkflow:
 
     async def _notify(self) -> None:
         await workflow.execute_activity(
-            "node_changed",
+            contracts.node_changed,
             NodeChangedInput(node=self._view),
             task_queue=SCHEDULER_TASK_QUEUE,
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=PATIENT,
         )
 
-    @workflow.update(name="register")
+    @workflow.update(name=contracts.REGISTER.name)
     def register(self, request: RegisterRequest) -> NodeView:
         """The agent (re)starts: record what the machine has, and take a new lease."""
         self._view, commands = decide_node(self._view, _registered(request), workflow.now())
@@ -183,7 +184,7 @@ class NodeWorkflow:
     def _validate_register(self, request: RegisterRequest) -> None:
         self._validate(_registered(request))
 
-    @workflow.update(name="report_gpus")
+    @workflow.update(name=contracts.REPORT_GPUS.name)
     async def report_gpus(self, report: GpuHealthReport) -> NodeView:
         """The agent saw GPUs fault or become at risk: keep the machine's GPUs and their health current, and
         record each new fault in the machine's history."""
@@ -193,7 +194,7 @@ class NodeWorkflow:
     def _validate_report_gpus(self, report: GpuHealthReport) -> None:
         self._validate(GpusReported(gpus=report.gpus))
 
-    @workflow.update(name="report_pressure")
+    @workflow.update(name=contracts.REPORT_PRESSURE.name)
     async def report_pressure(self, report: PressureReport) -> NodeView:
         """The agent saw the machine come under memory or disk pressure, or leave it: keep the conditions in the
         inventory (the scheduler places nothing new there meanwhile), and record new pressure in its history."""
@@ -203,7 +204,7 @@ class NodeWorkflow:
     def _validate_report_pressure(self, report: PressureReport) -> None:
         self._validate(PressureReported(pressure=report.pressure))
 
-    @workflow.update(name="report_orphan_stopped")
+    @workflow.update(name=contracts.REPORT_ORPHAN_STOPPED.name)
     def report_orphan_stopped(self, report: OrphanStoppedReport) -> NodeView:
         """The agent stopped a worker whose run's workflow is no longer open (terminated in the Temporal UI, say), or
         an attempt its open run no longer has here: the machine's history says which, and why."""
@@ -217,7 +218,7 @@ class NodeWorkflow:
 
     # ---- admin verbs (astraeus nodes cordon|uncordon|remove) ------------------------------------------------------
 
-    @workflow.update(name="cordon")
+    @workflow.update(name=contracts.CORDON.name)
     async def cordon(self, request: CordonRequest) -> NodeView:
         """No new work on the machine (what runs there stays) until it is uncordoned."""
         return await self._decide(Cordoned(reason=request.reason))
@@ -226,7 +227,7 @@ class NodeWorkflow:
     def _validate_cordon(self, request: CordonRequest) -> None:
         self._validate(Cordoned(reason=request.reason))
 
-    @workflow.update(name="uncordon")
+    @workflow.update(name=contracts.UNCORDON.name)
     async def uncordon(self) -> NodeView:
         return await self._decide(Uncordoned())
 
@@ -234,7 +235,7 @@ class NodeWorkflow:
     def _validate_uncordon(self) -> None:
         self._validate(Uncordoned())
 
-    @workflow.update(name="remove")
+    @workflow.update(name=contracts.REMOVE.name)
     async def remove(self, request: CordonRequest) -> NodeView:
         """The machine leaves the cluster: the scheduler forgets it and its workers go Down ("Machine removed from
         the cluster"). An agent that registers again brings it back."""
@@ -244,7 +245,7 @@ class NodeWorkflow:
     def _validate_remove(self, request: CordonRequest) -> None:
         self._validate(Removed())
 
-    @workflow.query(name="view")
+    @workflow.query(name=contracts.VIEW.name)
     def view(self) -> NodeView:
         return self._view
 

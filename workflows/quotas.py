@@ -10,13 +10,15 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from workflows import contracts
+    from workflows.contracts import SCHEDULER_TASK_QUEUE
     from workflows.domain.quotas import Quota
-    from workflows.messages import SCHEDULER_TASK_QUEUE, QuotasChangedInput, QuotasInput, RemoveQuotaRequest
+    from workflows.messages import QuotasChangedInput, QuotasInput, RemoveQuotaRequest
 
 PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
 
 
-@workflow.defn(name="QuotasWorkflow")
+@workflow.defn(name=contracts.QUOTAS_WORKFLOW)
 class QuotasWorkflow:
     @workflow.init
     def __init__(self, input: QuotasInput) -> None:
@@ -35,7 +37,7 @@ class QuotasWorkflow:
                 workflow.continue_as_new(QuotasInput(quotas=self._list()))
             self._told = self._changes
             await workflow.execute_activity(
-                "quotas_changed",
+                contracts.quotas_changed,
                 QuotasChangedInput(quotas=self._list()),
                 task_queue=SCHEDULER_TASK_QUEUE,
                 start_to_close_timeout=timedelta(seconds=30),
@@ -46,14 +48,14 @@ class QuotasWorkflow:
     def _list(self) -> list[Quota]:
         return [self._quotas[ns] for ns in sorted(self._quotas)]
 
-    @workflow.update(name="set_quota")
+    @workflow.update(name=contracts.SET_QUOTA.name)
     def set_quota(self, quota: Quota) -> list[Quota]:
         """Replace the namespace's quota (limits not given are unlimited)."""
         self._quotas[quota.namespace] = quota
         self._changes += 1
         return self._list()
 
-    @workflow.update(name="remove_quota")
+    @workflow.update(name=contracts.REMOVE_QUOTA.name)
     def remove_quota(self, request: RemoveQuotaRequest) -> list[Quota]:
         del self._quotas[request.namespace]
         self._changes += 1
@@ -64,6 +66,6 @@ class QuotasWorkflow:
         if request.namespace not in self._quotas:
             raise ApplicationError(f"namespace {request.namespace} has no quota", type="NoQuota")
 
-    @workflow.query(name="quotas")
+    @workflow.query(name=contracts.QUOTAS.name)
     def quotas(self) -> list[Quota]:
         return self._list()

@@ -291,7 +291,7 @@ class Workflows:
         def __init__(self, owner: Workflows, workflow_id: str) -> None:
             self._owner, self._id = owner, workflow_id
 
-        async def execute_update(self, name: str, message: Any) -> None:
+        async def execute_update(self, name: str, message: Any, result_type: Any = None) -> None:
             if self._owner.refuse:
                 raise RuntimeError("control plane unreachable")
             self._owner.updates.append((self._id, name, message))

@@ -77,7 +77,7 @@ class Temporal:
             self._owner.queried.append(self._id)
             return self._owner.attempts[self._id]
 
-        async def execute_update(self, name: str, message: Any) -> None:
+        async def execute_update(self, name: str, message: Any, result_type: Any = None) -> None:
             if self._owner.refuse:
                 raise RuntimeError("control plane unreachable")
             self._owner.updates.append((self._id, name, message))

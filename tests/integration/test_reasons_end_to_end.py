@@ -19,9 +19,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from tests.integration.harness import Cluster, pairs
 from workers.render import _when
-from workflows.domain.nodes import node_id
+from workflows.contracts import CONTROL_TASK_QUEUE, node_id
 from workflows.domain.settings import Settings
-from workflows.messages import CONTROL_TASK_QUEUE, NodeInput
+from workflows.messages import NodeInput
 from workflows.node import NodeWorkflow
 
 pytestmark = pytest.mark.integration

@@ -18,15 +18,13 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from activities.control import ControlActivities
-from workflows.domain.nodes import node_task_queue
+from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_task_queue
 from workflows.domain.planning import WorkerPlan
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id
 from workflows.job import JobWorkflow
 from workflows.messages import (
-    CONTROL_TASK_QUEUE,
     PROTOCOL,
-    SCHEDULER_TASK_QUEUE,
     LoadSettingsResult,
     PlaceInput,
     PlacementAnswer,

@@ -22,12 +22,12 @@ from temporalio.worker import Worker
 from activities.control import ControlActivities
 from tests.workflows.fakes import NODE, FakeCluster, Script, pairs, unique
 from workers.client import run_result
-from workflows.domain.nodes import node_task_queue
+from workflows.contracts import CONTROL_TASK_QUEUE, node_task_queue
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id, parse_spec
 from workflows.domain.views import JobDescription
 from workflows.job import JobWorkflow, search_attributes
-from workflows.messages import CONTROL_TASK_QUEUE, JobInput, RunTaskInput, SuperviseInput, TaskExit, TaskReport
+from workflows.messages import JobInput, RunTaskInput, SuperviseInput, TaskExit, TaskReport
 
 
 class SilentAgent:

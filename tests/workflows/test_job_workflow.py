@@ -12,6 +12,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
 from workers.client import run_result
+from workflows.contracts import CONTROL_TASK_QUEUE
 from workflows.domain.events import Created, PlacementUpdate, TaskStarted
 from workflows.domain.job import decide
 from workflows.domain.settings import Settings
@@ -20,7 +21,7 @@ from workflows.domain.status import Status
 from workflows.domain.tasks import new_job
 from workflows.domain.views import JobDescription
 from workflows.job import JobWorkflow, search_attributes
-from workflows.messages import CONTROL_TASK_QUEUE, JobInput, StopTaskRequest
+from workflows.messages import JobInput, StopTaskRequest
 
 
 def spec(name: str, replicas: int = 1, **group: object) -> JobSpec:

@@ -14,12 +14,13 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
 from workers.client import run_result
+from workflows.contracts import CONTROL_TASK_QUEUE
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.status import Status
 from workflows.domain.views import JobDescription
 from workflows.job import JobWorkflow, search_attributes
-from workflows.messages import CONTROL_TASK_QUEUE, JobInput, MachineLostReport, PreemptRequest
+from workflows.messages import JobInput, MachineLostReport, PreemptRequest
 
 QUICK = Settings(stale_grace_seconds=1, heartbeat_ttl_seconds=3)
 

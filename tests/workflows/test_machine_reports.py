@@ -13,12 +13,11 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from tests.workflows.fakes import unique
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView, node_id, node_task_queue
+from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_id, node_task_queue
+from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
 from workflows.domain.settings import Settings
 from workflows.logs import LogsWorkflow
 from workflows.messages import (
-    CONTROL_TASK_QUEUE,
-    SCHEDULER_TASK_QUEUE,
     GpuHealthReport,
     LeaseInput,
     LogsInput,

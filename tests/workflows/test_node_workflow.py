@@ -13,17 +13,10 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from tests.workflows.fakes import unique
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView, lease_task_queue, node_id, node_task_queue
+from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id, node_task_queue
+from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
 from workflows.domain.settings import Settings
-from workflows.messages import (
-    CONTROL_TASK_QUEUE,
-    SCHEDULER_TASK_QUEUE,
-    LeaseInput,
-    MachineLostReport,
-    NodeChangedInput,
-    NodeInput,
-    RegisterRequest,
-)
+from workflows.messages import LeaseInput, MachineLostReport, NodeChangedInput, NodeInput, RegisterRequest
 from workflows.node import NodeWorkflow
 
 

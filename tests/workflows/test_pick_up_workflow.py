@@ -9,7 +9,7 @@ from temporalio.worker import Worker
 from tests.workflows.fakes import Script, fake_cluster, unique
 from tests.workflows.test_job_workflow import pairs, spec, start
 from workers.client import run_result
-from workflows.domain.nodes import node_task_queue
+from workflows.contracts import node_task_queue
 from workflows.domain.status import Status
 from workflows.domain.views import JobDescription
 from workflows.messages import AttemptsOnNode, AttemptsQuery, SchedulerView

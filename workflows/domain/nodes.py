@@ -91,19 +91,3 @@ class NodeView(BaseModel):
     history: list[NodeStatusEntry] = Field(default_factory=list)
     # The agent holding its lease ("host:pid:token"), while the lease lasts; None after it expired.
     holder: str | None = None
-
-
-def node_id(name: str) -> str:
-    """The machine's workflow id."""
-    return f"node/{name}"
-
-
-def node_task_queue(name: str) -> str:
-    """The task queue the machine's agent polls."""
-    return f"astraeus-node-{name}"
-
-
-def lease_task_queue(name: str, holder: str | None) -> str:
-    """The task queue of the machine's lease: its holder's own, so that no other agent of that name (one that lost
-    the lease and came back) ever runs it; the machine's queue for an agent that gives no instance."""
-    return f"{node_task_queue(name)}@{holder}" if holder else node_task_queue(name)

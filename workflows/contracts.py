@@ -1,0 +1,328 @@
+"""Every name that travels through Temporal, in one place: task queues, workflow ids and types, search attributes,
+and typed stubs of the activities, signals, queries and updates, with the process and queue that serve each.
+
+Workflows call activities through the stubs (`workflow.execute_activity(contracts.run_task, RunTaskInput(...))`),
+so mypy checks what they send and get back; each implementation is defined with `@implements(stub)`, which gives
+it the stub's name and makes mypy check its signature against the stub's. Senders of signals, queries and updates
+go through `signal`, `query` and `update` with the typed descriptors below. `tests/test_contracts.py` checks that
+every name a workflow calls is registered by the process that serves it, on the queue it is sent to.
+
+The names on the wire never change: committed histories replay by them (`tests/histories/`), and running clusters
+keep their workflows, queues and search attributes. The module imports temporalio, the standard library and the
+messages only, so workflows may import it (sandbox-safe); the pure core (`workflows/domain/`) never does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
+
+from temporalio import activity
+from temporalio.common import SearchAttributeKey
+
+from workflows.domain.nodes import NodeView
+from workflows.domain.planning import WorkerPlan
+from workflows.domain.quotas import Quota
+from workflows.domain.spec import job_id as job_id
+from workflows.domain.status import Folded, Status
+from workflows.domain.views import Event, JobDescription
+from workflows.messages import (
+    AttemptsOnNode,
+    AttemptsQuery,
+    CancelRunInput,
+    CordonRequest,
+    ExitedWhileLostReport,
+    GpuHealthReport,
+    LeaseInput,
+    LoadSettingsResult,
+    LogText,
+    MachineLostReport,
+    NodeChangedInput,
+    OrphanStoppedReport,
+    PlaceInput,
+    PlacementAnswer,
+    PlaceResult,
+    PlanInput,
+    PreemptRequest,
+    PressureReport,
+    QuotasChangedInput,
+    ReadLogInput,
+    RegisterRequest,
+    ReleaseInput,
+    RemoveQuotaRequest,
+    RunTaskInput,
+    SchedulerView,
+    StartTaskInput,
+    StartTaskResult,
+    StopTaskInput,
+    StopTaskRequest,
+    SuperviseInput,
+    TaskExit,
+    TaskHealthReport,
+    TaskProgressReport,
+    TaskReport,
+)
+
+if TYPE_CHECKING:
+    from temporalio.client import WorkflowHandle
+
+# ---- task queues ------------------------------------------------------------------------------------------------
+
+CONTROL_TASK_QUEUE = "astraeus-control"  # every workflow; the control plane's activities (ControlWorker)
+SCHEDULER_TASK_QUEUE = "astraeus-scheduler"  # the scheduler service's activities (scheduler_worker)
+
+
+def node_task_queue(name: str) -> str:
+    """The task queue the machine's agent polls (its workers' activities)."""
+    return f"astraeus-node-{name}"
+
+
+def lease_task_queue(name: str, holder: str | None) -> str:
+    """The task queue of the machine's lease: its holder's own, so that no other agent of that name (one that lost
+    the lease and came back) ever runs it; the machine's queue for an agent that gives no instance."""
+    return f"{node_task_queue(name)}@{holder}" if holder else node_task_queue(name)
+
+
+# ---- workflow types and ids -------------------------------------------------------------------------------------
+
+JOB_WORKFLOW = "JobWorkflow"
+NODE_WORKFLOW = "NodeWorkflow"
+LOGS_WORKFLOW = "LogsWorkflow"
+QUOTAS_WORKFLOW = "QuotasWorkflow"
+
+QUOTAS_WORKFLOW_ID = "quotas"
+
+# Visibility queries of the open runs and machines.
+OPEN_JOBS = f'WorkflowType="{JOB_WORKFLOW}" AND ExecutionStatus="Running"'
+OPEN_NODES = f'WorkflowType="{NODE_WORKFLOW}" AND ExecutionStatus="Running"'
+
+# `job_id(namespace, name)` is "job/<namespace>/<name>": it lives in the core (workflows/domain/spec.py), which keys
+# runs by it and reads a run's namespace and name back from it; imported here with the other addresses.
+
+
+def node_id(name: str) -> str:
+    """The machine's workflow id."""
+    return f"node/{name}"
+
+
+# ---- search attributes (registered by workers/connect.py and workers/devserver.py) ------------------------------
+
+SA_NAMESPACE = "AstraeusNamespace"
+SA_STATE = "AstraeusState"
+SA_PRIORITY = "AstraeusPriority"
+SA_NODES = "AstraeusNodes"  # machines that hold a worker of a protocol-1 run now
+
+NAMESPACE_KEY = SearchAttributeKey.for_keyword(SA_NAMESPACE)
+STATE_KEY = SearchAttributeKey.for_keyword(SA_STATE)
+PRIORITY_KEY = SearchAttributeKey.for_int(SA_PRIORITY)
+NODES_KEY = SearchAttributeKey.for_keyword_list(SA_NODES)
+
+# ---- activities -------------------------------------------------------------------------------------------------
+# A stub's function name is the activity's name. It is never run: the process named above it serves it.
+
+P = ParamSpec("P")
+R = TypeVar("R")
+S = TypeVar("S")
+
+
+def implements(
+    stub: Callable[P, Awaitable[R]],
+) -> Callable[[Callable[Concatenate[S, P], Awaitable[R]]], Callable[Concatenate[S, P], Awaitable[R]]]:
+    """Define a method as the activity `stub` declares: its name, and (checked by mypy) what it takes and returns."""
+    return activity.defn(name=activity_name(stub))
+
+
+def activity_name(stub: Callable[..., Any]) -> str:
+    return stub.__name__
+
+
+# The control plane (CONTROL_TASK_QUEUE: local activities of its workflows, and the activities sent there).
+
+
+@activity.defn
+async def load_settings() -> LoadSettingsResult:
+    """Local: the operator's settings and the protocol a new run uses, recorded in its history."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def cancel_run_workflow(input: CancelRunInput) -> None:
+    """Ask Temporal to cancel a run's workflow, so that a Cancelled run closes Canceled."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def place(input: PlaceInput) -> PlaceResult:
+    """Ask the scheduler for room: a local activity of the control plane through the scheduler's door since
+    protocol 3, an activity on SCHEDULER_TASK_QUEUE before."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def release(input: ReleaseInput) -> None:
+    """Give a worker's room back to the scheduler; served as `place` is."""
+    raise NotImplementedError
+
+
+# The scheduler service (SCHEDULER_TASK_QUEUE).
+
+
+@activity.defn
+async def plan_workers(input: PlanInput) -> WorkerPlan:
+    """How many workers a group of `total_gpus` gets, and where."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def node_changed(input: NodeChangedInput) -> None:
+    """A machine's view changed (registered, Down, cordoned, its GPUs or pressure)."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def quotas_changed(input: QuotasChangedInput) -> None:
+    """The namespaces' quotas changed."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def machine_lost(report: MachineLostReport) -> int:
+    """Tell every run with room on the machine that it is gone; how many were told. The control plane serves it
+    too, for NodeWorkflow histories that sent it there."""
+    raise NotImplementedError
+
+
+# A machine's agent (node_task_queue(name)).
+
+
+@activity.defn
+async def start_task(input: StartTaskInput) -> StartTaskResult:
+    """Set a worker up (a gang member at the barrier), or start it (protocol 1)."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def run_task(input: RunTaskInput) -> TaskExit:
+    """Start a worker and watch it until it ends (protocol 2 on)."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def supervise_task(input: SuperviseInput) -> TaskExit:
+    """Watch a worker started before until it ends."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def stop_task(input: StopTaskInput) -> None:
+    """The stop signal, the grace period, then a kill."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def read_log(input: ReadLogInput) -> LogText:
+    """A worker's output, for `astraeus logs`."""
+    raise NotImplementedError
+
+
+# The agent holding a machine's lease (lease_task_queue(name, holder)).
+
+
+@activity.defn
+async def hold_lease(input: LeaseInput) -> None:
+    """The machine's lease: heartbeats while the agent lives."""
+    raise NotImplementedError
+
+
+# ---- signals, queries and updates -------------------------------------------------------------------------------
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+@dataclass(frozen=True)
+class Signal(Generic[In]):
+    """A signal of workflow type `workflow`, carrying `input`."""
+
+    workflow: str
+    name: str
+    input: type[In]
+
+
+@dataclass(frozen=True)
+class Query(Generic[In, Out]):
+    """A query of workflow type `workflow`; `input` None when it takes no argument."""
+
+    workflow: str
+    name: str
+    input: type[In] | None
+    result: Any  # the type of its result (a `list[...]` is no `type` to mypy)
+
+
+@dataclass(frozen=True)
+class Update(Generic[In, Out]):
+    """An update of workflow type `workflow`; `input` None when it takes no argument."""
+
+    workflow: str
+    name: str
+    input: type[In] | None
+    result: Any
+
+
+# JobWorkflow's signals: the scheduler's answers and preemptions, the agents' reports, machine loss.
+PLACEMENT = Signal(JOB_WORKFLOW, "placement", PlacementAnswer)
+PREEMPT = Signal(JOB_WORKFLOW, "preempt", PreemptRequest)
+TASK_PROGRESS = Signal(JOB_WORKFLOW, "task_progress", TaskProgressReport)
+TASK_RUNNING = Signal(JOB_WORKFLOW, "task_running", TaskReport)
+TASK_HEALTH = Signal(JOB_WORKFLOW, "task_health", TaskHealthReport)
+MACHINE_LOST = Signal(JOB_WORKFLOW, "machine_lost", MachineLostReport)
+TASK_EXITED_WHILE_LOST = Signal(JOB_WORKFLOW, "task_exited_while_lost", ExitedWhileLostReport)
+
+# JobWorkflow's updates and queries (clients, the scheduler's rebuild, the agents' fencing).
+CANCEL: Update[None, Status] = Update(JOB_WORKFLOW, "cancel", None, Status)
+STOP_TASK: Update[StopTaskRequest, Status] = Update(JOB_WORKFLOW, "stop_task", StopTaskRequest, Status)
+STATUS: Query[None, Status] = Query(JOB_WORKFLOW, "status", None, Status)
+DESCRIBE: Query[None, JobDescription] = Query(JOB_WORKFLOW, "describe", None, JobDescription)
+EVENTS: Query[None, list[Event]] = Query(JOB_WORKFLOW, "events", None, list[Event])
+FOLDED: Query[None, Folded] = Query(JOB_WORKFLOW, "folded", None, Folded)
+ATTEMPTS_ON: Query[AttemptsQuery, AttemptsOnNode] = Query(JOB_WORKFLOW, "attempts_on", AttemptsQuery, AttemptsOnNode)
+SCHEDULER_VIEW: Query[None, SchedulerView] = Query(JOB_WORKFLOW, "scheduler_view", None, SchedulerView)
+
+# NodeWorkflow's updates (its agent, and `astraeus nodes`) and query.
+REGISTER: Update[RegisterRequest, NodeView] = Update(NODE_WORKFLOW, "register", RegisterRequest, NodeView)
+REPORT_GPUS: Update[GpuHealthReport, NodeView] = Update(NODE_WORKFLOW, "report_gpus", GpuHealthReport, NodeView)
+REPORT_PRESSURE: Update[PressureReport, NodeView] = Update(NODE_WORKFLOW, "report_pressure", PressureReport, NodeView)
+REPORT_ORPHAN_STOPPED: Update[OrphanStoppedReport, NodeView] = Update(
+    NODE_WORKFLOW, "report_orphan_stopped", OrphanStoppedReport, NodeView
+)
+CORDON: Update[CordonRequest, NodeView] = Update(NODE_WORKFLOW, "cordon", CordonRequest, NodeView)
+UNCORDON: Update[None, NodeView] = Update(NODE_WORKFLOW, "uncordon", None, NodeView)
+REMOVE: Update[CordonRequest, NodeView] = Update(NODE_WORKFLOW, "remove", CordonRequest, NodeView)
+VIEW: Query[None, NodeView] = Query(NODE_WORKFLOW, "view", None, NodeView)
+
+# QuotasWorkflow's updates (`astraeus quota set|rm`) and query (the scheduler's rebuild).
+SET_QUOTA: Update[Quota, list[Quota]] = Update(QUOTAS_WORKFLOW, "set_quota", Quota, list[Quota])
+REMOVE_QUOTA: Update[RemoveQuotaRequest, list[Quota]] = Update(
+    QUOTAS_WORKFLOW, "remove_quota", RemoveQuotaRequest, list[Quota]
+)
+QUOTAS: Query[None, list[Quota]] = Query(QUOTAS_WORKFLOW, "quotas", None, list[Quota])
+
+SIGNALS = [PLACEMENT, PREEMPT, TASK_PROGRESS, TASK_RUNNING, TASK_HEALTH, MACHINE_LOST, TASK_EXITED_WHILE_LOST]
+QUERIES = [STATUS, DESCRIBE, EVENTS, FOLDED, ATTEMPTS_ON, SCHEDULER_VIEW, VIEW, QUOTAS]
+UPDATES = [CANCEL, STOP_TASK, REGISTER, REPORT_GPUS, REPORT_PRESSURE, REPORT_ORPHAN_STOPPED, CORDON, UNCORDON, REMOVE]
+UPDATES += [SET_QUOTA, REMOVE_QUOTA]
+
+
+async def signal(handle: WorkflowHandle[Any, Any], sent: Signal[In], message: In) -> None:
+    await handle.signal(sent.name, message)
+
+
+async def query(handle: WorkflowHandle[Any, Any], asked: Query[In, Out], *args: In) -> Out:
+    result: Out = await handle.query(asked.name, *args, result_type=asked.result)
+    return result
+
+
+async def update(handle: WorkflowHandle[Any, Any], sent: Update[In, Out], *args: In) -> Out:
+    result: Out = await handle.execute_update(sent.name, *args, result_type=sent.result)
+    return result
