@@ -20,11 +20,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from workflows.domain.nodes import GpuInfo, NodeInventory, lease_task_queue, node_id
+from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id
+from workflows.domain.nodes import GpuInfo, NodeInventory
 from workflows.domain.settings import Settings
 from workflows.messages import (
-    CONTROL_TASK_QUEUE,
-    SCHEDULER_TASK_QUEUE,
     CordonRequest,
     GpuHealthReport,
     LeaseInput,

@@ -18,11 +18,10 @@ from activities.agent import AgentActivities
 from activities.prepare import Preparer
 from activities.runtime.process import ProcessRuntime
 from tests.workflows.fakes import unique
-from workflows.domain.nodes import NodeInventory, NodeView, lease_task_queue, node_id
+from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id
+from workflows.domain.nodes import NodeInventory, NodeView
 from workflows.domain.settings import Settings
 from workflows.messages import (
-    CONTROL_TASK_QUEUE,
-    SCHEDULER_TASK_QUEUE,
     CordonRequest,
     MachineLostReport,
     NodeChangedInput,
