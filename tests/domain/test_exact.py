@@ -24,7 +24,6 @@ from workflows.domain.events import (
 )
 from workflows.domain.job import fail_undecided
 from workflows.domain.lifecycle import derive_run
-from workflows.domain.quotas import Quota, Usage, check_quota
 from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Template, all_templates, number
 from workflows.domain.scheduling import schedule
 from workflows.domain.settings import Settings
@@ -113,59 +112,6 @@ GIB = 2**30
 )
 def test_numbers_in_reasons_are_exact(value: float, text: str) -> None:
     assert number(value) == text
-
-
-@pytest.mark.parametrize(
-    ("quota", "used", "asked", "reason", "reached"),
-    [
-        pytest.param(
-            Quota(namespace="ml", memory_bytes=20 * GIB),
-            Usage(memory_bytes=16 * GIB),
-            Usage(memory_bytes=8 * GIB),
-            "Waits for namespace quota: memory_bytes 17179869184 in use + 8589934592 asked > 21474836480",
-            "Quota reached: memory_bytes 17179869184 in use + 8589934592 asked > 21474836480",
-            id="memory in use prints its bytes",
-        ),
-        pytest.param(
-            Quota(namespace="ml", memory_bytes=20 * GIB),
-            Usage(),
-            Usage(memory_bytes=24 * GIB),
-            "Waits for more than the namespace's quota allows at all (memory_bytes 25769803776 asked > 21474836480): "
-            "raise the quota or ask for less",
-            "Quota reached: memory_bytes 25769803776 asked > 21474836480",
-            id="memory never enough prints its bytes",
-        ),
-        pytest.param(
-            Quota(namespace="ml", cpu=0.5),
-            Usage(cpu=0.1 + 0.2),
-            Usage(cpu=0.3),
-            "Waits for namespace quota: cpu 0.3 in use + 0.3 asked > 0.5",
-            "Quota reached: cpu 0.3 in use + 0.3 asked > 0.5",
-            id="cpu in use has no float noise",
-        ),
-        pytest.param(
-            Quota(namespace="ml", cpu=1000),
-            Usage(),
-            Usage(cpu=1234.5678),
-            "Waits for more than the namespace's quota allows at all (cpu 1234.5678 asked > 1000): "
-            "raise the quota or ask for less",
-            "Quota reached: cpu 1234.5678 asked > 1000",
-            id="cpu keeps its digits",
-        ),
-        pytest.param(
-            Quota(namespace="ml", cpu=2_000_000),
-            Usage(cpu=1_999_999.5),
-            Usage(cpu=1),
-            "Waits for namespace quota: cpu 1999999.5 in use + 1 asked > 2000000",
-            "Quota reached: cpu 1999999.5 in use + 1 asked > 2000000",
-            id="large cpu is never in exponent form",
-        ),
-    ],
-)
-def test_quota_reasons_print_exact_numbers(quota: Quota, used: Usage, asked: Usage, reason: str, reached: str) -> None:
-    wait = check_quota(quota, used, asked)
-    assert wait is not None
-    assert (wait.reason.text, wait.reached.text) == (reason, reached)
 
 
 # ---- 4. the spec's stop reason for the rest of a run a failed worker ends ----------------------------------------

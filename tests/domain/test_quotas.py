@@ -8,6 +8,8 @@ from pydantic import ValidationError
 from tests.domain.builders import holding
 from workflows.domain.quotas import Quota, Usage, check_quota, usage_by_namespace
 
+GIB = 2**30
+
 
 @pytest.mark.parametrize(
     ("quota", "used", "asked", "reason", "reached"),
@@ -45,6 +47,49 @@ from workflows.domain.quotas import Quota, Usage, check_quota, usage_by_namespac
             "ask for less",
             "Quota reached: memory_bytes 11 asked > 10",
             id="never enough is said before a wait",
+        ),
+        # Issue 14: exact integers, never in exponent form; CPU without float noise
+        pytest.param(
+            Quota(namespace="ml", memory_bytes=20 * GIB),
+            Usage(memory_bytes=16 * GIB),
+            Usage(memory_bytes=8 * GIB),
+            "Waits for namespace quota: memory_bytes 17179869184 in use + 8589934592 asked > 21474836480",
+            "Quota reached: memory_bytes 17179869184 in use + 8589934592 asked > 21474836480",
+            id="memory in use prints its bytes",
+        ),
+        pytest.param(
+            Quota(namespace="ml", memory_bytes=20 * GIB),
+            Usage(),
+            Usage(memory_bytes=24 * GIB),
+            "Waits for more than the namespace's quota allows at all (memory_bytes 25769803776 asked > 21474836480): "
+            "raise the quota or ask for less",
+            "Quota reached: memory_bytes 25769803776 asked > 21474836480",
+            id="memory never enough prints its bytes",
+        ),
+        pytest.param(
+            Quota(namespace="ml", cpu=0.5),
+            Usage(cpu=0.1 + 0.2),
+            Usage(cpu=0.3),
+            "Waits for namespace quota: cpu 0.3 in use + 0.3 asked > 0.5",
+            "Quota reached: cpu 0.3 in use + 0.3 asked > 0.5",
+            id="cpu in use has no float noise",
+        ),
+        pytest.param(
+            Quota(namespace="ml", cpu=1000),
+            Usage(),
+            Usage(cpu=1234.5678),
+            "Waits for more than the namespace's quota allows at all (cpu 1234.5678 asked > 1000): "
+            "raise the quota or ask for less",
+            "Quota reached: cpu 1234.5678 asked > 1000",
+            id="cpu keeps its digits",
+        ),
+        pytest.param(
+            Quota(namespace="ml", cpu=2_000_000),
+            Usage(cpu=1_999_999.5),
+            Usage(cpu=1),
+            "Waits for namespace quota: cpu 1999999.5 in use + 1 asked > 2000000",
+            "Quota reached: cpu 1999999.5 in use + 1 asked > 2000000",
+            id="large cpu is never in exponent form",
         ),
     ],
 )
