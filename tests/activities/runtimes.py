@@ -1,9 +1,12 @@
 """What the tests of both runtimes (processes and Docker containers) share: waiting for a worker to end, a readiness
-check and probing until it passes, and whether a process has ended."""
+check and probing until it passes, whether a process has ended, and killing what a test's process runtime left."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+from contextlib import suppress
 from pathlib import Path
 
 from activities.runtime.base import Observed, Runtime, TaskKey
@@ -39,3 +42,13 @@ def probe_until(runtime: Runtime, task_key: TaskKey, readiness: Readiness, secon
         assert time.monotonic() < deadline, f"the check still fails after {seconds} s: {result[1]}"
         time.sleep(0.05)
     return result[1]
+
+
+def kill_attempts(root: Path) -> None:
+    """SIGKILL every worker (its process group) and shim a process runtime started under `root`, by pid."""
+    for directory in root.glob("*"):
+        for name, kill in (("pid", os.killpg), ("shim.pid", os.kill)):
+            with suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+                kill(int((directory / name).read_text()), signal.SIGKILL)
+        with suppress(FileNotFoundError, ValueError, ChildProcessError):
+            os.waitpid(int((directory / "shim.pid").read_text()), os.WNOHANG)

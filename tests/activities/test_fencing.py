@@ -5,10 +5,7 @@ process runtime); the runs are a scripted stand-in answering the query `attempts
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
 from collections.abc import Iterator
-from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -23,6 +20,7 @@ from activities.agent import AgentActivities, task_key
 from activities.prepare import Preparer
 from activities.runtime.base import Observed
 from activities.runtime.process import ProcessRuntime
+from tests.activities.runtimes import kill_attempts
 from workflows.domain.nodes import NodeInventory, NodeState, NodeView
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec
@@ -69,10 +67,7 @@ class Machine:
 @pytest.fixture
 def root(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
-    for directory in (tmp_path / "tasks").glob("*"):
-        for name, kill in (("pid", os.killpg), ("shim.pid", os.kill)):
-            with suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-                kill(int((directory / name).read_text()), signal.SIGKILL)
+    kill_attempts(tmp_path / "tasks")
 
 
 def ref(attempt: int = 3) -> TaskRef:

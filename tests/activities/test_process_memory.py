@@ -17,7 +17,7 @@ import pytest
 from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
 from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from activities.runtime.process import ProcessRuntime
-from tests.activities.runtimes import has_ended, wait_until_ended
+from tests.activities.runtimes import has_ended, kill_attempts, wait_until_ended
 
 MIB = 1 << 20
 GREEDY = [sys.executable, "-c", "b = bytearray(256 << 20); print('survived')"]  # 256 MiB, touched
@@ -37,12 +37,7 @@ def root(tmp_path: Path) -> Iterator[Path]:
     """The runtime's root; every worker and shim started under it is killed by pid afterwards, and every cgroup
     left behind removed."""
     yield tmp_path / "attempts"
-    for directory in (tmp_path / "attempts").glob("*"):
-        for name, kill in (("pid", os.killpg), ("shim.pid", os.kill)):
-            with suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-                kill(int((directory / name).read_text()), signal.SIGKILL)
-        with suppress(FileNotFoundError, ValueError, ChildProcessError):
-            os.waitpid(int((directory / "shim.pid").read_text()), os.WNOHANG)
+    kill_attempts(tmp_path / "attempts")
     leftover = ProcessRuntime(tmp_path / "attempts", Unenforced("cleaning up"))
     for attempt in leftover.attempts():
         with suppress(ValueError):  # still seen running: its cgroup stays (the test failed already)

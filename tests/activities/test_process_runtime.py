@@ -11,14 +11,13 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
 from pathlib import Path
 
 import pytest
 
 from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
 from activities.runtime.process import ProcessRuntime
-from tests.activities.runtimes import check, has_ended, probe_until, wait_until_ended
+from tests.activities.runtimes import check, has_ended, kill_attempts, probe_until, wait_until_ended
 from workers.devserver import free_port
 
 
@@ -43,12 +42,7 @@ def python(code: str) -> list[str]:
 def root(tmp_path: Path) -> Iterator[Path]:
     """The runtime's root; every worker and shim started under it is killed by pid afterwards."""
     yield tmp_path / "attempts"
-    for directory in (tmp_path / "attempts").glob("*"):
-        for name, kill in (("pid", os.killpg), ("shim.pid", os.kill)):
-            with suppress(FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-                kill(int((directory / name).read_text()), signal.SIGKILL)
-        with suppress(FileNotFoundError, ValueError, ChildProcessError):
-            os.waitpid(int((directory / "shim.pid").read_text()), os.WNOHANG)
+    kill_attempts(tmp_path / "attempts")
 
 
 @pytest.fixture
