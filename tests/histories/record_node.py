@@ -14,21 +14,18 @@ import os
 import sys
 from pathlib import Path
 
-from temporalio import activity
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from tests.workflows.fakes import FakeMachine
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id
 from workflows.domain.nodes import GpuInfo, NodeInventory
 from workflows.domain.settings import Settings
 from workflows.messages import (
     CordonRequest,
     GpuHealthReport,
-    LeaseInput,
-    MachineLostReport,
-    NodeChangedInput,
     NodeInput,
     OrphanStoppedReport,
     PressureReport,
@@ -42,27 +39,7 @@ AGENT = "host:1:token"
 GPU = GpuInfo(index=0, uuid="GPU-0", model="L4", memory_bytes=2**34)
 
 
-class Machine:
-    def __init__(self) -> None:
-        self.alive = True
-
-    @activity.defn(name="hold_lease")
-    async def hold_lease(self, input: LeaseInput) -> None:
-        while self.alive:  # a dead agent stops heartbeating
-            activity.heartbeat()
-            await asyncio.sleep(input.renew_seconds)
-        await asyncio.sleep(30)
-
-    @activity.defn(name="machine_lost")
-    async def machine_lost(self, report: MachineLostReport) -> int:
-        return 0
-
-    @activity.defn(name="node_changed")
-    async def node_changed(self, input: NodeChangedInput) -> None:
-        pass
-
-
-async def life(env: WorkflowEnvironment, machine: Machine) -> WorkflowHistory:
+async def life(env: WorkflowEnvironment, machine: FakeMachine) -> WorkflowHistory:
     client, name = env.client, "life"
     inventory = NodeInventory(name=name, cpus=8, memory_bytes=2**34, gpus=[GPU])
     settings = Settings(node_lease_ttl_seconds=1)
@@ -87,7 +64,7 @@ async def life(env: WorkflowEnvironment, machine: Machine) -> WorkflowHistory:
         return await handle.fetch_history()
 
 
-async def continued(env: WorkflowEnvironment, machine: Machine) -> WorkflowHistory:
+async def continued(env: WorkflowEnvironment, machine: FakeMachine) -> WorkflowHistory:
     client, name = env.client, "continued"
     inventory = NodeInventory(name=name, cpus=8, memory_bytes=2**34)
     settings = Settings(node_lease_ttl_seconds=5, continue_as_new_events=50)
@@ -107,7 +84,7 @@ async def record() -> None:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(BIN / "temporal-test-server"), data_converter=pydantic_data_converter
     )
-    machine = Machine()
+    machine = FakeMachine()
     async with (
         Worker(env.client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
         Worker(env.client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.machine_lost]),

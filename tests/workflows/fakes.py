@@ -19,13 +19,17 @@ from temporalio.worker import Worker
 
 from activities.control import ControlActivities
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_task_queue
+from workflows.domain.nodes import NodeView
 from workflows.domain.planning import WorkerPlan
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id
 from workflows.job import JobWorkflow
 from workflows.messages import (
     PROTOCOL,
+    LeaseInput,
     LoadSettingsResult,
+    MachineLostReport,
+    NodeChangedInput,
     PlaceInput,
     PlacementAnswer,
     PlaceResult,
@@ -215,3 +219,31 @@ def unique(name: str) -> str:
 def pairs(entries: Iterable[Any]) -> list[tuple[str, str]]:
     """(state, reason) of each entry of a history."""
     return [(e.state, e.reason) for e in entries]
+
+
+class FakeMachine:
+    """A machine's agent (its lease) and the scheduler's side of NodeWorkflow: what it is told of the machine."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name  # the machine whose changes it hears (None: every machine's)
+        self.alive = True
+        self.seen: list[NodeView] = []
+        self.lost: list[MachineLostReport] = []
+
+    @activity.defn(name="hold_lease")
+    async def hold_lease(self, input: LeaseInput) -> None:
+        while self.alive:  # a dead agent stops heartbeating
+            activity.heartbeat()
+            await asyncio.sleep(input.renew_seconds)
+        await asyncio.sleep(30)
+
+    @activity.defn(name="machine_lost")
+    async def machine_lost(self, report: MachineLostReport) -> int:
+        if self.name is None or report.node == self.name:
+            self.lost.append(report)
+        return 0
+
+    @activity.defn(name="node_changed")
+    async def node_changed(self, input: NodeChangedInput) -> None:
+        if self.name is None or input.node.name == self.name:  # the queue is shared with other tests' machines
+            self.seen.append(input.node)

@@ -12,38 +12,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.workflows.fakes import unique
+from tests.workflows.fakes import FakeMachine, unique
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id, node_task_queue
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
+from workflows.domain.nodes import GpuInfo, NodeInventory
 from workflows.domain.settings import Settings
-from workflows.messages import LeaseInput, MachineLostReport, NodeChangedInput, NodeInput, RegisterRequest
+from workflows.messages import LeaseInput, MachineLostReport, NodeInput, RegisterRequest
 from workflows.node import NodeWorkflow
-
-
-class FakeMachine:
-    def __init__(self, name: str | None = None) -> None:
-        self.name = name  # the machine whose changes it hears (None: every machine's)
-        self.alive = True
-        self.seen: list[NodeView] = []
-        self.lost: list[MachineLostReport] = []
-
-    @activity.defn(name="hold_lease")
-    async def hold_lease(self, input: LeaseInput) -> None:
-        while self.alive:  # a dead agent stops heartbeating
-            activity.heartbeat()
-            await asyncio.sleep(input.renew_seconds)
-        await asyncio.sleep(30)
-
-    @activity.defn(name="machine_lost")
-    async def machine_lost(self, report: MachineLostReport) -> int:
-        if self.name is None or report.node == self.name:
-            self.lost.append(report)
-        return 0
-
-    @activity.defn(name="node_changed")
-    async def node_changed(self, input: NodeChangedInput) -> None:
-        if self.name is None or input.node.name == self.name:  # the queue is shared with other tests' machines
-            self.seen.append(input.node)
 
 
 async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping: WorkflowEnvironment) -> None:
