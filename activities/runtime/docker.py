@@ -46,6 +46,9 @@ LABEL_PREFIX = "astraeus."
 _NEVER_STARTED = "0001-01-01T00:00:00Z"
 _RUNNING_STATES = ["running", "paused", "restarting"]
 _EXEC_POLL_SECONDS = 0.05
+_SIGKILLED = 128 + 9
+# How long after a container's end its out-of-memory event may still reach the engine.
+_OOM_EVENT_GRACE_SECONDS = 1.0
 
 
 def container_name(key: TaskKey) -> str:
@@ -68,6 +71,7 @@ class DockerRuntime:
             raise RuntimeUnavailable(f"the Docker engine at {self.base_url} does not answer: {err}") from err
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._oom: dict[str, bool] = {}
 
     def close(self) -> None:
         self._client.close()
@@ -124,7 +128,8 @@ class DockerRuntime:
         if state["Status"] in _RUNNING_STATES:
             return Observed(running=True)
         ended = _timestamp(state.get("FinishedAt"))
-        return Observed(running=False, exit_code=int(state["ExitCode"]), oom=bool(state["OOMKilled"]), ended_at=ended)
+        oom = self._oom_killed(container)
+        return Observed(running=False, exit_code=int(state["ExitCode"]), oom=oom, ended_at=ended)
 
     def stop(self, key: TaskKey, grace_seconds: float) -> None:
         """SIGTERM (or the image's stop signal), the grace period, then SIGKILL; returns once it has ended."""
@@ -272,6 +277,25 @@ class DockerRuntime:
                 return self._client.containers.get(container_name(key))
             except NotFound:
                 return None
+
+    def _oom_killed(self, container: Container) -> bool:
+        """Whether the kernel killed the ended container for memory. The engine's `OOMKilled` misses a kill whose
+        out-of-memory event reached it after the exit (it then stays false), so a SIGKILL of a container with a
+        memory limit asks the engine's events too, up to a second after the end. Remembered per container."""
+        state = container.attrs["State"]
+        if state["OOMKilled"]:
+            return True
+        if int(state["ExitCode"]) != _SIGKILLED or not container.attrs["HostConfig"].get("Memory"):
+            return False
+        if container.id not in self._oom:
+            started = _timestamp(state.get("StartedAt")) or 0.0
+            ended = _timestamp(state.get("FinishedAt")) or time.time()
+            until = max(time.time(), ended + _OOM_EVENT_GRACE_SECONDS)
+            filters = {"type": "container", "container": container.id, "event": "oom"}
+            with _engine():
+                events = self._client.events(since=f"{started:.6f}", until=f"{until:.6f}", filters=filters, decode=True)
+                self._oom[container.id] = any(True for _ in events)
+        return self._oom[container.id]
 
     def _image_present(self, image: str) -> bool:
         with _engine():

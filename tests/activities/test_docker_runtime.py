@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from docker.models.containers import Container
 
 from activities.prepare import Preparer
 from activities.runtime.base import Launch, Mount, Observed, RuntimeFailure, RuntimeUnavailable, TaskKey
@@ -71,6 +72,36 @@ def test_a_worker_over_its_memory_limit_is_oom_killed(runtime: DockerRuntime, do
 
     assert wait_until_ended(runtime, k) == Observed(running=False, exit_code=137, oom=True)
     assert inspect(docker_engine, k)["HostConfig"]["Memory"] == 16 << 20  # type: ignore[index]
+
+
+class LateOomEvent(DockerRuntime):
+    """The engine as dockerd 20.10 leaves it when a container's out-of-memory event reaches it after the exit
+    (seen under load in CI): `OOMKilled` false, the kill only in its events."""
+
+    def _find(self, key: TaskKey) -> Container | None:
+        container = super()._find(key)
+        if container is not None:
+            container.attrs["State"]["OOMKilled"] = False
+        return container
+
+
+def test_an_oom_kill_the_engine_heard_of_after_the_exit_still_counts(docker_engine: DockerEngine) -> None:
+    late = LateOomEvent("unit-node", docker_engine.host)
+    k = key()
+    late.start(k, sh("x=$(head -c 67108864 /dev/zero | tr '\\0' a); echo survived", memory_bytes=16 << 20))
+
+    assert wait_until_ended(late, k) == Observed(running=False, exit_code=137, oom=True)
+    late.close()
+
+
+def test_a_worker_killed_with_room_to_spare_is_not_oom_killed(docker_engine: DockerEngine) -> None:
+    late = LateOomEvent("unit-node", docker_engine.host)
+    k = key()
+    late.start(k, sh("sleep 30", memory_bytes=16 << 20))
+    late.stop(k, grace_seconds=0)
+
+    assert wait_until_ended(late, k) == Observed(running=False, exit_code=137, oom=False)
+    late.close()
 
 
 def test_cpu_memory_env_and_labels_reach_the_container(runtime: DockerRuntime, docker_engine: DockerEngine) -> None:
