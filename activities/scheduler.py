@@ -26,6 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities import metrics
 from workflows import contracts
 from workflows.contracts import PRIORITY_KEY, QUOTAS_WORKFLOW_ID, SA_NODES, implements
+from workflows.domain.machines import Compiled
 from workflows.domain.nodes import NodeState, NodeView
 from workflows.domain.planning import WorkerPlan, plan_workers
 from workflows.domain.quotas import Quota
@@ -65,6 +66,7 @@ class SchedulerService:
         self._requests: dict[Key, TaskRequest] = {}
         self._allocations: dict[Key, Allocation] = {}
         self._nodes: dict[str, NodeView] = {}
+        self._compiled = Compiled()  # the machines compiled by the last pass, for the next
         self._quotas: dict[str, Quota] = {}
         self._preempting: dict[Key, Key] = {}  # victim asked to stop -> the head worker it makes room for
         self._sent: dict[Key, tuple[PlacementAnswer, datetime]] = {}  # the last answer each waiting worker got
@@ -297,6 +299,7 @@ class SchedulerService:
             now,
             quotas=self._quotas,
             preempting=self._preempting,
+            compiled=self._compiled,
         )
         for decision in plan.decisions:
             self._carry_out(decision, now)

@@ -9,7 +9,8 @@ with quotas), then times:
   head gang preempts lower-priority work, or, when running work outranks it, holds a machine for every member);
 - one placement decision: a single worker that fits, against the prebuilt cluster (index, checks, best fit);
 - one waiting decision: a worker that fits nowhere, with every machine's reasons (explanations warm and cold);
-- the cost of building the pass's view (compiling machines, indexing, what each holds).
+- the cost of building the pass's view (compiling machines, indexing, what each holds), and with the machines kept
+  from the pass before, as the scheduler service keeps them.
 
 Figures only; it asserts nothing about time.
 """
@@ -26,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 
 from workflows.domain.constraints import NodeSelection
 from workflows.domain.explaining import Explainer
-from workflows.domain.machines import Cluster
+from workflows.domain.machines import Cluster, Compiled
 from workflows.domain.nodes import GpuInfo, NodeInventory, NodeState, NodeView
 from workflows.domain.placement import ask_for, fits
 from workflows.domain.quotas import Quota
@@ -211,6 +212,10 @@ def main() -> None:
     print("\nthe pass's view:")
     show("build (compile machines, index free GPUs, what each holds)", timed(lambda: Cluster(nodes, allocations, NOW),
                                                                           args.repeat))  # fmt: skip
+    kept = Compiled()
+    kept(nodes)
+    show("build, the machines kept from the last pass (the service's)",
+         timed(lambda: Cluster(nodes, allocations, NOW, kept), args.repeat))  # fmt: skip
 
     cluster = Cluster(nodes, allocations, NOW)
     fitting = next(r for r in requests if r.gpus == 1 and r.selection is None)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from tests.domain.builders import at, holding, ib, machine, request, unreported
+from workflows.domain.machines import Compiled
 from workflows.domain.nodes import NodeState, NodeView
 from workflows.domain.quotas import Quota
-from workflows.domain.reasons import Reason
+from workflows.domain.reasons import R, Reason
 from workflows.domain.requests import Allocation, TaskRequest
 from workflows.domain.scheduling import Decision, Plan, Preemption, schedule
 from workflows.domain.status import NodeReasons
@@ -443,3 +444,28 @@ def test_a_patient_run_follows_its_own_fabric() -> None:
     assert outcome(run([req], nodes, placed)) == {
         "a/w-1": "Waiting up to 10 min more for InfiniBand fabric ib-1 (could start now on Ethernet)"
     }
+
+
+# ---- machines compiled once ---------------------------------------------------------------------------------------
+
+
+def test_a_machine_is_compiled_again_only_when_its_view_is_new() -> None:
+    compiled = Compiled()
+    n0, n1 = machine("n0", gpus=8), machine("n1", gpus=8)
+    first = compiled([n1, n0])
+    assert list(first) == ["n0", "n1"]
+
+    cordoned = n1.model_copy(update={"cordon": "Disk check"})
+    second = compiled([n0, cordoned])
+    assert second["n0"] is first["n0"]
+    assert second["n1"] is not first["n1"] and second["n1"].closed == R.Cordoned(why="Disk check")
+    assert list(compiled([cordoned])) == ["n1"]  # a machine gone is forgotten
+
+
+def test_passes_that_keep_their_machines_decide_as_passes_that_compile_them() -> None:
+    nodes = [machine("n0", gpus=8), machine("n1", gpus=4), machine("n2", gpus=8, cordon="Disk check")]
+    compiled = Compiled()
+    held = [holding("n0", gpus=6)]
+    for requests in ([request(gpus=4)], [request(gpus=2), request("w-1", gpus=4)], [request(gpus=8)]):
+        assert outcome(run(requests, nodes, held, compiled=compiled)) == outcome(run(requests, nodes, held))
+        held = [*held, holding("n1", run=f"r{len(held)}", gpus=1)]

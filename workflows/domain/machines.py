@@ -132,13 +132,37 @@ def size_text(size: int) -> str:
     raise AssertionError("unreachable")
 
 
+class Compiled:
+    """Machines compiled in one pass and kept for the next: a machine is compiled again only when its view is a
+    new object. Views are frozen, and the scheduler service replaces a machine's view when it changes, so the same
+    object means the same facts. In a burst a pass runs every few milliseconds over machines that rarely change."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[NodeView, Machine]] = {}
+
+    def __call__(self, views: Iterable[NodeView]) -> dict[str, Machine]:
+        """Every view's machine, by name in name order."""
+        kept: dict[str, tuple[NodeView, Machine]] = {}
+        for view in sorted(views, key=lambda v: v.name):
+            old = self._kept.get(view.name)
+            kept[view.name] = old if old is not None and old[0] is view else (view, compile_node(view))
+        self._kept = kept
+        return {name: machine for name, (_, machine) in kept.items()}
+
+
 class Cluster:
     """Free room on every machine, indexed by free GPUs, what each machine holds, and where each run's workers
     are. Changed in place as a pass places workers; `version` and `changed` tell caches what moved."""
 
-    def __init__(self, views: Iterable[NodeView], allocations: Iterable[Allocation], now: datetime) -> None:
+    def __init__(
+        self,
+        views: Iterable[NodeView],
+        allocations: Iterable[Allocation],
+        now: datetime,
+        compiled: Compiled | None = None,
+    ) -> None:
         self.now = now
-        self.machines: dict[str, Machine] = {v.name: compile_node(v) for v in sorted(views, key=lambda v: v.name)}
+        self.machines: dict[str, Machine] = (compiled or Compiled())(views)
         self.names: list[str] = list(self.machines)
         self.free: dict[str, Free] = {m.name: Free(m.cpus, m.memory_bytes, len(m.gpus)) for m in self.machines.values()}
         self.held: dict[str, dict[tuple[str, str], Allocation]] = {name: {} for name in self.names}
@@ -213,10 +237,13 @@ class Cluster:
             self.allocations.pop(alloc.key, None)
             if held is not None:
                 held.pop(alloc.key, None)
-        for nodes in (
-            self.run_nodes.setdefault(alloc.job_id, Counter()),
-            self.group_nodes.setdefault((alloc.job_id, alloc.group), Counter()),
-        ):
+        run_nodes = self.run_nodes.get(alloc.job_id)
+        if run_nodes is None:
+            run_nodes = self.run_nodes[alloc.job_id] = Counter()
+        group_nodes = self.group_nodes.get((alloc.job_id, alloc.group))
+        if group_nodes is None:
+            group_nodes = self.group_nodes[(alloc.job_id, alloc.group)] = Counter()
+        for nodes in (run_nodes, group_nodes):
             nodes[alloc.node] += sign
             if nodes[alloc.node] <= 0:
                 del nodes[alloc.node]

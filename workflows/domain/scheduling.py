@@ -18,7 +18,7 @@ from typing import NamedTuple, TypeVar
 from workflows.domain import gang_placement
 from workflows.domain.constraints import Drive
 from workflows.domain.explaining import Explainer, NamesKey
-from workflows.domain.machines import Cluster
+from workflows.domain.machines import Cluster, Compiled
 from workflows.domain.nodes import NodeView
 from workflows.domain.placement import Ask, ask_for, fill, fits
 from workflows.domain.plans import Decision, Key, Plan, Preemption
@@ -52,10 +52,13 @@ def schedule(
     quotas: Mapping[str, Quota] | None = None,
     drives: Mapping[str, Drive] | None = None,
     preempting: Mapping[Key, Key] | None = None,
+    compiled: Compiled | None = None,
 ) -> Plan:
     """Decide for every waiting worker. `preempting` maps each worker already asked to stop (victim) to the head
-    worker it makes room for; those heads keep the room their victims free."""
-    return _Pass(nodes, list(allocations), now, quotas or {}, drives or {}, dict(preempting or {})).run(requests)
+    worker it makes room for; those heads keep the room their victims free. `compiled` keeps the machines compiled
+    from one pass to the next."""
+    passing = _Pass(nodes, list(allocations), now, quotas or {}, drives or {}, dict(preempting or {}), compiled)
+    return passing.run(requests)
 
 
 class _Pass:
@@ -70,9 +73,10 @@ class _Pass:
         quotas: Mapping[str, Quota],
         drives: Mapping[str, Drive],
         preempting: dict[Key, Key],
+        compiled: Compiled | None = None,
     ) -> None:
         self.now = now
-        self.cluster = Cluster(nodes, allocations, now)
+        self.cluster = Cluster(nodes, allocations, now, compiled)
         self.quotas = quotas
         self.drives = drives
         self.preempting = preempting
