@@ -43,14 +43,10 @@ with workflow.unsafe.imports_passed_through():
         AttemptsOnNode,
         AttemptsQuery,
         CancelRunInput,
-        ExitedWhileLostReport,
         JobInput,
-        MachineLostReport,
         PlaceInput,
-        PlacementAnswer,
         PlaceResult,
         PlanInput,
-        PreemptRequest,
         ReleaseInput,
         RunTaskInput,
         SchedulerView,
@@ -59,10 +55,7 @@ with workflow.unsafe.imports_passed_through():
         StopTaskRequest,
         SuperviseInput,
         TaskExit,
-        TaskHealthReport,
-        TaskProgressReport,
         TaskRef,
-        TaskReport,
     )
 
 # The scheduler and agents come back after a crash: keep retrying calls to them, gently.
@@ -281,8 +274,7 @@ class JobWorkflow:
             PlaceInput(requests=command.requests),
             f"place {', '.join(r.task_id for r in command.requests)}",
         )
-        for answer in result.answers if result is not None else []:
-            self._inbox.append(ev.PlacementUpdate(**answer.model_dump()))
+        self._inbox.extend(result.answers if result is not None else [])
 
     async def _plan(self, command: ev.PlanWorkers) -> None:
         plan = await workflow.execute_activity(
@@ -462,34 +454,36 @@ class JobWorkflow:
 
     # ---- messages ---------------------------------------------------------------------------------------------
 
+    # Each signal carries its domain event itself: a handler only queues it for the next decision.
+
     @workflow.signal(name=contracts.PLACEMENT.name)
-    def placement(self, answer: PlacementAnswer) -> None:
-        self._inbox.append(ev.PlacementUpdate(**answer.model_dump()))
+    def placement(self, answer: ev.PlacementUpdate) -> None:
+        self._inbox.append(answer)
 
     @workflow.signal(name=contracts.TASK_PROGRESS.name)
-    def task_progress(self, report: TaskProgressReport) -> None:
-        self._inbox.append(ev.TaskProgress(**report.model_dump()))
+    def task_progress(self, report: ev.TaskProgress) -> None:
+        self._inbox.append(report)
 
     @workflow.signal(name=contracts.TASK_RUNNING.name)
-    def task_running(self, report: TaskReport) -> None:
+    def task_running(self, report: ev.TaskRunning) -> None:
         self._reported_running.add((report.task_id, report.attempt))
-        self._inbox.append(ev.TaskRunning(**report.model_dump()))
+        self._inbox.append(report)
 
     @workflow.signal(name=contracts.TASK_HEALTH.name)
-    def task_health(self, report: TaskHealthReport) -> None:
-        self._inbox.append(ev.TaskHealth(**report.model_dump()))
+    def task_health(self, report: ev.TaskHealth) -> None:
+        self._inbox.append(report)
 
     @workflow.signal(name=contracts.MACHINE_LOST.name)
-    def machine_lost(self, report: MachineLostReport) -> None:
-        self._inbox.append(ev.MachineLost(node=report.node, removed=report.removed, lost_at=report.lost_at))
+    def machine_lost(self, report: ev.MachineLost) -> None:
+        self._inbox.append(report)
 
     @workflow.signal(name=contracts.TASK_EXITED_WHILE_LOST.name)
-    def task_exited_while_lost(self, report: ExitedWhileLostReport) -> None:
-        self._inbox.append(ev.ExitedWhileLost(**report.model_dump()))
+    def task_exited_while_lost(self, report: ev.ExitedWhileLost) -> None:
+        self._inbox.append(report)
 
     @workflow.signal(name=contracts.PREEMPT.name)
-    def preempt(self, request: PreemptRequest) -> None:
-        self._inbox.append(ev.Preempt(task_ids=request.task_ids, by=request.by))
+    def preempt(self, request: ev.Preempt) -> None:
+        self._inbox.append(request)
 
     @workflow.update(name=contracts.CANCEL.name)
     def cancel(self) -> Status:

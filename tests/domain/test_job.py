@@ -31,9 +31,10 @@ from workflows.domain.events import (
 )
 from workflows.domain.job import decide, is_settled
 from workflows.domain.placement import TaskRequest
+from workflows.domain.reasons import R
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
-from workflows.domain.status import LastFailure, NodeReasons, Placement
+from workflows.domain.status import LastFailure, NodeReasons, Placement, PlacementNode
 from workflows.domain.tasks import new_job
 from workflows.domain.views import describe
 
@@ -216,14 +217,8 @@ def test_a_worker_that_ends_before_its_running_report_ran() -> None:
 def test_a_worker_the_scheduler_cannot_place_shows_why_and_so_does_the_run() -> None:
     story = Story(hello(1, gpus=8))
     assert story.step(1, Created()) == [Place(requests=[ask("w-0", 0, gpus=8)])]
-    nodes = [NodeReasons(name="n0", reasons=["insufficient gpus: need 8, 4 free and usable"])]
-    waiting = PlacementUpdate(
-        task_id="w-0",
-        attempt=0,
-        code="NoMachineFits",
-        reason="No machine fits: 1 of 1 machines ready",
-        nodes=nodes,
-    )
+    nodes = [NodeReasons(name="n0", reasons=[R.InsufficientGpus(need=8, free=4)])]
+    waiting = PlacementUpdate(task_id="w-0", attempt=0, reason=R.NoMachineFits(ready=1, total=1), nodes=nodes)
     assert story.step(2, waiting) == []
     assert story.history("w-0") == [
         ("Pending", "Waiting for workers to start"),
@@ -231,7 +226,10 @@ def test_a_worker_the_scheduler_cannot_place_shows_why_and_so_does_the_run() -> 
     ]
     assert story.run_history()[-1] == ("Pending", "No machine fits: 1 of 1 machines ready")
     assert story.job.status.code == "NoMachineFits"
-    assert describe(story.job).placement == Placement(nodes=nodes)
+    assert describe(story.job).placement == Placement(
+        nodes=[PlacementNode(name="n0", reasons=["insufficient gpus: need 8, 4 free and usable"])],
+        counts={"InsufficientGpus": 1},
+    )
 
 
 # ---- failures -------------------------------------------------------------------------------------------------

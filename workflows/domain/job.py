@@ -78,6 +78,11 @@ def _running(step: Step, task: TaskRecord) -> None:
     _derive(step)
 
 
+# An answer without a machine always says why; one that did not would be recorded as the pair ("", "") it was sent
+# as before reasons travelled whole.
+_UNSAID = Reason("", "")
+
+
 def _placed(step: Step, event: PlacementUpdate) -> None:
     job, now = step.job, step.now
     task = _current(job, event.task_id, event.attempt)
@@ -89,14 +94,13 @@ def _placed(step: Step, event: PlacementUpdate) -> None:
             step.commands.append(Release(task_id=event.task_id, attempt=event.attempt))
         return
     if node is None:
-        record(task.status, task.history, task.state, Reason(event.code, event.reason), now)
+        record(task.status, task.history, task.state, event.reason or _UNSAID, now)
         task.waiting_on = event.nodes
-        if event.quota_reached and not job.quota_noted:
+        reached = event.quota_reached
+        if reached is not None and not job.quota_noted:
             # "Quota reached: <why>": a history entry (and an event) the first time; the status is unchanged.
             job.quota_noted = True
-            job.history.append(
-                StatusEntry(state=job.status.state, reason=event.quota_reached, code=R.QuotaReached.code, at=now)
-            )
+            job.history.append(StatusEntry(state=job.status.state, reason=reached.text, code=reached.code, at=now))
         return
     task.node, task.address, task.waiting_on, task.preempted_by = node, event.address, [], None
     if job.protocol >= 5:  # Pending until its machine picks it up (_picked_up)
@@ -329,9 +333,9 @@ def _apply(step: Step, event: Event) -> None:
                 _picked_up(step, task, event.picked_up_at)
             if task is None or task.state not in (TaskState.PREPARING, TaskState.PULLING):
                 return
-            if event.code == R.PickedUp.code:
+            if event.reason.code == R.PickedUp.code:
                 return  # said only to show it Preparing: a worker Preparing already, or further, keeps its reason
-            reason = Reason(event.code, event.reason)
+            reason = event.reason
             if event.pulling and task.state is TaskState.PREPARING:
                 step.move(task, TaskEvent.PULL, reason)
             else:
