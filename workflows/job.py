@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.domain import events as ev
     from workflows.domain.job import decide, fail_undecided, is_settled
-    from workflows.domain.reasons import R, error_text
+    from workflows.domain.reasons import R, Reason, error_text
     from workflows.domain.resume import resume
     from workflows.domain.spec import JobSpec
     from workflows.domain.status import (
@@ -340,10 +340,8 @@ class JobWorkflow:
                 summary=f"start {command.task_id} on {command.node}",
             )
         except ActivityError as error:
-            code, reason = _failure(error)
-            self._inbox.append(
-                ev.TaskSetupFailed(task_id=command.task_id, attempt=command.attempt, code=code, reason=reason)
-            )
+            failed = ev.TaskSetupFailed(task_id=command.task_id, attempt=command.attempt, reason=_failure(error))
+            self._inbox.append(failed)
             return
         finally:
             self._starting.discard(key)
@@ -401,10 +399,8 @@ class JobWorkflow:
                     return  # the worker left its machine, or the run continues as new
                 if starting and (task_id, attempt) not in self._reported_running:
                     if _setup_failed(error):
-                        code, reason = _failure(error)
-                        self._inbox.append(
-                            ev.TaskSetupFailed(task_id=task_id, attempt=attempt, code=code, reason=reason)
-                        )
+                        failed = ev.TaskSetupFailed(task_id=task_id, attempt=attempt, reason=_failure(error))
+                        self._inbox.append(failed)
                         return
                     await workflow.sleep(1)  # the agent restarted, or was busy: start again (it finds its own)
                     continue
@@ -575,10 +571,10 @@ def _setup_failed(error: ActivityError) -> bool:
     return isinstance(cause, ApplicationError) and bool(cause.type) and cause.non_retryable
 
 
-def _failure(error: ActivityError) -> tuple[str, str]:
-    """The code and reason an agent put on a failed start; an unexplained failure is a start failure."""
+def _failure(error: ActivityError) -> Reason:
+    """The reason an agent put on a failed start (its code as the error's type, its sentence as the message); an
+    unexplained failure is a start failure."""
     cause = error.cause
     if isinstance(cause, ApplicationError) and cause.type:
-        return cause.type, cause.message
-    reason = R.ContainerStartFailed(error=str(cause or error))
-    return reason.code, reason.text
+        return Reason(cause.type, cause.message)
+    return R.ContainerStartFailed(error=str(cause or error))

@@ -146,8 +146,7 @@ class TaskSetupFailed(_Msg):
     kind: Literal["setup_failed"] = "setup_failed"
     task_id: str
     attempt: int
-    code: str
-    reason: str
+    reason: Reason
 
 
 class TaskRunning(_Msg):

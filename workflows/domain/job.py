@@ -352,9 +352,8 @@ def _apply(step: Step, event: Event) -> None:
             setting_up = task.state in (TaskState.PREPARING, TaskState.PULLING)
             if not setting_up and not (task.state is TaskState.READY_TO_START and task.released):
                 return  # it started after all: a stray failure of an earlier start call
-            reason = Reason(event.code, event.reason)
-            task.last_failure = LastFailure(exit_code=None, reason=reason.text, log_tail="")
-            step.end(task, TaskEvent.SETUP_FAILED, reason)
+            task.last_failure = LastFailure(exit_code=None, reason=event.reason.text, log_tail="")
+            step.end(task, TaskEvent.SETUP_FAILED, event.reason)
         case TaskRunning(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
             if task is not None and event.started:
