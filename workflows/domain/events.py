@@ -2,7 +2,8 @@
 
 An event that a machine or the scheduler sends is the payload of its signal itself (`workflows/contracts.py`): its
 fields are written once, here. Its `kind` tells events apart in the process and is left off the wire, where the
-signal's name says it; the JSON is what it was when each signal had a model of its own.
+signal's name says it. Reasons travel whole (a Reason: code and sentence); the shapes sent before, when each signal
+had a model of its own and a reason was a pair of fields, still decode (the before-validators below).
 """
 
 from __future__ import annotations

@@ -78,8 +78,8 @@ def _running(step: Step, task: TaskRecord) -> None:
     _derive(step)
 
 
-# An answer without a machine always says why; one that did not would be recorded as the pair ("", "") it was sent
-# as before reasons travelled whole.
+# An answer without a machine always says why. Should one not, it is recorded as it was when reasons travelled as a
+# pair of fields, empty: the same history on replay.
 _UNSAID = Reason("", "")
 
 
