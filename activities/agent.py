@@ -32,6 +32,8 @@ from activities.runtime.base import Runtime, TaskKey
 from activities.starter import SetupEnded, Starter
 from workflows import contracts
 from workflows.contracts import implements, node_id
+from workflows.domain.events import ExitedWhileLost, TaskHealth, TaskProgress, TaskRunning
+from workflows.domain.node import GpusReported, OrphanStopped, PressureReported
 from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
 from workflows.domain.reasons import R, Reason
 from workflows.domain.settings import Settings
@@ -39,12 +41,8 @@ from workflows.domain.spec import Readiness, job_id
 from workflows.messages import (
     AttemptsOnNode,
     AttemptsQuery,
-    ExitedWhileLostReport,
-    GpuHealthReport,
     LeaseInput,
     LogText,
-    OrphanStoppedReport,
-    PressureReport,
     ReadLogInput,
     RunTaskInput,
     StartTaskInput,
@@ -52,10 +50,7 @@ from workflows.messages import (
     StopTaskInput,
     SuperviseInput,
     TaskExit,
-    TaskHealthReport,
-    TaskProgressReport,
     TaskRef,
-    TaskReport,
 )
 
 log = logging.getLogger(__name__)
@@ -111,7 +106,7 @@ class AgentActivities:
         self._settings = settings or Settings()
         self._orphan_look: asyncio.Task[None] | None = None  # the look for orphaned workers under way
         self._orphan_look_due = 0.0  # time.monotonic() of the next look
-        self._orphans_untold: list[OrphanStoppedReport] = []  # stopped, not yet written in the machine's history
+        self._orphans_untold: list[OrphanStopped] = []  # stopped, not yet written in the machine's history
         self.registered_at: datetime | None = None  # when the machine's workflow took this agent's latest registration
         self.registrations = 0  # how often this agent registered: a start begun before the latest one is fenced
         self._lease_seen = time.monotonic()  # when hold_lease last ran here
@@ -240,7 +235,7 @@ class AgentActivities:
         runs, then watch it until it ends (as supervise_task). Called again, it finds what it started."""
         _, _, picked_up = await self._start(input.start)
         ref = input.start.ref
-        report = TaskReport(**ref.ids(), started=True, picked_up_at=picked_up, started_at=datetime.now(UTC))
+        report = TaskRunning(**ref.ids(), started=True, picked_up_at=picked_up, started_at=datetime.now(UTC))
         return await self._watch(ref, input.settings, input.readiness, report)
 
     async def _start(self, input: StartTaskInput) -> tuple[list[int], bool, datetime]:
@@ -309,11 +304,11 @@ class AgentActivities:
         """Report the worker running, then watch it until it ends, heartbeating all along; with a readiness
         check, report its health to the run whenever it changes. A supervisor that re-attached after a missed
         heartbeat says it is heard again."""
-        report = TaskReport(**input.ref.ids(), heartbeat=input.reattach)
+        report = TaskRunning(**input.ref.ids(), heartbeat=input.reattach)
         return await self._watch(input.ref, input.settings, input.readiness, report)
 
     async def _watch(
-        self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskReport
+        self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskRunning
     ) -> TaskExit:
         key = task_key(ref)
         self._unwatched.discard(key)
@@ -335,7 +330,7 @@ class AgentActivities:
         return ended
 
     async def _watch_attempt(
-        self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskReport
+        self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskRunning
     ) -> tuple[TaskExit, float]:
         """Its exit, and the longest this agent went unheard while watching it (paused, say)."""
         key = task_key(ref)
@@ -417,7 +412,7 @@ class AgentActivities:
             except Exception as err:  # the runtime could not run the check (the engine does not answer)
                 healthy, detail = False, f"the check could not run: {err}"
             if healthy != told:
-                report = TaskHealthReport(task_id=ref.task_id, attempt=ref.attempt, healthy=healthy, detail=detail)
+                report = TaskHealth(task_id=ref.task_id, attempt=ref.attempt, healthy=healthy, detail=detail)
                 try:
                     await contracts.signal(handle, contracts.TASK_HEALTH, report)
                     told = healthy
@@ -429,12 +424,11 @@ class AgentActivities:
         """Tell the run what its worker waits for while it is set up, or that its image is being pulled, or that
         it was picked up (and when: the run shows it Preparing since then)."""
         self._told_setting_up.add(key)
-        report = TaskProgressReport(
+        report = TaskProgress(
             task_id=key.task,
             attempt=key.attempt,
             pulling=reason.code == R.Pulling.code,
-            code=reason.code,
-            reason=reason.text,
+            reason=reason,
             picked_up_at=self._picked_up.get(key),
         )
         handle = self._client.get_workflow_handle(job_id(key.namespace, key.job))
@@ -449,7 +443,7 @@ class AgentActivities:
             return
         handle = self._client.get_workflow_handle(node_id(self._inventory.name))
         try:
-            await contracts.update(handle, contracts.REPORT_GPUS, GpuHealthReport(gpus=gpus))
+            await contracts.update(handle, contracts.REPORT_GPUS, GpusReported(gpus=gpus))
         except Exception as err:  # told again at the next look
             log.warning("%s: could not report the GPUs' health: %s", self._inventory.name, err)
             return
@@ -479,7 +473,7 @@ class AgentActivities:
             return
         handle = self._client.get_workflow_handle(node_id(self._inventory.name))
         try:
-            await contracts.update(handle, contracts.REPORT_PRESSURE, PressureReport(pressure=pressure))
+            await contracts.update(handle, contracts.REPORT_PRESSURE, PressureReported(pressure=pressure))
         except Exception as err:  # told again at the next look
             log.warning("%s: could not report its pressure: %s", self._inventory.name, err)
             return
@@ -594,7 +588,7 @@ class AgentActivities:
             if observed.running:
                 continue
             if observed.exit_code == 0 and not observed.oom:
-                report = ExitedWhileLostReport(task_id=key.task, attempt=key.attempt, node=self.node_name)
+                report = ExitedWhileLost(task_id=key.task, attempt=key.attempt, node=self.node_name)
                 try:
                     run = self._client.get_workflow_handle(job_id(key.namespace, key.job))
                     await contracts.signal(run, contracts.TASK_EXITED_WHILE_LOST, report)
@@ -607,21 +601,19 @@ class AgentActivities:
                     log.warning("%s: %s exited 0 while its run had lost it: told its run", self.node_name, key.slug)
             self._unwatched.discard(key)
 
-    async def _not_the_runs(
-        self, namespace: str, job: str, keys: list[TaskKey]
-    ) -> list[tuple[TaskKey, OrphanStoppedReport]]:
+    async def _not_the_runs(self, namespace: str, job: str, keys: list[TaskKey]) -> list[tuple[TaskKey, OrphanStopped]]:
         """The attempts of one run running here that it no longer has: all of them when its workflow is no longer
         open; else those no activity of this agent watches whose attempt the run does not have here (one query)."""
         run = f"{namespace}/{job}"
         status = await self._closed_run(namespace, job)
         if status is not None:
-            return [(key, OrphanStoppedReport(task=key.task, run=run, status=status)) for key in keys]
+            return [(key, OrphanStopped(task=key.task, run=run, status=status)) for key in keys]
         unwatched = [key for key in keys if key not in self._live]
         if not unwatched:
             return []
         answer = await self._attempts_of(namespace, job)
         return [
-            (key, OrphanStoppedReport(task=key.task, run=run, status=why, attempt=key.attempt))
+            (key, OrphanStopped(task=key.task, run=run, status=why, attempt=key.attempt))
             for key in unwatched
             if (why := _stale(answer, key.task, key.attempt)) is not None
         ]

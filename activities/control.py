@@ -7,8 +7,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from workflows import contracts
 from workflows.contracts import SA_NODES, implements
+from workflows.domain.events import MachineLost
 from workflows.domain.settings import Settings
-from workflows.messages import PROTOCOL, CancelRunInput, LoadSettingsResult, MachineLostReport
+from workflows.messages import PROTOCOL, CancelRunInput, LoadSettingsResult
 
 
 class ControlActivities:
@@ -23,7 +24,7 @@ class ControlActivities:
         return LoadSettingsResult(settings=self._settings, protocol=PROTOCOL)
 
     @implements(contracts.machine_lost)
-    async def machine_lost(self, report: MachineLostReport) -> int:
+    async def machine_lost(self, report: MachineLost) -> int:
         """Tell every open run with a worker on the machine (search attribute AstraeusNodes) that it is gone."""
         told = 0
         query = f'{contracts.OPEN_JOBS} AND {SA_NODES}="{report.node}"'

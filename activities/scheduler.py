@@ -26,23 +26,14 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities import metrics
 from workflows import contracts
 from workflows.contracts import PRIORITY_KEY, QUOTAS_WORKFLOW_ID, SA_NODES, implements
+from workflows.domain.events import MachineLost, PlacementUpdate, Preempt
 from workflows.domain.machines import Compiled
 from workflows.domain.nodes import NodeState, NodeView
 from workflows.domain.planning import WorkerPlan, plan_workers
 from workflows.domain.quotas import Quota
 from workflows.domain.requests import Allocation, TaskRequest, allocation_for
 from workflows.domain.scheduling import Decision, Preemption, schedule
-from workflows.messages import (
-    MachineLostReport,
-    NodeChangedInput,
-    PlaceInput,
-    PlacementAnswer,
-    PlaceResult,
-    PlanInput,
-    PreemptRequest,
-    QuotasChangedInput,
-    ReleaseInput,
-)
+from workflows.messages import NodeChangedInput, PlaceInput, PlaceResult, PlanInput, QuotasChangedInput, ReleaseInput
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +60,7 @@ class SchedulerService:
         self._compiled = Compiled()  # the machines compiled by the last pass, for the next
         self._quotas: dict[str, Quota] = {}
         self._preempting: dict[Key, Key] = {}  # victim asked to stop -> the head worker it makes room for
-        self._sent: dict[Key, tuple[PlacementAnswer, datetime]] = {}  # the last answer each waiting worker got
+        self._sent: dict[Key, tuple[PlacementUpdate, datetime]] = {}  # the last answer each waiting worker got
         self._asking: dict[Key, int] = {}  # workers whose `place` call awaits a pass: answered in its result
         self._refresh_at: datetime | None = None  # when a held-back refresh of machines' reasons is due
         self._due: asyncio.Future[None] | None = None  # the next pass, once a change asked for one
@@ -184,7 +175,7 @@ class SchedulerService:
                     self._asking[request.key] = left
         return PlaceResult(answers=[a for a in map(self._answer, input.requests) if a is not None])
 
-    def _answer(self, request: TaskRequest) -> PlacementAnswer | None:
+    def _answer(self, request: TaskRequest) -> PlacementUpdate | None:
         """What a worker's run was last told, or is owed: its machine, or why it waits."""
         held = self._allocations.get(request.key)
         if held is not None and held.attempt == request.attempt:
@@ -218,7 +209,7 @@ class SchedulerService:
         await self._settle()
 
     @implements(contracts.machine_lost)
-    async def machine_lost(self, report: MachineLostReport) -> int:
+    async def machine_lost(self, report: MachineLost) -> int:
         """Tell every open run with a worker on the machine that it is gone (its workers go Down): the runs that
         hold room there, and those that list it in their search attribute AstraeusNodes (runs created before the
         scheduler answered for them). Returns once each was told, so that a lost machine's runs always learn it."""
@@ -319,24 +310,23 @@ class SchedulerService:
                 self.outbox.put(request.job_id, contracts.PLACEMENT.name, self._placed(request, decision.node))
             return
         assert decision.reason is not None
-        reason, quota = decision.reason, decision.reached.text if decision.reached is not None else ""
+        reason, quota = decision.reason, decision.reached
         last = self._sent.get(request.key)
         if last is not None:
             sent, at = last
             # The same reason is not sent again; its machines' reasons at most every NODES_REFRESH_SECONDS. The
             # cheap fields first: a queue of hundreds is decided again at every pass.
-            if (sent.code, sent.reason, sent.quota_reached) == (reason.code, reason.text, quota):
+            if (sent.reason, sent.quota_reached) == (reason, quota):
                 due = at + timedelta(seconds=NODES_REFRESH_SECONDS)
                 if now < due:
                     self._refresh_at = min(self._refresh_at or due, due)
                     return
                 if (sent.attempt, sent.nodes) == (request.attempt, decision.nodes):
                     return
-        update = PlacementAnswer(
+        update = PlacementUpdate(
             task_id=request.task_id,
             attempt=request.attempt,
-            code=reason.code,
-            reason=reason.text,
+            reason=reason,
             nodes=decision.nodes,
             quota_reached=quota,
         )
@@ -344,16 +334,16 @@ class SchedulerService:
         if not asking:
             self.outbox.put(request.job_id, contracts.PLACEMENT.name, update)
 
-    def _placed(self, request: TaskRequest, node: str) -> PlacementAnswer:
+    def _placed(self, request: TaskRequest, node: str) -> PlacementUpdate:
         """A machine for the worker, with the address its run's other workers reach it at (a gang's leader)."""
         view = self._nodes.get(node)
         address = view.inventory.address if view is not None and view.inventory is not None else None
-        return PlacementAnswer(task_id=request.task_id, attempt=request.attempt, node=node, address=address)
+        return PlacementUpdate(task_id=request.task_id, attempt=request.attempt, node=node, address=address)
 
     def _preempt(self, preemption: Preemption) -> None:
         for task_id in preemption.task_ids:
             self._preempting[(preemption.job_id, task_id)] = preemption.head
-        request = PreemptRequest(task_ids=list(preemption.task_ids), by=preemption.by)
+        request = Preempt(task_ids=list(preemption.task_ids), by=preemption.by)
         log.info("preempting %s %s for %s", preemption.job_id, preemption.task_ids, preemption.head)
         self.outbox.put(preemption.job_id, contracts.PREEMPT.name, request)
 

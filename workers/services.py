@@ -33,11 +33,12 @@ from activities.runtime.process import ProcessRuntime
 from activities.scheduler import SchedulerService
 from activities.scheduler_link import DEFAULT_ADDRESS, SchedulerDoor, SchedulerLink
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id, node_task_queue
+from workflows.domain.node import Registered
 from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView
 from workflows.domain.settings import Settings
 from workflows.job import JobWorkflow
 from workflows.logs import LogsWorkflow
-from workflows.messages import NodeInput, RegisterRequest
+from workflows.messages import NodeInput
 from workflows.node import NodeWorkflow
 from workflows.quotas import QuotasWorkflow
 
@@ -337,7 +338,7 @@ async def register(client: Client, node: NodeInventory, settings: Settings, inst
         task_queue=CONTROL_TASK_QUEUE,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
     )
-    request = RegisterRequest(inventory=node, instance=instance)
+    request = Registered(inventory=node, instance=instance)
     deadline, pause = time.monotonic() + REGISTER_RETRY_SECONDS, 0.5
     while True:
         try:

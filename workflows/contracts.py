@@ -21,6 +21,16 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 from temporalio import activity
 from temporalio.common import SearchAttributeKey
 
+from workflows.domain.events import (
+    ExitedWhileLost,
+    MachineLost,
+    PlacementUpdate,
+    Preempt,
+    TaskHealth,
+    TaskProgress,
+    TaskRunning,
+)
+from workflows.domain.node import GpusReported, OrphanStopped, PressureReported, Registered
 from workflows.domain.nodes import NodeView
 from workflows.domain.planning import WorkerPlan
 from workflows.domain.quotas import Quota
@@ -32,23 +42,15 @@ from workflows.messages import (
     AttemptsQuery,
     CancelRunInput,
     CordonRequest,
-    ExitedWhileLostReport,
-    GpuHealthReport,
     LeaseInput,
     LoadSettingsResult,
     LogText,
-    MachineLostReport,
     NodeChangedInput,
-    OrphanStoppedReport,
     PlaceInput,
-    PlacementAnswer,
     PlaceResult,
     PlanInput,
-    PreemptRequest,
-    PressureReport,
     QuotasChangedInput,
     ReadLogInput,
-    RegisterRequest,
     ReleaseInput,
     RemoveQuotaRequest,
     RunTaskInput,
@@ -59,9 +61,6 @@ from workflows.messages import (
     StopTaskRequest,
     SuperviseInput,
     TaskExit,
-    TaskHealthReport,
-    TaskProgressReport,
-    TaskReport,
 )
 
 if TYPE_CHECKING:
@@ -187,7 +186,7 @@ async def quotas_changed(input: QuotasChangedInput) -> None:
 
 
 @activity.defn
-async def machine_lost(report: MachineLostReport) -> int:
+async def machine_lost(report: MachineLost) -> int:
     """Tell every run with room on the machine that it is gone; how many were told. The control plane serves it
     too, for NodeWorkflow histories that sent it there."""
     raise NotImplementedError
@@ -271,13 +270,14 @@ class Update(Generic[In, Out]):
 
 
 # JobWorkflow's signals: the scheduler's answers and preemptions, the agents' reports, machine loss.
-PLACEMENT = Signal(JOB_WORKFLOW, "placement", PlacementAnswer)
-PREEMPT = Signal(JOB_WORKFLOW, "preempt", PreemptRequest)
-TASK_PROGRESS = Signal(JOB_WORKFLOW, "task_progress", TaskProgressReport)
-TASK_RUNNING = Signal(JOB_WORKFLOW, "task_running", TaskReport)
-TASK_HEALTH = Signal(JOB_WORKFLOW, "task_health", TaskHealthReport)
-MACHINE_LOST = Signal(JOB_WORKFLOW, "machine_lost", MachineLostReport)
-TASK_EXITED_WHILE_LOST = Signal(JOB_WORKFLOW, "task_exited_while_lost", ExitedWhileLostReport)
+# Each carries the run's domain event itself (workflows/domain/events.py).
+PLACEMENT = Signal(JOB_WORKFLOW, "placement", PlacementUpdate)
+PREEMPT = Signal(JOB_WORKFLOW, "preempt", Preempt)
+TASK_PROGRESS = Signal(JOB_WORKFLOW, "task_progress", TaskProgress)
+TASK_RUNNING = Signal(JOB_WORKFLOW, "task_running", TaskRunning)
+TASK_HEALTH = Signal(JOB_WORKFLOW, "task_health", TaskHealth)
+MACHINE_LOST = Signal(JOB_WORKFLOW, "machine_lost", MachineLost)
+TASK_EXITED_WHILE_LOST = Signal(JOB_WORKFLOW, "task_exited_while_lost", ExitedWhileLost)
 
 # JobWorkflow's updates and queries (clients, the scheduler's rebuild, the agents' fencing).
 CANCEL: Update[None, Status] = Update(JOB_WORKFLOW, "cancel", None, Status)
@@ -289,12 +289,15 @@ FOLDED: Query[None, Folded] = Query(JOB_WORKFLOW, "folded", None, Folded)
 ATTEMPTS_ON: Query[AttemptsQuery, AttemptsOnNode] = Query(JOB_WORKFLOW, "attempts_on", AttemptsQuery, AttemptsOnNode)
 SCHEDULER_VIEW: Query[None, SchedulerView] = Query(JOB_WORKFLOW, "scheduler_view", None, SchedulerView)
 
-# NodeWorkflow's updates (its agent, and `astraeus nodes`) and query.
-REGISTER: Update[RegisterRequest, NodeView] = Update(NODE_WORKFLOW, "register", RegisterRequest, NodeView)
-REPORT_GPUS: Update[GpuHealthReport, NodeView] = Update(NODE_WORKFLOW, "report_gpus", GpuHealthReport, NodeView)
-REPORT_PRESSURE: Update[PressureReport, NodeView] = Update(NODE_WORKFLOW, "report_pressure", PressureReport, NodeView)
-REPORT_ORPHAN_STOPPED: Update[OrphanStoppedReport, NodeView] = Update(
-    NODE_WORKFLOW, "report_orphan_stopped", OrphanStoppedReport, NodeView
+# NodeWorkflow's updates (its agent, and `astraeus nodes`) and query; the agent's carry the machine's domain events
+# (workflows/domain/node.py).
+REGISTER: Update[Registered, NodeView] = Update(NODE_WORKFLOW, "register", Registered, NodeView)
+REPORT_GPUS: Update[GpusReported, NodeView] = Update(NODE_WORKFLOW, "report_gpus", GpusReported, NodeView)
+REPORT_PRESSURE: Update[PressureReported, NodeView] = Update(
+    NODE_WORKFLOW, "report_pressure", PressureReported, NodeView
+)
+REPORT_ORPHAN_STOPPED: Update[OrphanStopped, NodeView] = Update(
+    NODE_WORKFLOW, "report_orphan_stopped", OrphanStopped, NodeView
 )
 CORDON: Update[CordonRequest, NodeView] = Update(NODE_WORKFLOW, "cordon", CordonRequest, NodeView)
 UNCORDON: Update[None, NodeView] = Update(NODE_WORKFLOW, "uncordon", None, NodeView)

@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.domain import events as ev
     from workflows.domain.job import decide, fail_undecided, is_settled
-    from workflows.domain.reasons import R, error_text
+    from workflows.domain.reasons import R, Reason, error_text
     from workflows.domain.resume import resume
     from workflows.domain.spec import JobSpec
     from workflows.domain.status import (
@@ -43,14 +43,10 @@ with workflow.unsafe.imports_passed_through():
         AttemptsOnNode,
         AttemptsQuery,
         CancelRunInput,
-        ExitedWhileLostReport,
         JobInput,
-        MachineLostReport,
         PlaceInput,
-        PlacementAnswer,
         PlaceResult,
         PlanInput,
-        PreemptRequest,
         ReleaseInput,
         RunTaskInput,
         SchedulerView,
@@ -59,10 +55,7 @@ with workflow.unsafe.imports_passed_through():
         StopTaskRequest,
         SuperviseInput,
         TaskExit,
-        TaskHealthReport,
-        TaskProgressReport,
         TaskRef,
-        TaskReport,
     )
 
 # The scheduler and agents come back after a crash: keep retrying calls to them, gently.
@@ -281,8 +274,7 @@ class JobWorkflow:
             PlaceInput(requests=command.requests),
             f"place {', '.join(r.task_id for r in command.requests)}",
         )
-        for answer in result.answers if result is not None else []:
-            self._inbox.append(ev.PlacementUpdate(**answer.model_dump()))
+        self._inbox.extend(result.answers if result is not None else [])
 
     async def _plan(self, command: ev.PlanWorkers) -> None:
         plan = await workflow.execute_activity(
@@ -348,10 +340,8 @@ class JobWorkflow:
                 summary=f"start {command.task_id} on {command.node}",
             )
         except ActivityError as error:
-            code, reason = _failure(error)
-            self._inbox.append(
-                ev.TaskSetupFailed(task_id=command.task_id, attempt=command.attempt, code=code, reason=reason)
-            )
+            failed = ev.TaskSetupFailed(task_id=command.task_id, attempt=command.attempt, reason=_failure(error))
+            self._inbox.append(failed)
             return
         finally:
             self._starting.discard(key)
@@ -409,10 +399,8 @@ class JobWorkflow:
                     return  # the worker left its machine, or the run continues as new
                 if starting and (task_id, attempt) not in self._reported_running:
                     if _setup_failed(error):
-                        code, reason = _failure(error)
-                        self._inbox.append(
-                            ev.TaskSetupFailed(task_id=task_id, attempt=attempt, code=code, reason=reason)
-                        )
+                        failed = ev.TaskSetupFailed(task_id=task_id, attempt=attempt, reason=_failure(error))
+                        self._inbox.append(failed)
                         return
                     await workflow.sleep(1)  # the agent restarted, or was busy: start again (it finds its own)
                     continue
@@ -462,34 +450,36 @@ class JobWorkflow:
 
     # ---- messages ---------------------------------------------------------------------------------------------
 
+    # Each signal carries its domain event itself: a handler only queues it for the next decision.
+
     @workflow.signal(name=contracts.PLACEMENT.name)
-    def placement(self, answer: PlacementAnswer) -> None:
-        self._inbox.append(ev.PlacementUpdate(**answer.model_dump()))
+    def placement(self, answer: ev.PlacementUpdate) -> None:
+        self._inbox.append(answer)
 
     @workflow.signal(name=contracts.TASK_PROGRESS.name)
-    def task_progress(self, report: TaskProgressReport) -> None:
-        self._inbox.append(ev.TaskProgress(**report.model_dump()))
+    def task_progress(self, report: ev.TaskProgress) -> None:
+        self._inbox.append(report)
 
     @workflow.signal(name=contracts.TASK_RUNNING.name)
-    def task_running(self, report: TaskReport) -> None:
+    def task_running(self, report: ev.TaskRunning) -> None:
         self._reported_running.add((report.task_id, report.attempt))
-        self._inbox.append(ev.TaskRunning(**report.model_dump()))
+        self._inbox.append(report)
 
     @workflow.signal(name=contracts.TASK_HEALTH.name)
-    def task_health(self, report: TaskHealthReport) -> None:
-        self._inbox.append(ev.TaskHealth(**report.model_dump()))
+    def task_health(self, report: ev.TaskHealth) -> None:
+        self._inbox.append(report)
 
     @workflow.signal(name=contracts.MACHINE_LOST.name)
-    def machine_lost(self, report: MachineLostReport) -> None:
-        self._inbox.append(ev.MachineLost(node=report.node, removed=report.removed, lost_at=report.lost_at))
+    def machine_lost(self, report: ev.MachineLost) -> None:
+        self._inbox.append(report)
 
     @workflow.signal(name=contracts.TASK_EXITED_WHILE_LOST.name)
-    def task_exited_while_lost(self, report: ExitedWhileLostReport) -> None:
-        self._inbox.append(ev.ExitedWhileLost(**report.model_dump()))
+    def task_exited_while_lost(self, report: ev.ExitedWhileLost) -> None:
+        self._inbox.append(report)
 
     @workflow.signal(name=contracts.PREEMPT.name)
-    def preempt(self, request: PreemptRequest) -> None:
-        self._inbox.append(ev.Preempt(task_ids=request.task_ids, by=request.by))
+    def preempt(self, request: ev.Preempt) -> None:
+        self._inbox.append(request)
 
     @workflow.update(name=contracts.CANCEL.name)
     def cancel(self) -> Status:
@@ -581,10 +571,10 @@ def _setup_failed(error: ActivityError) -> bool:
     return isinstance(cause, ApplicationError) and bool(cause.type) and cause.non_retryable
 
 
-def _failure(error: ActivityError) -> tuple[str, str]:
-    """The code and reason an agent put on a failed start; an unexplained failure is a start failure."""
+def _failure(error: ActivityError) -> Reason:
+    """The reason an agent put on a failed start (its code as the error's type, its sentence as the message); an
+    unexplained failure is a start failure."""
     cause = error.cause
     if isinstance(cause, ApplicationError) and cause.type:
-        return cause.type, cause.message
-    reason = R.ContainerStartFailed(error=str(cause or error))
-    return reason.code, reason.text
+        return Reason(cause.type, cause.message)
+    return R.ContainerStartFailed(error=str(cause or error))

@@ -1,5 +1,7 @@
 """One pydantic model per message between clients, workflows and activities (the names they travel by are in
-`workflows/contracts.py`)."""
+`workflows/contracts.py`). A message that tells a workflow something happened is that workflow's domain event itself
+(`workflows/domain/events.py` for runs, `workflows/domain/node.py` for machines), not a copy of it: those are not
+here."""
 
 from __future__ import annotations
 
@@ -8,12 +10,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
+from workflows.domain.events import PlacementUpdate
+from workflows.domain.nodes import NodeView
 from workflows.domain.placement import Allocation, TaskRequest
 from workflows.domain.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec, Readiness
-from workflows.domain.status import JobRecord, NodeReasons
+from workflows.domain.status import JobRecord
 
 
 class _Msg(BaseModel):
@@ -85,68 +88,6 @@ class SchedulerView(_Msg):
     placed: list[Allocation] = Field(default_factory=list)
 
 
-class PreemptRequest(_Msg):
-    """Signal `preempt`: stop these workers of the run to make room for `by` (a run id, or a reason that hides it),
-    and queue them again once gone without spending their restart budget."""
-
-    task_ids: list[str]
-    by: str
-
-
-class TaskProgressReport(_Msg):
-    """A machine's report while it sets a worker up (signal `task_progress`): a Preparing wait, Pulling, or
-    "Picked up by <machine>" when setting it up takes a while; `picked_up_at`: when the machine picked it up."""
-
-    task_id: str
-    attempt: int
-    pulling: bool = False
-    code: str
-    reason: str
-    picked_up_at: datetime | None = None
-
-
-class TaskReport(_Msg):
-    """A machine's report that one attempt of a worker runs (signal `task_running`); `heartbeat` when a
-    supervisor re-attached to it after a missed heartbeat; `started` when the same activity started it (run_task):
-    the container was started, and runs."""
-
-    task_id: str
-    attempt: int
-    heartbeat: bool = False
-    started: bool = False
-    picked_up_at: datetime | None = None  # with `started`: when the machine picked the worker up
-    started_at: datetime | None = None  # with `started`: when the container was started
-
-
-class TaskHealthReport(_Msg):
-    """Signal `task_health`: the group's readiness check now passes (`healthy`) or stopped passing; `detail`
-    says why it fails (the command's exit, the HTTP status, the connection error)."""
-
-    task_id: str
-    attempt: int
-    healthy: bool
-    detail: str = ""
-
-
-class ExitedWhileLostReport(_Msg):
-    """Signal `task_exited_while_lost`: machine `node` came back after being lost and read back that this attempt,
-    which its run lost with it, had exited 0 meanwhile (the exit is kept on the machine)."""
-
-    task_id: str
-    attempt: int
-    node: str
-
-
-class MachineLostReport(_Msg):
-    """Signal `machine_lost`: the machine's lease expired (or it was removed from the cluster) at `lost_at`, on its
-    NodeWorkflow's clock. A run ignores it for an attempt whose start it heard of at or after then: that attempt was
-    started by an agent that registered since. None (senders and histories from before) is about every attempt."""
-
-    node: str
-    removed: bool = False
-    lost_at: datetime | None = None
-
-
 # ---- Scheduler activities ---------------------------------------------------------------------------------------
 
 
@@ -164,25 +105,11 @@ class NodeChangedInput(_Msg):
     node: NodeView
 
 
-class PlacementAnswer(_Msg):
-    """Signal `placement`, from the scheduler to a run: a machine for one worker, or why it waits with every
-    machine's reasons. The run reads it as its PlacementUpdate event (the same fields)."""
-
-    task_id: str
-    attempt: int
-    node: str | None = None
-    address: str | None = None  # the machine's address, when placed (how a gang's workers reach its leader)
-    code: str = ""
-    reason: str = ""
-    nodes: list[NodeReasons] = Field(default_factory=list)
-    quota_reached: str = ""  # "Quota reached: <why>" when it waits on its namespace's quota
-
-
 class PlaceResult(_Msg):
     """Activity `place`'s result: for each worker of the call, what the scheduler decided at once (a machine, or
     why it waits); what changes later comes by the `placement` signal."""
 
-    answers: list[PlacementAnswer] = Field(default_factory=list)
+    answers: list[PlacementUpdate] = Field(default_factory=list)
 
 
 class QuotasChangedInput(_Msg):
@@ -326,40 +253,7 @@ class NodeInput(_Msg):
     lease_held: bool = False
 
 
-class RegisterRequest(_Msg):
-    """An agent registers its machine. `instance` ("host:pid:token") names this agent process: while another
-    instance holds the machine's lease, a registration is refused, naming it, unless it takes over from that one
-    (`take_over`: an agent of the same host whose process is gone)."""
-
-    inventory: NodeInventory
-    instance: str = ""
-    take_over: str = ""
-
-
 class CordonRequest(_Msg):
     """Updates `cordon` (no new work; what runs stays) and `remove` (the machine leaves the cluster)."""
 
     reason: str = ""
-
-
-class GpuHealthReport(_Msg):
-    """Update `report_gpus`: the machine's GPUs with their health now (a fault, or at risk)."""
-
-    gpus: list[GpuInfo]
-
-
-class PressureReport(_Msg):
-    """Update `report_pressure`: the machine's pressure conditions now ("memory", "disk"); empty: none."""
-
-    pressure: list[str]
-
-
-class OrphanStoppedReport(_Msg):
-    """Update `report_orphan_stopped`: the agent stopped worker `task` of run `run` ("<namespace>/<name>") because
-    the run's workflow is no longer open; `status` says how Temporal has it ("terminated", "not found", ...). With
-    `attempt`, the run is open but no longer has that attempt on the machine (it moved on: the attempt is stale)."""
-
-    task: str
-    run: str
-    status: str
-    attempt: int | None = None  # set when the run is open but no longer has this attempt on the machine

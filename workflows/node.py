@@ -15,6 +15,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from workflows import contracts
     from workflows.contracts import SCHEDULER_TASK_QUEUE, lease_task_queue
+    from workflows.domain.events import MachineLost
     from workflows.domain.node import (
         Cordoned,
         GpusReported,
@@ -33,17 +34,7 @@ with workflow.unsafe.imports_passed_through():
         decide_node,
     )
     from workflows.domain.nodes import NodeState, NodeView
-    from workflows.messages import (
-        CordonRequest,
-        GpuHealthReport,
-        LeaseInput,
-        MachineLostReport,
-        NodeChangedInput,
-        NodeInput,
-        OrphanStoppedReport,
-        PressureReport,
-        RegisterRequest,
-    )
+    from workflows.messages import CordonRequest, LeaseInput, NodeChangedInput, NodeInput
 
 PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
 # Since this change a run that grew long continues as new while it holds the lease too, carrying the lease over;
@@ -156,7 +147,7 @@ class NodeWorkflow:
         may reach a run after a new agent of the machine started one of its workers, which must not count lost."""
         await workflow.execute_activity(
             contracts.machine_lost,
-            MachineLostReport(node=self._view.name, removed=removed, lost_at=lost_at),
+            MachineLost(node=self._view.name, removed=removed, lost_at=lost_at),
             task_queue=SCHEDULER_TASK_QUEUE,  # the scheduler knows every worker on the machine
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=PATIENT,
@@ -173,48 +164,48 @@ class NodeWorkflow:
         )
 
     @workflow.update(name=contracts.REGISTER.name)
-    def register(self, request: RegisterRequest) -> NodeView:
+    def register(self, request: Registered) -> NodeView:
         """The agent (re)starts: record what the machine has, and take a new lease."""
-        self._view, commands = decide_node(self._view, _registered(request), workflow.now())
+        self._view, commands = decide_node(self._view, request, workflow.now())
         assert commands == [NewLease()]  # carried out here: the update answers at once
         self._replace_lease()
         return self._view
 
     @register.validator
-    def _validate_register(self, request: RegisterRequest) -> None:
-        self._validate(_registered(request))
+    def _validate_register(self, request: Registered) -> None:
+        self._validate(request)
 
     @workflow.update(name=contracts.REPORT_GPUS.name)
-    async def report_gpus(self, report: GpuHealthReport) -> NodeView:
+    async def report_gpus(self, report: GpusReported) -> NodeView:
         """The agent saw GPUs fault or become at risk: keep the machine's GPUs and their health current, and
         record each new fault in the machine's history."""
-        return await self._decide(GpusReported(gpus=report.gpus))
+        return await self._decide(report)
 
     @report_gpus.validator
-    def _validate_report_gpus(self, report: GpuHealthReport) -> None:
-        self._validate(GpusReported(gpus=report.gpus))
+    def _validate_report_gpus(self, report: GpusReported) -> None:
+        self._validate(report)
 
     @workflow.update(name=contracts.REPORT_PRESSURE.name)
-    async def report_pressure(self, report: PressureReport) -> NodeView:
+    async def report_pressure(self, report: PressureReported) -> NodeView:
         """The agent saw the machine come under memory or disk pressure, or leave it: keep the conditions in the
         inventory (the scheduler places nothing new there meanwhile), and record new pressure in its history."""
-        return await self._decide(PressureReported(pressure=report.pressure))
+        return await self._decide(report)
 
     @report_pressure.validator
-    def _validate_report_pressure(self, report: PressureReport) -> None:
-        self._validate(PressureReported(pressure=report.pressure))
+    def _validate_report_pressure(self, report: PressureReported) -> None:
+        self._validate(report)
 
     @workflow.update(name=contracts.REPORT_ORPHAN_STOPPED.name)
-    def report_orphan_stopped(self, report: OrphanStoppedReport) -> NodeView:
+    def report_orphan_stopped(self, report: OrphanStopped) -> NodeView:
         """The agent stopped a worker whose run's workflow is no longer open (terminated in the Temporal UI, say), or
         an attempt its open run no longer has here: the machine's history says which, and why."""
-        self._view, commands = decide_node(self._view, _orphan(report), workflow.now())
+        self._view, commands = decide_node(self._view, report, workflow.now())
         assert not commands  # only its history changes
         return self._view
 
     @report_orphan_stopped.validator
-    def _validate_report_orphan_stopped(self, report: OrphanStoppedReport) -> None:
-        self._validate(_orphan(report))
+    def _validate_report_orphan_stopped(self, report: OrphanStopped) -> None:
+        self._validate(report)
 
     # ---- admin verbs (astraeus nodes cordon|uncordon|remove) ------------------------------------------------------
 
@@ -248,11 +239,3 @@ class NodeWorkflow:
     @workflow.query(name=contracts.VIEW.name)
     def view(self) -> NodeView:
         return self._view
-
-
-def _registered(request: RegisterRequest) -> Registered:
-    return Registered(inventory=request.inventory, instance=request.instance, take_over=request.take_over)
-
-
-def _orphan(report: OrphanStoppedReport) -> OrphanStopped:
-    return OrphanStopped(task=report.task, run=report.run, status=report.status, attempt=report.attempt)

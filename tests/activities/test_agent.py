@@ -23,19 +23,11 @@ from activities.agent import AgentActivities, task_key
 from activities.prepare import Preparer
 from activities.runtime.base import Observed
 from activities.runtime.process import ProcessRuntime
+from workflows.domain.events import TaskHealth, TaskRunning
 from workflows.domain.nodes import GpuInfo, NodeInventory
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, Readiness
-from workflows.messages import (
-    StartTaskInput,
-    StartTaskResult,
-    StopTaskInput,
-    SuperviseInput,
-    TaskExit,
-    TaskHealthReport,
-    TaskRef,
-    TaskReport,
-)
+from workflows.messages import StartTaskInput, StartTaskResult, StopTaskInput, SuperviseInput, TaskExit, TaskRef
 
 
 class Runs:
@@ -168,7 +160,7 @@ async def test_health_is_told_first_and_then_only_when_it_changes(machine: Machi
     ]
     names = [(workflow_id, name) for workflow_id, name, _ in machine.runs.signals]
     assert names == [("job/team-a/serve", "task_running")] + [("job/team-a/serve", "task_health")] * 3
-    assert machine.runs.signals[1][2] == TaskHealthReport(
+    assert machine.runs.signals[1][2] == TaskHealth(
         task_id="w-0", attempt=1, healthy=False, detail="exited with code 1"
     )
 
@@ -184,7 +176,7 @@ async def test_a_supervisor_that_reattaches_tells_the_health_again(machine: Mach
     await until(lambda: len(machine.runs.health()) == 2)
 
     assert machine.runs.health() == [(True, "exited with code 0")] * 2
-    assert machine.runs.signals[-2][1:] == ("task_running", TaskReport(task_id="w-0", attempt=1, heartbeat=True))
+    assert machine.runs.signals[-2][1:] == ("task_running", TaskRunning(task_id="w-0", attempt=1, heartbeat=True))
     again.cancel()
     with suppress(BaseException):
         await asyncio.gather(first, again)

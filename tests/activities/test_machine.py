@@ -34,8 +34,9 @@ from activities.machine import (
 from activities.prepare import Preparer
 from activities.runtime.process import ProcessRuntime
 from workers.services import AgentOptions, inventory
+from workflows.domain.node import PressureReported
 from workflows.domain.nodes import NetworkPort, NodeInventory
-from workflows.messages import LeaseInput, PressureReport
+from workflows.messages import LeaseInput
 
 GID = "fe80:0000:0000:0000:0c42:a103:0065:3d2e"
 
@@ -348,7 +349,7 @@ async def test_the_lease_holder_reports_pressure_when_it_changes_and_again_after
     with suppress(BaseException):
         await holding
     assert workflows.updates == [
-        ("node/n0", "report_pressure", PressureReport(pressure=p)) for p in (["memory"], ["memory", "disk"], [])
+        ("node/n0", "report_pressure", PressureReported(pressure=p)) for p in (["memory"], ["memory", "disk"], [])
     ]
 
 
@@ -370,4 +371,4 @@ async def test_a_hung_pressure_read_never_stops_the_heartbeats(tmp_path: Path) -
     holding.cancel()
     with suppress(BaseException):
         await holding
-    assert workflows.updates == [("node/n0", "report_pressure", PressureReport(pressure=["disk"]))]
+    assert workflows.updates == [("node/n0", "report_pressure", PressureReported(pressure=["disk"]))]

@@ -23,17 +23,11 @@ from activities.agent import AgentActivities
 from activities.prepare import Preparer
 from activities.runtime.base import Launch, TaskKey
 from activities.runtime.process import ProcessRuntime
+from workflows.domain.events import ExitedWhileLost
+from workflows.domain.node import OrphanStopped
 from workflows.domain.nodes import NodeInventory
 from workflows.domain.settings import Settings
-from workflows.messages import (
-    AttemptsOnNode,
-    AttemptsQuery,
-    ExitedWhileLostReport,
-    LeaseInput,
-    OrphanStoppedReport,
-    SuperviseInput,
-    TaskRef,
-)
+from workflows.messages import AttemptsOnNode, AttemptsQuery, LeaseInput, SuperviseInput, TaskRef
 
 
 class Temporal:
@@ -166,7 +160,7 @@ async def test_the_lease_holder_stops_workers_of_runs_no_longer_open_and_writes_
     finally:
         await machine.release()
     assert temporal.updates == [
-        ("node/n0", "report_orphan_stopped", OrphanStoppedReport(task=task, run=run, status=status))
+        ("node/n0", "report_orphan_stopped", OrphanStopped(task=task, run=run, status=status))
         for task, run, status in [
             ("w-0", "default/deleted", "not found"),
             ("w-0", "default/gone", "terminated"),
@@ -195,7 +189,7 @@ async def test_a_stop_that_waits_out_its_grace_never_holds_up_the_leases_heartbe
         (
             "node/n0",
             "report_orphan_stopped",
-            OrphanStoppedReport(task="w-0", run="default/stubborn", status="terminated"),
+            OrphanStopped(task="w-0", run="default/stubborn", status="terminated"),
         )
     ]
 
@@ -222,7 +216,7 @@ async def test_the_lease_holder_stops_attempts_their_open_run_no_longer_has_here
     finally:
         await machine.release()
     assert temporal.updates == [
-        ("node/n0", "report_orphan_stopped", OrphanStoppedReport(task=task, run="default/train", status=why, attempt=a))
+        ("node/n0", "report_orphan_stopped", OrphanStopped(task=task, run="default/train", status=why, attempt=a))
         for task, a, why in [
             ("w-0", 1, "its run has attempt 2 here now"),
             ("w-1", 0, "its run no longer has it on this machine"),
@@ -307,5 +301,5 @@ async def told_once_that_w0_exited(temporal: Temporal) -> None:
     await until(lambda: len(temporal.signals) == 1)
     await asyncio.sleep(0.2)  # told once
     assert temporal.signals == [
-        ("job/default/train", "task_exited_while_lost", ExitedWhileLostReport(task_id="w-0", attempt=2, node="n0"))
+        ("job/default/train", "task_exited_while_lost", ExitedWhileLost(task_id="w-0", attempt=2, node="n0"))
     ]

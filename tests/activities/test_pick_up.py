@@ -17,9 +17,11 @@ from activities.prepare import Preparer
 from activities.runtime.base import Launch, OnProgress, TaskKey
 from activities.runtime.process import ProcessRuntime
 from tests.activities.test_agent import Machine, group, ref
+from workflows.domain.events import TaskProgress, TaskRunning
 from workflows.domain.nodes import NodeInventory
+from workflows.domain.reasons import Reason
 from workflows.domain.settings import Settings
-from workflows.messages import RunTaskInput, StartTaskInput, TaskProgressReport, TaskReport
+from workflows.messages import RunTaskInput, StartTaskInput
 
 
 class SlowStart(ProcessRuntime):
@@ -47,7 +49,7 @@ async def test_a_quick_start_is_told_once_with_when_it_was_picked_up_and_started
     assert ended.exit_code == 0
     [(name, report)] = told(machine)
     assert name == "task_running"
-    assert isinstance(report, TaskReport) and report.started
+    assert isinstance(report, TaskRunning) and report.started
     assert report.picked_up_at is not None and report.started_at is not None
     assert before <= report.picked_up_at <= report.started_at <= after
 
@@ -62,11 +64,10 @@ async def test_a_slow_start_is_told_picked_up_while_it_is_set_up(tmp_path: Path)
     assert ended.exit_code == 0
     (progress_name, progress), (running_name, running) = told(machine)
     assert (progress_name, running_name) == ("task_progress", "task_running")
-    assert progress == TaskProgressReport(
+    assert progress == TaskProgress(
         task_id="w-0",
         attempt=1,
-        code="PickedUp",
-        reason="Picked up by n0",
+        reason=Reason("PickedUp", "Picked up by n0"),
         picked_up_at=running.picked_up_at,
     )
     assert running.started_at is not None and running.picked_up_at is not None
@@ -84,5 +85,5 @@ async def test_a_wait_is_told_with_when_it_was_picked_up_and_no_pick_up_report_m
     names = [name for name, _ in told(machine)]
     assert names == ["task_progress", "task_running"]
     wait, report = told(machine)[0][1], told(machine)[1][1]
-    assert wait.reason == "waiting for external secret hf (key token) to be synced to this node"
+    assert wait.reason.text == "waiting for external secret hf (key token) to be synced to this node"
     assert wait.picked_up_at == report.picked_up_at is not None

@@ -12,7 +12,8 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.machine import PressureWatch, disk_pressure, memory_pressure, under_pressure
 from tests.activities.test_machine import lease_holder, meminfo
-from workflows.messages import LeaseInput, PressureReport
+from workflows.domain.node import PressureReported
+from workflows.messages import LeaseInput
 
 
 @pytest.mark.parametrize(
@@ -71,4 +72,4 @@ async def test_the_lease_holder_reports_a_machine_at_the_5_percent_line_once(tmp
         holding.cancel()
         with suppress(BaseException):
             await holding
-    assert workflows.updates == [("node/n0", "report_pressure", PressureReport(pressure=p)) for p in (["memory"], [])]
+    assert workflows.updates == [("node/n0", "report_pressure", PressureReported(pressure=p)) for p in (["memory"], [])]

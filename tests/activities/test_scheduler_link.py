@@ -14,7 +14,9 @@ from activities.scheduler_link import SchedulerDoor, SchedulerLink, parse_addres
 from tests.activities.test_scheduler_service import FakeCluster, placements, service
 from tests.domain.builders import machine, request
 from workers.cli import run
-from workflows.messages import PlaceInput, PlacementAnswer, ReleaseInput
+from workflows.domain.events import PlacementUpdate
+from workflows.domain.reasons import Reason
+from workflows.messages import PlaceInput, ReleaseInput
 
 
 @pytest.fixture
@@ -32,9 +34,9 @@ async def test_place_and_release_through_the_door_reach_the_scheduler(door: Sche
     try:
         first = await link.place(PlaceInput(requests=[request(run="a", gpus=1)]))
         second = await link.place(PlaceInput(requests=[request(run="b", gpus=1)]))
-        assert first.answers == [PlacementAnswer(task_id="w-0", attempt=0, node="n0", address="127.0.0.1")]
+        assert first.answers == [PlacementUpdate(task_id="w-0", attempt=0, node="n0", address="127.0.0.1")]
         assert [(a.node, a.reason) for a in second.answers] == [
-            (None, "Next to run (priority 0): waits for running work to end")
+            (None, Reason("NextToRunWaits", "Next to run (priority 0): waits for running work to end"))
         ]
         await link.release(ReleaseInput(job_id="job/default/a", task_id="w-0", attempt=0))
         await svc.outbox.idle()

@@ -19,21 +19,12 @@ from temporalio.testing import WorkflowEnvironment
 from activities.scheduler import NODES_REFRESH_SECONDS, SchedulerService
 from tests.domain.builders import T0, holding, machine, request
 from tests.workflows.fakes import unique
+from workflows.domain.events import MachineLost, PlacementUpdate, Preempt
 from workflows.domain.nodes import NodeView
 from workflows.domain.quotas import Quota
+from workflows.domain.reasons import Reason
 from workflows.domain.requests import Allocation, TaskRequest
-from workflows.domain.status import NodeReasons
-from workflows.messages import (
-    MachineLostReport,
-    NodeChangedInput,
-    PlaceInput,
-    PlacementAnswer,
-    PlanInput,
-    PreemptRequest,
-    QuotasChangedInput,
-    ReleaseInput,
-    SchedulerView,
-)
+from workflows.messages import NodeChangedInput, PlaceInput, PlanInput, QuotasChangedInput, ReleaseInput, SchedulerView
 
 PRIORITY = SearchAttributeKey.for_int("AstraeusPriority")
 
@@ -132,7 +123,7 @@ async def place(svc: SchedulerService, *requests: TaskRequest) -> None:
 
 
 def placements(cluster: FakeCluster) -> list[tuple[str, str, str | None, str]]:
-    return [(job, u.task_id, u.node, u.reason) for job, u in cluster.sent("placement")]
+    return [(job, u.task_id, u.node, u.reason.text if u.reason else "") for job, u in cluster.sent("placement")]
 
 
 async def test_a_worker_that_fits_is_placed_and_told_so() -> None:
@@ -171,13 +162,13 @@ async def test_changed_machine_reasons_under_the_same_reason_wait_for_the_refres
     svc = await service(cluster, clock)
     await place(svc, request(run="big", gpus=64))
     await place(svc, request(run="small", gpus=2))  # n0 now has 2 free
-    assert [u.nodes[0].reasons for _, u in cluster.sent("placement") if u.node is None] == [
+    assert [u.nodes[0].texts for _, u in cluster.sent("placement") if u.node is None] == [
         ["insufficient gpus: need 64, 4 free and usable"]
     ]
     clock.now = T0 + timedelta(seconds=NODES_REFRESH_SECONDS)
     await svc.node_changed(NodeChangedInput(node=machine("n0", gpus=4)))
     await svc.outbox.idle()
-    assert [u.nodes[0].reasons for _, u in cluster.sent("placement") if u.node is None][-1] == [
+    assert [u.nodes[0].texts for _, u in cluster.sent("placement") if u.node is None][-1] == [
         "insufficient gpus: need 64, 2 free and usable"
     ]
 
@@ -187,7 +178,7 @@ async def test_preemption_signals_the_victims_run_and_the_head_follows_their_rel
     svc = await service(cluster)
     await place(svc, request(run="low", gpus=8))
     await place(svc, request(run="urgent", priority=10, gpus=8))
-    assert cluster.sent("preempt") == [("job/default/low", PreemptRequest(task_ids=["w-0"], by="urgent"))]
+    assert cluster.sent("preempt") == [("job/default/low", Preempt(task_ids=["w-0"], by="urgent"))]
     assert placements(cluster)[-1] == (
         "job/default/urgent",
         "w-0",
@@ -196,7 +187,7 @@ async def test_preemption_signals_the_victims_run_and_the_head_follows_their_rel
     )
     # The victim's run asks to place it again before its old attempt is released: it waits.
     await place(svc, request(run="low", gpus=8).model_copy(update={"attempt": 1}))
-    assert cluster.sent("preempt") == [("job/default/low", PreemptRequest(task_ids=["w-0"], by="urgent"))]
+    assert cluster.sent("preempt") == [("job/default/low", Preempt(task_ids=["w-0"], by="urgent"))]
     assert placements(cluster)[-2:] == [
         ("job/default/urgent", "w-0", None, "Starting: waiting for 1 preempted worker(s) to stop"),
         ("job/default/low", "w-0", None, "Queued behind higher-priority work (urgent)"),
@@ -280,8 +271,8 @@ async def test_a_cordoned_machine_takes_nothing_new() -> None:
     await place(svc, request(gpus=1))
     [(_, update)] = cluster.sent("placement")
     assert (update.reason, update.nodes[0].reasons) == (
-        "No machine fits: 1 of 1 machines ready",
-        ["machine is cordoned: repairs"],
+        Reason("NoMachineFits", "No machine fits: 1 of 1 machines ready"),
+        [Reason("Cordoned", "machine is cordoned: repairs")],
     )
 
 
@@ -309,7 +300,11 @@ async def test_a_rebuilt_service_reads_priorities_and_quotas_and_decides_the_sam
     )
     await service(cluster)
     first = list(cluster.signals)
-    assert sorted((job, getattr(m, "reason", None) or getattr(m, "by", "")) for job, _, m in first) == [
+    said = [
+        (job, m.reason.text if isinstance(m, PlacementUpdate) and m.reason else getattr(m, "by", ""))
+        for job, _, m in first
+    ]
+    assert sorted(said) == [
         (
             "job/capped/c",
             "Waits for more than the namespace's quota allows at all (gpus 4 asked > 2): raise the "
@@ -342,15 +337,6 @@ async def test_release_of_an_old_attempt_does_not_free_a_newer_one(attempt: int)
     await place(svc, request(run="b", gpus=8))
     expected = "n0" if attempt == 1 else None
     assert placements(cluster)[-1][2] == expected
-
-
-def test_the_placement_signal_is_read_by_the_run_as_its_placement_event() -> None:
-    from workflows.domain import job
-
-    nodes = [NodeReasons(name="n0", reasons=["machine is not ready (Down)"])]
-    answer = PlacementAnswer(task_id="w-0", attempt=2, code="NoMachineFits", reason="No machine fits", nodes=nodes)
-    event = job.PlacementUpdate.model_validate_json(answer.model_dump_json())
-    assert event.model_dump(exclude={"kind"}) == answer.model_dump()
 
 
 class CountingService(SchedulerService):
@@ -394,7 +380,7 @@ async def test_a_placed_worker_is_told_its_machines_address_and_every_gang_membe
         ("job/default/g", "w-1", "n1", "127.0.0.1"),
     ]
     await place(svc, members[0])  # asked again: the same answer, address included
-    assert cluster.sent("placement")[-1][1] == PlacementAnswer(task_id="w-0", attempt=0, node="n0", address="10.0.0.5")
+    assert cluster.sent("placement")[-1][1] == PlacementUpdate(task_id="w-0", attempt=0, node="n0", address="10.0.0.5")
 
 
 async def test_a_gang_that_cannot_be_placed_whole_answers_every_member() -> None:
@@ -411,14 +397,14 @@ async def test_a_worker_waiting_on_quota_is_told_what_its_run_records() -> None:
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)}, quotas=[Quota(namespace="default", gpus=4)])
     svc = await service(cluster)
     await place(svc, request(run="first", gpus=2))
-    assert cluster.sent("placement")[-1][1].quota_reached == ""
+    assert cluster.sent("placement")[-1][1].quota_reached is None
     await place(svc, *(request(f"w-{i}", run="g", gpus=2, gang=True) for i in range(2)))
     answers = [u for _, u in cluster.sent("placement")[1:]]
     assert [(u.task_id, u.reason, u.quota_reached) for u in answers] == [
         (
             f"w-{i}",
-            "Gang waits for namespace quota: gpus 2 in use + 4 asked > 4",
-            "Quota reached: gpus 2 in use + 4 asked > 4",
+            Reason("GangWaitsForQuota", "Gang waits for namespace quota: gpus 2 in use + 4 asked > 4"),
+            Reason("QuotaReached", "Quota reached: gpus 2 in use + 4 asked > 4"),
         )
         for i in range(2)
     ]
@@ -431,8 +417,8 @@ async def test_a_lost_machine_is_told_to_every_run_holding_room_on_it() -> None:
     await place(svc, request(run="b", gpus=2))
     await place(svc, request(run="c", gpus=1))  # waits: told nothing about n0
     on_n0 = next(job for job, _, node, _ in placements(cluster) if node == "n0")
-    assert await svc.machine_lost(MachineLostReport(node="n0")) == 1
-    assert cluster.sent("machine_lost") == [(on_n0, MachineLostReport(node="n0"))]
+    assert await svc.machine_lost(MachineLost(node="n0")) == 1
+    assert cluster.sent("machine_lost") == [(on_n0, MachineLost(node="n0"))]
 
 
 async def test_a_lost_machine_is_told_with_when_it_was_lost() -> None:
@@ -440,7 +426,7 @@ async def test_a_lost_machine_is_told_with_when_it_was_lost() -> None:
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=2)})
     svc = await service(cluster)
     await place(svc, request(run="a", gpus=2))
-    report = MachineLostReport(node="n0", lost_at=datetime(2025, 1, 1, 3, 41, 17, tzinfo=UTC))
+    report = MachineLost(node="n0", lost_at=datetime(2025, 1, 1, 3, 41, 17, tzinfo=UTC))
     assert await svc.machine_lost(report) == 1
     assert cluster.sent("machine_lost") == [("job/default/a", report)]
     assert cluster.sent("machine_lost")[0][1].lost_at == datetime(2025, 1, 1, 3, 41, 17, tzinfo=UTC)
@@ -452,8 +438,8 @@ async def test_a_run_placed_at_once_is_answered_in_the_call_and_not_signalled() 
     result = await svc.place(PlaceInput(requests=[request(gpus=2), request("w-1", gpus=64)]))
     await svc.outbox.idle()
     assert [(a.task_id, a.node, a.address, a.reason) for a in result.answers] == [
-        ("w-0", "n0", "10.0.0.5", ""),
-        ("w-1", None, None, "No machine fits: 1 of 1 machines ready"),
+        ("w-0", "n0", "10.0.0.5", None),
+        ("w-1", None, None, Reason("NoMachineFits", "No machine fits: 1 of 1 machines ready")),
     ]
     assert cluster.signals == []
 

@@ -214,7 +214,7 @@ def test_a_planned_worker_waits_rather_than_join_its_group_on_a_machine_and_says
     (decision,) = plan.decisions
     assert decision.node is None
     assert decision.reason is not None and decision.reason.text == "No machine fits: 1 of 1 machines ready"
-    assert [(n.name, n.reasons) for n in decision.nodes] == [
+    assert [(n.name, n.texts) for n in decision.nodes] == [
         ("n0", ["another worker of this run is already on the machine"])
     ]
 

@@ -21,6 +21,7 @@ from workflows.domain.events import (
     Timer,
     TimerFired,
 )
+from workflows.domain.reasons import Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.tasks import master_port
@@ -273,7 +274,7 @@ def test_a_start_that_fails_after_the_barrier_opened_restarts_the_gang() -> None
     placed(story, 2, ["w-0", "w-1"])
     ready(story, 3, ["w-0", "w-1"])
     failed = TaskSetupFailed(
-        task_id="w-1", attempt=0, code="ContainerStartFailed", reason="Container start failed: no such file"
+        task_id="w-1", attempt=0, reason=Reason("ContainerStartFailed", "Container start failed: no such file")
     )
     commands = story.step(4, TaskStarted(task_id="w-0", attempt=0), failed)
     assert story.history("w-1")[-2:] == [

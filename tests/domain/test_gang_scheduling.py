@@ -45,9 +45,9 @@ def test_when_one_member_does_not_fit_none_is_placed_and_every_member_says_why()
     assert outcome(plan) == {f"g/w-{i}": "Gang cannot be placed whole: 2 of 3 machines ready" for i in range(3)}
     # The machines' reasons for the first member that did not fit, seen with the earlier members in place.
     expected = [
-        NodeReasons(name="n0", reasons=["insufficient gpus: need 8, 0 free and usable"]),
-        NodeReasons(name="n1", reasons=["insufficient gpus: need 8, 0 free and usable"]),
-        NodeReasons(name="n2", reasons=["machine is not ready (Down)"]),
+        NodeReasons(name="n0", reasons=[Reason("InsufficientGpus", "insufficient gpus: need 8, 0 free and usable")]),
+        NodeReasons(name="n1", reasons=[Reason("InsufficientGpus", "insufficient gpus: need 8, 0 free and usable")]),
+        NodeReasons(name="n2", reasons=[Reason("NodeNotReady", "machine is not ready (Down)")]),
     ]
     assert [d.nodes for d in plan.decisions] == [expected] * 3
     assert {d.reason.code for d in plan.decisions if d.reason} == {"GangCannotBePlaced"}
@@ -71,7 +71,10 @@ def test_topology_checks_see_the_earlier_members_tentative_places() -> None:
     plan = run(gang(2, topology=one_each), nodes[:1])
     assert outcome(plan) == {f"g/w-{i}": "Gang cannot be placed whole: 1 of 1 machines ready" for i in range(2)}
     assert plan.decisions[0].nodes == [
-        NodeReasons(name="n0", reasons=["another worker of this run is already on the machine"])
+        NodeReasons(
+            name="n0",
+            reasons=[Reason("AnotherWorkerOnMachine", "another worker of this run is already on the machine")],
+        )
     ]
 
 
@@ -149,8 +152,8 @@ def test_min_available_not_met_places_none() -> None:
         "CannotPlaceMinimum", "Cannot place the minimum to start together: 1 of 2 fit at once; 2 of 2 machines ready"
     )
     assert plan.decisions[2].nodes == [
-        NodeReasons(name="n0", reasons=["insufficient gpus: need 8, 0 free and usable"]),
-        NodeReasons(name="n1", reasons=["insufficient gpus: need 8, 4 free and usable"]),
+        NodeReasons(name="n0", reasons=[Reason("InsufficientGpus", "insufficient gpus: need 8, 0 free and usable")]),
+        NodeReasons(name="n1", reasons=[Reason("InsufficientGpus", "insufficient gpus: need 8, 4 free and usable")]),
     ]
 
 

@@ -31,9 +31,10 @@ from workflows.domain.events import (
 )
 from workflows.domain.job import decide, is_settled
 from workflows.domain.placement import TaskRequest
+from workflows.domain.reasons import R, Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
-from workflows.domain.status import LastFailure, NodeReasons, Placement
+from workflows.domain.status import LastFailure, NodeReasons, Placement, PlacementNode
 from workflows.domain.tasks import new_job
 from workflows.domain.views import describe
 
@@ -216,14 +217,8 @@ def test_a_worker_that_ends_before_its_running_report_ran() -> None:
 def test_a_worker_the_scheduler_cannot_place_shows_why_and_so_does_the_run() -> None:
     story = Story(hello(1, gpus=8))
     assert story.step(1, Created()) == [Place(requests=[ask("w-0", 0, gpus=8)])]
-    nodes = [NodeReasons(name="n0", reasons=["insufficient gpus: need 8, 4 free and usable"])]
-    waiting = PlacementUpdate(
-        task_id="w-0",
-        attempt=0,
-        code="NoMachineFits",
-        reason="No machine fits: 1 of 1 machines ready",
-        nodes=nodes,
-    )
+    nodes = [NodeReasons(name="n0", reasons=[R.InsufficientGpus(need=8, free=4)])]
+    waiting = PlacementUpdate(task_id="w-0", attempt=0, reason=R.NoMachineFits(ready=1, total=1), nodes=nodes)
     assert story.step(2, waiting) == []
     assert story.history("w-0") == [
         ("Pending", "Waiting for workers to start"),
@@ -231,7 +226,10 @@ def test_a_worker_the_scheduler_cannot_place_shows_why_and_so_does_the_run() -> 
     ]
     assert story.run_history()[-1] == ("Pending", "No machine fits: 1 of 1 machines ready")
     assert story.job.status.code == "NoMachineFits"
-    assert describe(story.job).placement == Placement(nodes=nodes)
+    assert describe(story.job).placement == Placement(
+        nodes=[PlacementNode(name="n0", reasons=["insufficient gpus: need 8, 4 free and usable"])],
+        counts={"InsufficientGpus": 1},
+    )
 
 
 # ---- failures -------------------------------------------------------------------------------------------------
@@ -324,7 +322,7 @@ def test_a_setup_failure_fails_the_worker_without_an_exit_code() -> None:
     story = Story(hello(1, "Never"))
     story.step(1, Created())
     story.start(2, "w-0", "n0")
-    failed = TaskSetupFailed(task_id="w-0", attempt=0, code="ErrImagePull", reason="ErrImagePull: manifest unknown")
+    failed = TaskSetupFailed(task_id="w-0", attempt=0, reason=Reason("ErrImagePull", "ErrImagePull: manifest unknown"))
     assert story.step(3, failed) == [Release(task_id="w-0", attempt=0)]
     assert story.history("w-0") == [
         ("Pending", "Waiting for workers to start"),
@@ -455,7 +453,9 @@ def test_a_worker_stopped_while_preparing_ends_cancelled_when_its_start_fails() 
     story.step(1, Created())
     story.start(2, "w-0", "n0")
     assert story.step(3, CancelRequested()) == [Stop(task_id="w-0", attempt=0, node="n0")]
-    failed = TaskSetupFailed(task_id="w-0", attempt=0, code="ContainerStartFailed", reason="Container start failed: x")
+    failed = TaskSetupFailed(
+        task_id="w-0", attempt=0, reason=Reason("ContainerStartFailed", "Container start failed: x")
+    )
     assert story.step(4, failed) == [Release(task_id="w-0", attempt=0)]
     assert story.history("w-0")[-2:] == [("Stopping", "Run cancelled"), ("Cancelled", "Stopped on request")]
     assert story.status() == ("Cancelled", "All workers ended; some were cancelled")
@@ -551,10 +551,10 @@ def test_events_about_an_older_attempt_are_ignored() -> None:
         TaskStarted(task_id="w-0", attempt=0),
         TaskRunning(task_id="w-0", attempt=0),
         TaskEnded(task_id="w-0", attempt=0, exit_code=0),
-        TaskSetupFailed(task_id="w-0", attempt=0, code="ErrImagePull", reason="ErrImagePull: x"),
+        TaskSetupFailed(task_id="w-0", attempt=0, reason=Reason("ErrImagePull", "ErrImagePull: x")),
         TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0),
         PlacementUpdate(
-            task_id="w-0", attempt=0, code="NoMachineFits", reason="No machine fits: 0 of 1 machines ready"
+            task_id="w-0", attempt=0, reason=Reason("NoMachineFits", "No machine fits: 0 of 1 machines ready")
         ),
     ]
     for second, event in enumerate(stale, start=21):
@@ -673,7 +673,7 @@ def test_a_repeated_waiting_reason_is_recorded_once() -> None:
     story = Story(hello(1))
     story.step(1, Created())
     waiting = PlacementUpdate(
-        task_id="w-0", attempt=0, code="NoMachineFits", reason="No machine fits: 0 of 1 machines ready"
+        task_id="w-0", attempt=0, reason=Reason("NoMachineFits", "No machine fits: 0 of 1 machines ready")
     )
     story.step(2, waiting)
     story.step(3, waiting)

@@ -39,6 +39,7 @@ from workflows.domain.events import (
     TimerFired,
 )
 from workflows.domain.job import decide
+from workflows.domain.reasons import Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.status import RUN_TERMINAL, JobRecord, RunState, TaskState
@@ -110,11 +111,15 @@ class World:
             found.append(PlacementUpdate(task_id=task, attempt=attempt, code="NoMachineFits", reason=NO_FIT))
         for task, attempt in sorted(self.setting_up):
             found.append(TaskReady(task_id=task, attempt=attempt))
-            found.append(TaskSetupFailed(task_id=task, attempt=attempt, code="ErrImagePull", reason="ErrImagePull: x"))
+            found.append(
+                TaskSetupFailed(task_id=task, attempt=attempt, reason=Reason("ErrImagePull", "ErrImagePull: x"))
+            )
         found += [StopConfirmed(task_id=task, attempt=attempt) for task, attempt in sorted(self.stopping)]
         for task, attempt, _ in sorted(self.starting):
             found.append(TaskStarted(task_id=task, attempt=attempt))
-            found.append(TaskSetupFailed(task_id=task, attempt=attempt, code="ErrImagePull", reason="ErrImagePull: x"))
+            found.append(
+                TaskSetupFailed(task_id=task, attempt=attempt, reason=Reason("ErrImagePull", "ErrImagePull: x"))
+            )
         for task, attempt in sorted(self.supervised):
             if (task, attempt) not in self.reported:
                 found.append(TaskRunning(task_id=task, attempt=attempt))
@@ -157,9 +162,9 @@ def stale_events(job: JobRecord) -> list[Event]:
     for task, attempt in [("ghost-0", 0)] + [(t.id, t.attempt - 1) for t in job.tasks if t.attempt > 0]:
         events += [
             PlacementUpdate(task_id=task, attempt=attempt, node="n9"),
-            PlacementUpdate(task_id=task, attempt=attempt, code="NoMachineFits", reason="x"),
+            PlacementUpdate(task_id=task, attempt=attempt, reason=Reason("NoMachineFits", "x")),
             TaskStarted(task_id=task, attempt=attempt),
-            TaskSetupFailed(task_id=task, attempt=attempt, code="ErrImagePull", reason="ErrImagePull: x"),
+            TaskSetupFailed(task_id=task, attempt=attempt, reason=Reason("ErrImagePull", "ErrImagePull: x")),
             TaskRunning(task_id=task, attempt=attempt),
             TaskEnded(task_id=task, attempt=attempt, exit_code=1),
             TimerFired(timer=Timer.RESTART, task_id=task, attempt=attempt),

@@ -26,6 +26,7 @@ from workflows.domain.events import (
     TaskSetupFailed,
 )
 from workflows.domain.job import decide
+from workflows.domain.reasons import Reason
 from workflows.domain.resume import resume
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
@@ -101,7 +102,7 @@ QUICK_AND_SLOW: list[tuple[str, list[Event], list[tuple[str, str, float]]]] = [
     (
         "a slow start: told picked up while it is set up, then started and running",
         [
-            TaskProgress(task_id="w-0", attempt=0, code="PickedUp", reason="Picked up by n0", picked_up_at=at(3)),
+            TaskProgress(task_id="w-0", attempt=0, reason=Reason("PickedUp", "Picked up by n0"), picked_up_at=at(3)),
             TaskRunning(task_id="w-0", attempt=0, started=True, picked_up_at=at(3), started_at=at(8)),
         ],
         [
@@ -116,8 +117,7 @@ QUICK_AND_SLOW: list[tuple[str, list[Event], list[tuple[str, str, float]]]] = [
             TaskProgress(
                 task_id="w-0",
                 attempt=0,
-                code="WaitingForRegistrySecret",
-                reason="waiting for registry secret reg to be synced to this node",
+                reason=Reason("WaitingForRegistrySecret", "waiting for registry secret reg to be synced to this node"),
                 picked_up_at=at(3),
             )
         ],
@@ -130,14 +130,14 @@ QUICK_AND_SLOW: list[tuple[str, list[Event], list[tuple[str, str, float]]]] = [
         "a pull: picked up, then Pulling",
         [
             TaskProgress(
-                task_id="w-0", attempt=0, pulling=True, code="Pulling", reason="Pulling img:1", picked_up_at=at(3)
+                task_id="w-0", attempt=0, pulling=True, reason=Reason("Pulling", "Pulling img:1"), picked_up_at=at(3)
             )
         ],
         [("Preparing", "Picked up by n0", 3.0), ("Pulling", "Pulling img:1", 10.0)],
     ),
     (
         "a setup that fails: picked up, then Failed (the spec's Preparing -> Failed)",
-        [TaskSetupFailed(task_id="w-0", attempt=0, code="InvalidTask", reason="Invalid task: /etc")],
+        [TaskSetupFailed(task_id="w-0", attempt=0, reason=Reason("InvalidTask", "Invalid task: /etc"))],
         [("Preparing", "Picked up by n0", 10.0), ("Failed", "Invalid task: /etc", 10.0)],
     ),
     (
@@ -170,8 +170,8 @@ QUICK_AND_SLOW: list[tuple[str, list[Event], list[tuple[str, str, float]]]] = [
     (
         "a second pick-up report changes nothing",
         [
-            TaskProgress(task_id="w-0", attempt=0, code="PickedUp", reason="Picked up by n0", picked_up_at=at(3)),
-            TaskProgress(task_id="w-0", attempt=0, code="PickedUp", reason="Picked up by n0", picked_up_at=at(3)),
+            TaskProgress(task_id="w-0", attempt=0, reason=Reason("PickedUp", "Picked up by n0"), picked_up_at=at(3)),
+            TaskProgress(task_id="w-0", attempt=0, reason=Reason("PickedUp", "Picked up by n0"), picked_up_at=at(3)),
         ],
         [("Preparing", "Picked up by n0", 3.0)],
     ),
@@ -190,7 +190,7 @@ def test_a_pick_up_report_after_it_started_is_ignored() -> None:
     job = run()
     job, _ = step(job, 5, TaskRunning(task_id="w-0", attempt=0, started=True, picked_up_at=at(3), started_at=at(4)))
     before = job.model_dump()
-    late = TaskProgress(task_id="w-0", attempt=0, code="PickedUp", reason="Picked up by n0", picked_up_at=at(3))
+    late = TaskProgress(task_id="w-0", attempt=0, reason=Reason("PickedUp", "Picked up by n0"), picked_up_at=at(3))
     job, commands = step(job, 6, late)
     assert (commands, job.model_dump()) == ([], before)
 
@@ -201,7 +201,7 @@ def test_the_same_grant_again_or_a_stale_waiting_answer_changes_nothing() -> Non
     for answer in (
         PlacementUpdate(task_id="w-0", attempt=0, node="n0"),
         PlacementUpdate(
-            task_id="w-0", attempt=0, code="NoMachineFits", reason="No machine fits: 0 of 1 machines ready"
+            task_id="w-0", attempt=0, reason=Reason("NoMachineFits", "No machine fits: 0 of 1 machines ready")
         ),
     ):
         job, commands = step(job, 3, answer)

@@ -89,10 +89,14 @@ def test_no_machine_fits_lists_every_machine_sorted_by_name() -> None:
             None,
             Reason("NoMachineFits", "No machine fits: 3 of 4 machines ready"),
             [
-                NodeReasons(name="n0", reasons=["machine is not ready (Down)"]),
-                NodeReasons(name="n1", reasons=["insufficient gpus: need 8, 4 free and usable"]),
-                NodeReasons(name="n2", reasons=["insufficient cpu: need 32 cores, 16 free"]),
-                NodeReasons(name="n3", reasons=["insufficient memory: need 100 bytes, 50 free"]),
+                NodeReasons(name="n0", reasons=[Reason("NodeNotReady", "machine is not ready (Down)")]),
+                NodeReasons(
+                    name="n1", reasons=[Reason("InsufficientGpus", "insufficient gpus: need 8, 4 free and usable")]
+                ),
+                NodeReasons(name="n2", reasons=[Reason("InsufficientCpu", "insufficient cpu: need 32 cores, 16 free")]),
+                NodeReasons(
+                    name="n3", reasons=[Reason("InsufficientMemory", "insufficient memory: need 100 bytes, 50 free")]
+                ),
             ],
         )
     ]
@@ -101,7 +105,9 @@ def test_no_machine_fits_lists_every_machine_sorted_by_name() -> None:
 def test_a_machine_that_reports_no_capacity_is_not_counted_as_ready() -> None:
     [decision] = run([request()], [unreported("n0")]).decisions
     assert decision.reason == Reason("NoMachineFits", "No machine fits: 0 of 1 machines ready")
-    assert decision.nodes == [NodeReasons(name="n0", reasons=["machine is not ready (no capacity reported)"])]
+    assert decision.nodes == [
+        NodeReasons(name="n0", reasons=[Reason("NodeNoCapacity", "machine is not ready (no capacity reported)")])
+    ]
 
 
 def test_no_machines_registered() -> None:
@@ -158,7 +164,9 @@ def test_the_head_waits_without_a_time_when_what_it_needs_has_no_limit() -> None
 
 def test_the_head_explains_every_machine_too() -> None:
     [decision] = run([request(gpus=8)], [machine("n0", gpus=8)], [holding("n0", gpus=4)]).decisions
-    assert decision.nodes == [NodeReasons(name="n0", reasons=["insufficient gpus: need 8, 4 free and usable"])]
+    assert decision.nodes == [
+        NodeReasons(name="n0", reasons=[Reason("InsufficientGpus", "insufficient gpus: need 8, 4 free and usable")])
+    ]
 
 
 # ---- behind the head, and backfill ------------------------------------------------------------------------------

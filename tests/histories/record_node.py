@@ -21,16 +21,10 @@ from temporalio.worker import Worker
 
 from tests.workflows.fakes import FakeMachine
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id
+from workflows.domain.node import GpusReported, OrphanStopped, PressureReported, Registered
 from workflows.domain.nodes import GpuInfo, NodeInventory
 from workflows.domain.settings import Settings
-from workflows.messages import (
-    CordonRequest,
-    GpuHealthReport,
-    NodeInput,
-    OrphanStoppedReport,
-    PressureReport,
-    RegisterRequest,
-)
+from workflows.messages import CordonRequest, NodeInput
 from workflows.node import NodeWorkflow
 
 HERE = Path(__file__).parent
@@ -47,19 +41,19 @@ async def life(env: WorkflowEnvironment, machine: FakeMachine) -> WorkflowHistor
         NodeWorkflow.run, NodeInput(name=name, settings=settings), id=node_id(name), task_queue=CONTROL_TASK_QUEUE
     )
     async with Worker(client, task_queue=lease_task_queue(name, AGENT), activities=[machine.hold_lease]):
-        await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory, instance=AGENT))
-        await handle.execute_update(NodeWorkflow.report_pressure, PressureReport(pressure=["memory"]))
+        await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory, instance=AGENT))
+        await handle.execute_update(NodeWorkflow.report_pressure, PressureReported(pressure=["memory"]))
         fault = GPU.model_copy(update={"fault": "Xid 79 (GPU has fallen off the bus)"})
-        await handle.execute_update(NodeWorkflow.report_gpus, GpuHealthReport(gpus=[fault]))
+        await handle.execute_update(NodeWorkflow.report_gpus, GpusReported(gpus=[fault]))
         await handle.execute_update(NodeWorkflow.cordon, CordonRequest(reason="GPU 0"))
         await handle.execute_update(NodeWorkflow.uncordon)
-        report = OrphanStoppedReport(task="w-0", run="default/r", status="terminated")
+        report = OrphanStopped(task="w-0", run="default/r", status="terminated")
         await handle.execute_update(NodeWorkflow.report_orphan_stopped, report)
         machine.alive = False
         while (await handle.query(NodeWorkflow.view)).state != "Down":
             await asyncio.sleep(0.1)
         machine.alive = True
-        await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory, instance=AGENT))
+        await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory, instance=AGENT))
         await asyncio.sleep(0.5)
         return await handle.fetch_history()
 
@@ -73,7 +67,7 @@ async def continued(env: WorkflowEnvironment, machine: FakeMachine) -> WorkflowH
     )
     first = handle.result_run_id
     async with Worker(client, task_queue=lease_task_queue(name, AGENT), activities=[machine.hold_lease]):
-        await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory, instance=AGENT))
+        await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory, instance=AGENT))
         while (await handle.describe()).run_id == first:
             await handle.execute_update(NodeWorkflow.cordon, CordonRequest(reason="look"))
             await handle.execute_update(NodeWorkflow.uncordon)

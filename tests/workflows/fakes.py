@@ -19,8 +19,10 @@ from temporalio.worker import Worker
 
 from activities.control import ControlActivities
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_task_queue
+from workflows.domain.events import MachineLost, PlacementUpdate, TaskHealth, TaskRunning
 from workflows.domain.nodes import NodeView
 from workflows.domain.planning import WorkerPlan
+from workflows.domain.reasons import Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id
 from workflows.job import JobWorkflow
@@ -28,10 +30,8 @@ from workflows.messages import (
     PROTOCOL,
     LeaseInput,
     LoadSettingsResult,
-    MachineLostReport,
     NodeChangedInput,
     PlaceInput,
-    PlacementAnswer,
     PlaceResult,
     PlanInput,
     ReleaseInput,
@@ -41,8 +41,6 @@ from workflows.messages import (
     StopTaskInput,
     SuperviseInput,
     TaskExit,
-    TaskHealthReport,
-    TaskReport,
 )
 from workflows.node import NodeWorkflow
 
@@ -97,15 +95,14 @@ class FakeCluster:
         answers = []
         for r in input.requests:
             if r.task_id in self.script.no_room:
-                update = PlacementAnswer(
+                update = PlacementUpdate(
                     task_id=r.task_id,
                     attempt=r.attempt,
-                    code="NoMachineFits",
-                    reason="No machine fits: 1 of 1 machines ready",
+                    reason=Reason("NoMachineFits", "No machine fits: 1 of 1 machines ready"),
                 )
             else:
                 node = self.script.machines.get(r.task_id, NODE)
-                update = PlacementAnswer(task_id=r.task_id, attempt=r.attempt, node=node, address="127.0.0.1")
+                update = PlacementUpdate(task_id=r.task_id, attempt=r.attempt, node=node, address="127.0.0.1")
             answers.append(update)
         return PlaceResult(answers=answers)
 
@@ -147,7 +144,7 @@ class FakeCluster:
         key = f"{ref.task_id}.{ref.attempt}"
         self.supervisors.append((ref.task_id, ref.attempt, input.reattach))
         handle = self.client.get_workflow_handle(job_id(ref.namespace, ref.job))
-        report = TaskReport(
+        report = TaskRunning(
             **ref.ids(), heartbeat=input.reattach, started=started, picked_up_at=picked_up, started_at=picked_up
         )
         if self.script.silent.get(key, 0) > 0:
@@ -158,7 +155,7 @@ class FakeCluster:
         await handle.signal("task_running", report)
         if input.readiness is not None:
             healthy = ref.task_id in self.script.healthy
-            health = TaskHealthReport(task_id=ref.task_id, attempt=ref.attempt, healthy=healthy)
+            health = TaskHealth(task_id=ref.task_id, attempt=ref.attempt, healthy=healthy)
             await handle.signal("task_health", health)
         if self.script.holds(ref.task_id, ref.attempt):
             stopped = self.stopped.setdefault(f"{ref.task_id}.{ref.attempt}", asyncio.Event())
@@ -228,7 +225,7 @@ class FakeMachine:
         self.name = name  # the machine whose changes it hears (None: every machine's)
         self.alive = True
         self.seen: list[NodeView] = []
-        self.lost: list[MachineLostReport] = []
+        self.lost: list[MachineLost] = []
 
     @activity.defn(name="hold_lease")
     async def hold_lease(self, input: LeaseInput) -> None:
@@ -238,7 +235,7 @@ class FakeMachine:
         await asyncio.sleep(30)
 
     @activity.defn(name="machine_lost")
-    async def machine_lost(self, report: MachineLostReport) -> int:
+    async def machine_lost(self, report: MachineLost) -> int:
         if self.name is None or report.node == self.name:
             self.lost.append(report)
         return 0

@@ -23,11 +23,12 @@ from activities.control import ControlActivities
 from tests.workflows.fakes import NODE, FakeCluster, Script, pairs, unique
 from workers.client import run_result
 from workflows.contracts import CONTROL_TASK_QUEUE, node_task_queue
+from workflows.domain.events import TaskRunning
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id, parse_spec
 from workflows.domain.views import JobDescription
 from workflows.job import JobWorkflow, search_attributes
-from workflows.messages import JobInput, RunTaskInput, SuperviseInput, TaskExit, TaskReport
+from workflows.messages import JobInput, RunTaskInput, SuperviseInput, TaskExit
 
 
 class SilentAgent:
@@ -42,7 +43,7 @@ class SilentAgent:
     @activity.defn(name="run_task")
     async def run_task(self, input: RunTaskInput) -> TaskExit:
         ref = input.start.ref
-        report = TaskReport(**ref.ids(), heartbeat=False, started=True)
+        report = TaskRunning(**ref.ids(), heartbeat=False, started=True)
         await self.env.client.get_workflow_handle(job_id(ref.namespace, ref.job)).signal("task_running", report)
         activity.raise_complete_async()  # in flight, and never heartbeating again
 

@@ -11,11 +11,11 @@ from temporalio.testing import WorkflowEnvironment
 from tests.workflows.fakes import Script, fake_cluster, unique
 from tests.workflows.test_job_workflow import pairs, spec, start
 from workers.client import run_result
+from workflows.domain.events import Preempt
 from workflows.domain.reasons import ANOTHER_NAMESPACE
 from workflows.domain.spec import parse_spec
 from workflows.domain.status import Status
 from workflows.domain.views import JobDescription
-from workflows.messages import PreemptRequest
 
 
 async def wait_until(handle: WorkflowHandle, check: str, attribute: str = "reason") -> None:  # type: ignore[type-arg]
@@ -33,7 +33,7 @@ async def test_a_run_preempted_by_another_namespace_names_it_in_parentheses_once
     async with fake_cluster(time_skipping.client, Script(hold={"w-0.0"})):
         handle = await start(time_skipping, job)
         await wait_until(handle, "Running", "state")
-        await handle.signal("preempt", PreemptRequest(task_ids=["w-0"], by=ANOTHER_NAMESPACE))
+        await handle.signal("preempt", Preempt(task_ids=["w-0"], by=ANOTHER_NAMESPACE))
         status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     assert (status.state, status.reason) == ("Completed", "All workers completed")

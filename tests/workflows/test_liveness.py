@@ -15,12 +15,13 @@ from temporalio.testing import WorkflowEnvironment
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
 from workers.client import run_result
 from workflows.contracts import CONTROL_TASK_QUEUE
+from workflows.domain.events import MachineLost, Preempt
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.status import Status
 from workflows.domain.views import JobDescription
 from workflows.job import JobWorkflow, search_attributes
-from workflows.messages import JobInput, MachineLostReport, PreemptRequest
+from workflows.messages import JobInput
 
 QUICK = Settings(stale_grace_seconds=1, heartbeat_ttl_seconds=3)
 
@@ -99,7 +100,7 @@ async def test_a_lost_machine_takes_its_workers_down_and_they_restart_by_policy(
     async with fake_cluster(time_skipping.client, Script(hold={"w-0.0"})):
         handle = await start(time_skipping, job)
         await until(handle, lambda d: d.status.state == "Running")
-        await handle.signal("machine_lost", MachineLostReport(node="n0"))
+        await handle.signal("machine_lost", MachineLost(node="n0"))
         status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     history = pairs(described.tasks[0].history)
@@ -122,7 +123,7 @@ async def test_a_late_report_of_a_loss_before_the_worker_started_leaves_it_runni
         handle = await start(time_skipping, job)
         described = await until(handle, lambda d: d.status.state == "Running")
         started = next(e.at for e in described.tasks[0].history if e.state == "Starting")
-        stale = MachineLostReport(node="n0", lost_at=started - timedelta(seconds=1))
+        stale = MachineLost(node="n0", lost_at=started - timedelta(seconds=1))
         await handle.signal("machine_lost", stale)
         await handle.execute_update("cancel")  # decided after the signal, in its order
         status = await run_result(handle)
@@ -172,7 +173,7 @@ async def test_a_preempted_worker_is_queued_again_without_spending_its_budget(
     async with fake_cluster(time_skipping.client, Script(hold={"w-0.0"})):
         handle = await start(time_skipping, job)
         await until(handle, lambda d: d.status.state == "Running")
-        await handle.signal("preempt", PreemptRequest(task_ids=["w-0"], by="urgent-eval"))
+        await handle.signal("preempt", Preempt(task_ids=["w-0"], by="urgent-eval"))
         status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
     task = described.tasks[0]

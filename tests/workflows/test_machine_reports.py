@@ -14,20 +14,11 @@ from temporalio.worker import Worker
 
 from tests.workflows.fakes import unique
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_id, node_task_queue
+from workflows.domain.node import GpusReported, Registered
 from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
 from workflows.domain.settings import Settings
 from workflows.logs import LogsWorkflow
-from workflows.messages import (
-    GpuHealthReport,
-    LeaseInput,
-    LogsInput,
-    LogText,
-    NodeChangedInput,
-    NodeInput,
-    ReadLogInput,
-    RegisterRequest,
-    TaskRef,
-)
+from workflows.messages import LeaseInput, LogsInput, LogText, NodeChangedInput, NodeInput, ReadLogInput, TaskRef
 from workflows.node import NodeWorkflow
 
 
@@ -66,11 +57,11 @@ async def test_a_machine_reports_a_gpu_fault_and_a_gpu_at_risk(time_skipping: Wo
             NodeWorkflow.run, NodeInput(name=name, settings=Settings()), id=node_id(name), task_queue=CONTROL_TASK_QUEUE
         )
         with pytest.raises(WorkflowUpdateFailedError):  # not registered yet
-            await handle.execute_update(NodeWorkflow.report_gpus, GpuHealthReport(gpus=inventory.gpus))
-        await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory))
+            await handle.execute_update(NodeWorkflow.report_gpus, GpusReported(gpus=inventory.gpus))
+        await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory))
 
         gpus = [gpu(0), gpu(1, fault="Xid 79 (GPU has fallen off the bus)"), gpu(2, at_risk="retired pages pending")]
-        view = await handle.execute_update(NodeWorkflow.report_gpus, GpuHealthReport(gpus=gpus))
+        view = await handle.execute_update(NodeWorkflow.report_gpus, GpusReported(gpus=gpus))
 
         assert view.inventory is not None and view.inventory.gpus == gpus
         assert [g.healthy for g in view.inventory.gpus] == [True, False, False]
@@ -80,7 +71,7 @@ async def test_a_machine_reports_a_gpu_fault_and_a_gpu_at_risk(time_skipping: Wo
         ]
         assert machine.seen[-1] == view  # the scheduler was told
         with pytest.raises(WorkflowUpdateFailedError) as refused:
-            await handle.execute_update(NodeWorkflow.report_gpus, GpuHealthReport(gpus=[gpu(0), gpu(1)]))
+            await handle.execute_update(NodeWorkflow.report_gpus, GpusReported(gpus=[gpu(0), gpu(1)]))
         assert str(refused.value.cause.message) == f"the GPUs reported are not those machine {name} registered"
         assert (await handle.query(NodeWorkflow.view)) == view
         await handle.terminate()

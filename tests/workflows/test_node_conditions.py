@@ -13,16 +13,11 @@ from temporalio.worker import Worker
 
 from tests.workflows.fakes import unique
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_id, node_task_queue
+from workflows.domain.events import MachineLost
+from workflows.domain.node import PressureReported, Registered
 from workflows.domain.nodes import NodeInventory, NodeView
 from workflows.domain.settings import Settings
-from workflows.messages import (
-    LeaseInput,
-    MachineLostReport,
-    NodeChangedInput,
-    NodeInput,
-    PressureReport,
-    RegisterRequest,
-)
+from workflows.messages import LeaseInput, NodeChangedInput, NodeInput
 from workflows.node import NodeWorkflow
 
 
@@ -37,7 +32,7 @@ class Machine:
             await asyncio.sleep(input.renew_seconds)
 
     @activity.defn(name="machine_lost")
-    async def machine_lost(self, report: MachineLostReport) -> int:
+    async def machine_lost(self, report: MachineLost) -> int:
         return 0
 
     @activity.defn(name="node_changed")
@@ -61,14 +56,14 @@ async def test_pressure_reported_by_the_agent_is_kept_recorded_and_told(time_ski
             id=node_id(name),
             task_queue=CONTROL_TASK_QUEUE,
         )
-        await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory))
-        view = await handle.execute_update(NodeWorkflow.report_pressure, PressureReport(pressure=["memory"]))
+        await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory))
+        view = await handle.execute_update(NodeWorkflow.report_pressure, PressureReported(pressure=["memory"]))
         assert view.inventory is not None and view.inventory.pressure == ["memory"]
         assert view.inventory.capabilities == ["sandbox"]  # the rest of the inventory stays
         assert machine.seen[-1] == view  # the scheduler was told before the update returned
-        view = await handle.execute_update(NodeWorkflow.report_pressure, PressureReport(pressure=["memory", "disk"]))
-        view = await handle.execute_update(NodeWorkflow.report_pressure, PressureReport(pressure=["disk"]))
-        view = await handle.execute_update(NodeWorkflow.report_pressure, PressureReport(pressure=[]))
+        view = await handle.execute_update(NodeWorkflow.report_pressure, PressureReported(pressure=["memory", "disk"]))
+        view = await handle.execute_update(NodeWorkflow.report_pressure, PressureReported(pressure=["disk"]))
+        view = await handle.execute_update(NodeWorkflow.report_pressure, PressureReported(pressure=[]))
         assert view.inventory is not None and view.inventory.pressure == []
         assert machine.seen[-1] == view
         assert [(e.state, e.reason) for e in view.history] == [
@@ -88,6 +83,6 @@ async def test_pressure_from_a_machine_that_never_registered_is_refused(time_ski
             NodeWorkflow.run, NodeInput(name=name, settings=Settings()), id=node_id(name), task_queue=CONTROL_TASK_QUEUE
         )
         with pytest.raises(WorkflowUpdateFailedError) as refused:
-            await handle.execute_update(NodeWorkflow.report_pressure, PressureReport(pressure=["memory"]))
+            await handle.execute_update(NodeWorkflow.report_pressure, PressureReported(pressure=["memory"]))
         assert "has not registered" in str(refused.value.cause)
         await handle.terminate()

@@ -19,15 +19,11 @@ from activities.prepare import Preparer
 from activities.runtime.process import ProcessRuntime
 from tests.workflows.fakes import unique
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id
+from workflows.domain.events import MachineLost
+from workflows.domain.node import Registered
 from workflows.domain.nodes import NodeInventory, NodeView
 from workflows.domain.settings import Settings
-from workflows.messages import (
-    CordonRequest,
-    MachineLostReport,
-    NodeChangedInput,
-    NodeInput,
-    RegisterRequest,
-)
+from workflows.messages import CordonRequest, NodeChangedInput, NodeInput
 from workflows.node import NodeWorkflow
 
 AGENT = "host:1:token"
@@ -39,10 +35,10 @@ class Scheduler:
     def __init__(self, name: str) -> None:
         self.name = name
         self.seen: list[NodeView] = []
-        self.lost: list[MachineLostReport] = []
+        self.lost: list[MachineLost] = []
 
     @activity.defn(name="machine_lost")
-    async def machine_lost(self, report: MachineLostReport) -> int:
+    async def machine_lost(self, report: MachineLost) -> int:
         if report.node == self.name:
             self.lost.append(report)
         return 0
@@ -83,7 +79,7 @@ async def test_a_machine_continues_as_new_holding_its_lease_and_its_agent_never_
         handle = await client.start_workflow(
             NodeWorkflow.run, NodeInput(name=name, settings=settings), id=node_id(name), task_queue=CONTROL_TASK_QUEUE
         )
-        await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory, instance=AGENT))
+        await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory, instance=AGENT))
         first = (await handle.describe()).run_id
         await until(lambda: lease_held(handle))
         seen = {first}

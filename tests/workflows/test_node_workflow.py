@@ -14,9 +14,11 @@ from temporalio.worker import Worker
 
 from tests.workflows.fakes import FakeMachine, unique
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id, node_task_queue
+from workflows.domain.events import MachineLost
+from workflows.domain.node import Registered
 from workflows.domain.nodes import GpuInfo, NodeInventory
 from workflows.domain.settings import Settings
-from workflows.messages import LeaseInput, MachineLostReport, NodeInput, RegisterRequest
+from workflows.messages import LeaseInput, NodeInput
 from workflows.node import NodeWorkflow
 
 
@@ -36,7 +38,7 @@ async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping:
         handle = await client.start_workflow(
             NodeWorkflow.run, NodeInput(name=name, settings=settings), id=node_id(name), task_queue=CONTROL_TASK_QUEUE
         )
-        view = await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory))
+        view = await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory))
         assert (view.state, view.inventory) == ("Ready", inventory)
         machine.alive = False
         for _ in range(100):
@@ -50,7 +52,7 @@ async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping:
         ]
         lost_at = view.history[-1].at
         machine.alive = True
-        view = await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory))
+        view = await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory))
         assert view.state == "Ready"
         for _ in range(50):
             if machine.seen and machine.seen[-1].state == "Ready" and len(machine.seen) >= 3:
@@ -58,11 +60,13 @@ async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping:
             await asyncio.sleep(0.1)
         assert [v.state for v in machine.seen] == ["Ready", "Down", "Ready"]
         # its runs were told, and when it was lost: a run ignores it for a worker the new agent started since
-        assert machine.lost == [MachineLostReport(node=name, removed=False, lost_at=lost_at)]
+        assert machine.lost == [MachineLost(node=name, removed=False, lost_at=lost_at)]
         await handle.terminate()
 
 
 async def test_a_removed_machine_stays_removed_when_its_lease_then_expires(time_skipping: WorkflowEnvironment) -> None:
+    from workflows.domain.events import MachineLost
+    from workflows.domain.node import Registered
     from workflows.messages import CordonRequest
 
     client = time_skipping.client
@@ -80,7 +84,7 @@ async def test_a_removed_machine_stays_removed_when_its_lease_then_expires(time_
             id=node_id(name),
             task_queue=CONTROL_TASK_QUEUE,
         )
-        await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory))
+        await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory))
         await handle.execute_update(NodeWorkflow.remove, CordonRequest(reason="decommissioned"))
         machine.alive = False  # its agent goes away: the lease expires after the removal
         await asyncio.sleep(3)
@@ -89,7 +93,7 @@ async def test_a_removed_machine_stays_removed_when_its_lease_then_expires(time_
             ("Ready", "Registered by its agent"),
             ("Removed", "Machine removed from the cluster"),
         ]
-        assert machine.lost == [MachineLostReport(node=name, removed=True, lost_at=view.history[-1].at)]
+        assert machine.lost == [MachineLost(node=name, removed=True, lost_at=view.history[-1].at)]
         await handle.terminate()
 
 
@@ -98,12 +102,12 @@ async def test_an_orphan_stopped_by_the_agent_is_written_in_the_machines_history
 ) -> None:
     from temporalio.client import WorkflowUpdateFailedError
 
-    from workflows.messages import OrphanStoppedReport
+    from workflows.domain.node import OrphanStopped, Registered
 
     client = time_skipping.client
     name = unique("m")
     machine = FakeMachine(name)
-    report = OrphanStoppedReport(task="w-0", run="default/sleepy", status="terminated")
+    report = OrphanStopped(task="w-0", run="default/sleepy", status="terminated")
     async with (
         Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow], activities=[machine.machine_lost]),
         Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed]),
@@ -119,10 +123,10 @@ async def test_an_orphan_stopped_by_the_agent_is_written_in_the_machines_history
         else:
             raise AssertionError("a machine that never registered took a report")
         await handle.execute_update(
-            NodeWorkflow.register, RegisterRequest(inventory=NodeInventory(name=name, cpus=1, memory_bytes=2**30))
+            NodeWorkflow.register, Registered(inventory=NodeInventory(name=name, cpus=1, memory_bytes=2**30))
         )
         await handle.execute_update(NodeWorkflow.report_orphan_stopped, report)
-        stale = OrphanStoppedReport(task="w-1", run="default/sleepy", status="its run has attempt 4 here", attempt=3)
+        stale = OrphanStopped(task="w-1", run="default/sleepy", status="its run has attempt 4 here", attempt=3)
         view = await handle.execute_update(NodeWorkflow.report_orphan_stopped, stale)
         assert [(e.state, e.reason) for e in view.history] == [
             ("Ready", "Registered by its agent"),
@@ -171,11 +175,11 @@ async def test_a_second_agent_is_refused_while_the_first_holds_the_lease(time_sk
             id=node_id(name),
             task_queue=CONTROL_TASK_QUEUE,
         )
-        view = await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory, instance=first))
+        view = await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory, instance=first))
         assert (view.state, view.holder) == ("Ready", first)
 
         with pytest.raises(WorkflowUpdateFailedError) as refused:
-            await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory, instance=second))
+            await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory, instance=second))
         cause = refused.value.cause
         assert isinstance(cause, ApplicationError)
         assert (cause.type, cause.details, cause.message) == (
@@ -191,7 +195,7 @@ async def test_a_second_agent_is_refused_while_the_first_holds_the_lease(time_sk
         )
 
         # An agent of the same host whose process is gone is taken over: its lease is cancelled.
-        request = RegisterRequest(inventory=inventory, instance=second, take_over=first)
+        request = Registered(inventory=inventory, instance=second, take_over=first)
         view = await handle.execute_update(NodeWorkflow.register, request)
         assert view.holder == second
         for _ in range(50):
@@ -208,6 +212,6 @@ async def test_a_second_agent_is_refused_while_the_first_holds_the_lease(time_sk
                 break
             await asyncio.sleep(0.1)
         assert (view.state, view.holder) == ("Down", None)
-        view = await handle.execute_update(NodeWorkflow.register, RegisterRequest(inventory=inventory, instance=third))
+        view = await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory, instance=third))
         assert (view.state, view.holder) == ("Ready", third)
         await handle.terminate()

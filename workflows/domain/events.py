@@ -1,15 +1,21 @@
-"""What can happen to a run (events) and what it asks to be done (commands): the vocabulary of `decide`."""
+"""What can happen to a run (events) and what it asks to be done (commands): the vocabulary of `decide`.
+
+An event that a machine or the scheduler sends is the payload of its signal itself (`workflows/contracts.py`): its
+fields are written once, here. Its `kind` tells events apart in the process and is left off the wire, where the
+signal's name says it. Reasons travel whole (a Reason: code and sentence); the shapes sent before, when each signal
+had a model of its own and a reason was a pair of fields, still decode (the before-validators below).
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from workflows.domain.placement import TaskRequest
-from workflows.domain.reasons import R
+from workflows.domain.reasons import R, Reason
 from workflows.domain.spec import GroupSpec
 from workflows.domain.status import NodeReasons
 
@@ -36,18 +42,42 @@ class Created(_Msg):
     kind: Literal["created"] = "created"
 
 
-class PlacementUpdate(_Msg):
-    """The scheduler's answer for one worker: a machine, or why it waits."""
+def _pair(data: Any) -> Any:
+    """A reason sent, before reasons travelled whole, as the fields `code` and `reason` (its sentence): one Reason
+    (None when both are empty: a placement's answer that names a machine)."""
+    if isinstance(data, dict) and ("code" in data or isinstance(data.get("reason"), str)):
+        data = dict(data)
+        code, text = data.pop("code", ""), data.pop("reason", "")
+        data["reason"] = Reason(code, text) if code or text else None
+    return data
 
-    kind: Literal["placement"] = "placement"
+
+class PlacementUpdate(_Msg):
+    """The scheduler's answer for one worker (signal `placement`, and the `place` activity's result): a machine
+    (and its address, how a gang's workers reach its leader), or why it waits with every machine's reasons, and
+    `quota_reached` ("Quota reached: <why>") when it waits on its namespace's quota."""
+
+    kind: Literal["placement"] = Field("placement", exclude=True)
     task_id: str
     attempt: int
     node: str | None = None
     address: str | None = None
-    code: str = ""
-    reason: str = ""
+    reason: Reason | None = None  # why it waits, when no machine is named
     nodes: list[NodeReasons] = Field(default_factory=list)
-    quota_reached: str = ""
+    quota_reached: Reason | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_reason(cls, data: Any) -> Any:
+        return _pair(data)
+
+    @field_validator("quota_reached", mode="before")
+    @classmethod
+    def _old_quota(cls, value: Any) -> Any:
+        """Sent as its sentence alone before ("" for none)."""
+        if isinstance(value, str):
+            return Reason(R.QuotaReached.code, value) if value else None
+        return value
 
 
 class TaskStarted(_Msg):
@@ -86,9 +116,10 @@ class StopConfirmed(_Msg):
 
 
 class TaskHealth(_Msg):
-    """The group's readiness check passes (healthy) or stopped passing."""
+    """The group's readiness check now passes (`healthy`) or stopped passing (signal `task_health`); `detail` says
+    why it fails (the command's exit, the HTTP status, the connection error)."""
 
-    kind: Literal["health"] = "health"
+    kind: Literal["health"] = Field("health", exclude=True)
     task_id: str
     attempt: int
     healthy: bool
@@ -96,31 +127,35 @@ class TaskHealth(_Msg):
 
 
 class TaskProgress(_Msg):
-    """The machine is setting the worker up: a Preparing reason (a wait, or "Picked up by <machine>" when setting
-    it up takes a while), or Pulling its image; it picked the worker up at `picked_up_at`."""
+    """The machine is setting the worker up (signal `task_progress`): a Preparing reason (a wait, or "Picked up by
+    <machine>" when setting it up takes a while), or Pulling its image; it picked the worker up at `picked_up_at`."""
 
-    kind: Literal["progress"] = "progress"
+    kind: Literal["progress"] = Field("progress", exclude=True)
     task_id: str
     attempt: int
     pulling: bool = False
-    code: str
-    reason: str
+    reason: Reason
     picked_up_at: datetime | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_reason(cls, data: Any) -> Any:
+        return _pair(data)
 
 
 class TaskSetupFailed(_Msg):
     kind: Literal["setup_failed"] = "setup_failed"
     task_id: str
     attempt: int
-    code: str
-    reason: str
+    reason: Reason
 
 
 class TaskRunning(_Msg):
-    """The machine reports the worker running; `heartbeat` when a supervisor re-attached to it; `started` when
-    the report also says it was started (one activity starts and watches it)."""
+    """The machine reports one attempt of the worker running (signal `task_running`); `heartbeat` when a supervisor
+    re-attached to it after a missed heartbeat; `started` when the report also says it was started (one activity,
+    run_task, starts and watches it)."""
 
-    kind: Literal["running"] = "running"
+    kind: Literal["running"] = Field("running", exclude=True)
     task_id: str
     attempt: int
     heartbeat: bool = False
@@ -150,9 +185,10 @@ class TaskEnded(_Msg):
 
 
 class ExitedWhileLost(_Msg):
-    """A machine that came back says the worker it lost had exited 0 meanwhile (its exit was kept on the machine)."""
+    """Machine `node` came back after being lost and read back that this attempt, which its run lost with it, had
+    exited 0 meanwhile (signal `task_exited_while_lost`; the exit is kept on the machine)."""
 
-    kind: Literal["exited_while_lost"] = "exited_while_lost"
+    kind: Literal["exited_while_lost"] = Field("exited_while_lost", exclude=True)
     task_id: str
     attempt: int
     node: str
@@ -166,10 +202,11 @@ class TimerFired(_Msg):
 
 
 class MachineLost(_Msg):
-    """A machine's lease expired (or it was removed) at `lost_at`: its workers are Down, but for an attempt whose
-    start was reported at or after `lost_at` (a new agent of the machine started it). None: every worker there."""
+    """A machine's lease expired (or it was removed) at `lost_at`, on its NodeWorkflow's clock (signal
+    `machine_lost`): its workers are Down, but for an attempt whose start was reported at or after `lost_at` (a new
+    agent of the machine started it). None (senders and histories from before it) is about every worker there."""
 
-    kind: Literal["machine_lost"] = "machine_lost"
+    kind: Literal["machine_lost"] = Field("machine_lost", exclude=True)
     node: str
     removed: bool = False
     lost_at: datetime | None = None
@@ -186,9 +223,10 @@ class StopRequested(_Msg):
 
 
 class Preempt(_Msg):
-    """The scheduler stops these workers for higher-priority work; they are queued again once gone."""
+    """The scheduler stops these workers for higher-priority work (signal `preempt`; `by`: its run, or a reason
+    that hides it); they are queued again once gone, without spending their restart budget."""
 
-    kind: Literal["preempt"] = "preempt"
+    kind: Literal["preempt"] = Field("preempt", exclude=True)
     task_ids: list[str]
     by: str
 

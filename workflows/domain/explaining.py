@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from workflows.domain.machines import Cluster
 from workflows.domain.placement import Ask, explain, fits_empty, where
-from workflows.domain.reasons import R
+from workflows.domain.reasons import R, Reason
 from workflows.domain.status import NodeReasons
 
 # Which machines a namespace sees: None (all), or its pools.
@@ -31,7 +31,7 @@ class Explainer:
         self._ready: dict[NamesKey, int] = {}
         self._profiles: dict[tuple[object, ...], int] = {}
         self._profile_of = {name: self._intern(m.profile) for name, m in cluster.machines.items()}
-        self._texts: dict[tuple[object, ...], list[str]] = {}
+        self._said: dict[tuple[object, ...], list[Reason]] = {}
 
     def _intern(self, profile: tuple[object, ...]) -> int:
         return self._profiles.setdefault(profile, len(self._profiles))
@@ -46,13 +46,13 @@ class Explainer:
         reasons cannot depend on a machine's name (`shape` is then its cache key)."""
         machine, free = self.cluster.machines[name], self.cluster.free[name]
         if shape is None:
-            texts = [r.text for r in explain(machine, free, ask)]
+            reasons = explain(machine, free, ask)
         else:
             key = (shape, self._profile_of[name], free.cpu, free.memory_bytes, free.gpus)
-            texts = self._texts.get(key)  # type: ignore[assignment]
-            if texts is None:
-                texts = self._texts[key] = [r.text for r in explain(machine, free, ask)]
-        return NodeReasons.model_construct(name=name, reasons=texts)
+            reasons = self._said.get(key)  # type: ignore[assignment]
+            if reasons is None:
+                reasons = self._said[key] = explain(machine, free, ask)
+        return NodeReasons.model_construct(name=name, reasons=reasons)
 
     @staticmethod
     def _shared(ask: Ask) -> tuple[object, ...] | None:
@@ -85,9 +85,8 @@ class Explainer:
         """The first machine that lacks nothing but a data location for the worker's drives."""
         if not ask.request.drives:
             return None
-        prefix = R.ChooseDataLocation.template.removesuffix("{node}")
         for node in nodes:
-            if len(node.reasons) == 1 and node.reasons[0] == prefix + node.name:
+            if len(node.reasons) == 1 and node.reasons[0].code == R.ChooseDataLocation.code:
                 return node.name
         return None
 

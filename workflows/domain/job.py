@@ -78,6 +78,11 @@ def _running(step: Step, task: TaskRecord) -> None:
     _derive(step)
 
 
+# An answer without a machine always says why. Should one not, it is recorded as it was when reasons travelled as a
+# pair of fields, empty: the same history on replay.
+_UNSAID = Reason("", "")
+
+
 def _placed(step: Step, event: PlacementUpdate) -> None:
     job, now = step.job, step.now
     task = _current(job, event.task_id, event.attempt)
@@ -89,14 +94,13 @@ def _placed(step: Step, event: PlacementUpdate) -> None:
             step.commands.append(Release(task_id=event.task_id, attempt=event.attempt))
         return
     if node is None:
-        record(task.status, task.history, task.state, Reason(event.code, event.reason), now)
+        record(task.status, task.history, task.state, event.reason or _UNSAID, now)
         task.waiting_on = event.nodes
-        if event.quota_reached and not job.quota_noted:
+        reached = event.quota_reached
+        if reached is not None and not job.quota_noted:
             # "Quota reached: <why>": a history entry (and an event) the first time; the status is unchanged.
             job.quota_noted = True
-            job.history.append(
-                StatusEntry(state=job.status.state, reason=event.quota_reached, code=R.QuotaReached.code, at=now)
-            )
+            job.history.append(StatusEntry(state=job.status.state, reason=reached.text, code=reached.code, at=now))
         return
     task.node, task.address, task.waiting_on, task.preempted_by = node, event.address, [], None
     if job.protocol >= 5:  # Pending until its machine picks it up (_picked_up)
@@ -329,9 +333,9 @@ def _apply(step: Step, event: Event) -> None:
                 _picked_up(step, task, event.picked_up_at)
             if task is None or task.state not in (TaskState.PREPARING, TaskState.PULLING):
                 return
-            if event.code == R.PickedUp.code:
+            if event.reason.code == R.PickedUp.code:
                 return  # said only to show it Preparing: a worker Preparing already, or further, keeps its reason
-            reason = Reason(event.code, event.reason)
+            reason = event.reason
             if event.pulling and task.state is TaskState.PREPARING:
                 step.move(task, TaskEvent.PULL, reason)
             else:
@@ -348,9 +352,8 @@ def _apply(step: Step, event: Event) -> None:
             setting_up = task.state in (TaskState.PREPARING, TaskState.PULLING)
             if not setting_up and not (task.state is TaskState.READY_TO_START and task.released):
                 return  # it started after all: a stray failure of an earlier start call
-            reason = Reason(event.code, event.reason)
-            task.last_failure = LastFailure(exit_code=None, reason=reason.text, log_tail="")
-            step.end(task, TaskEvent.SETUP_FAILED, reason)
+            task.last_failure = LastFailure(exit_code=None, reason=event.reason.text, log_tail="")
+            step.end(task, TaskEvent.SETUP_FAILED, event.reason)
         case TaskRunning(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
             if task is not None and event.started:

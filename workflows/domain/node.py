@@ -19,10 +19,14 @@ class _Msg(BaseModel):
 
 
 # ---- Events -----------------------------------------------------------------------------------------------------
+# Those an agent sends are its updates' inputs themselves (workflows/contracts.py): their fields are written once.
 
 
 class Registered(_Msg):
-    """Its agent (re)started (update `register`); `instance` names that agent process ("" for one that gives none)."""
+    """Its agent (re)started and registers the machine (update `register`). `instance` ("host:pid:token", "" for an
+    agent that gives none) names that agent process: while another instance holds the machine's lease, the
+    registration is refused, naming it, unless it takes over from that one (`take_over`: an agent of the same host
+    whose process is gone)."""
 
     inventory: NodeInventory
     instance: str = ""
@@ -30,18 +34,26 @@ class Registered(_Msg):
 
 
 class GpusReported(_Msg):
+    """The machine's GPUs with their health now, a fault or at risk (update `report_gpus`)."""
+
     gpus: list[GpuInfo]
 
 
 class PressureReported(_Msg):
+    """The machine's pressure conditions now, "memory", "disk"; empty: none (update `report_pressure`)."""
+
     pressure: list[str]
 
 
 class OrphanStopped(_Msg):
+    """The agent stopped worker `task` of run `run` ("<namespace>/<name>") because the run's workflow is no longer
+    open; `status` says how Temporal has it ("terminated", "not found", ...) (update `report_orphan_stopped`). With
+    `attempt`, the run is open but no longer has that attempt on the machine (it moved on: the attempt is stale)."""
+
     task: str
     run: str
     status: str
-    attempt: int | None = None
+    attempt: int | None = None  # set when the run is open but no longer has this attempt on the machine
 
 
 class Cordoned(_Msg):

@@ -15,9 +15,15 @@ from typing import Any
 ANOTHER_NAMESPACE = "(a job in another namespace)"
 
 
+# The code of a reason that crossed the wire as a bare sentence, before per-machine reasons carried their codes
+# (placement signals and run records of earlier versions): its sentence is kept as it was, its code is not known.
+UNCODED = "Uncoded"
+
+
 @dataclass(frozen=True)
 class Reason:
-    """A filled reason: the stable code and the exact sentence."""
+    """A filled reason: the stable code and the exact sentence. Messages and records carry it whole (JSON
+    `{"code": ..., "text": ...}`), so code reads the code and people the sentence."""
 
     code: str
     text: str

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from workflows.domain.reasons import R, Reason
+from workflows.domain.reasons import UNCODED, R, Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec
 
@@ -92,7 +93,31 @@ class LastFailure(BaseModel):
 
 
 class NodeReasons(BaseModel):
-    """Why one machine does not take a waiting worker (`placement.nodes[]`)."""
+    """Why one machine does not take a waiting worker: each reason with its code, in the checks' order. The run
+    keeps them (`TaskRecord.waiting_on`) and `describe` shows their sentences (`placement.nodes[]`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    reasons: list[Reason]
+
+    @field_validator("reasons", mode="before")
+    @classmethod
+    def _sentences(cls, reasons: Any) -> Any:
+        """Schedulers before reasons kept their codes sent sentences alone (histories hold them): such a reason
+        has the code UNCODED."""
+        if isinstance(reasons, list):
+            return [Reason(UNCODED, r) if isinstance(r, str) else r for r in reasons]
+        return reasons
+
+    @property
+    def texts(self) -> list[str]:
+        """The sentences people read, in order."""
+        return [reason.text for reason in self.reasons]
+
+
+class PlacementNode(BaseModel):
+    """One machine's reasons as `describe` shows them (`placement.nodes[]`): the sentences people read."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -101,9 +126,22 @@ class NodeReasons(BaseModel):
 
 
 class Placement(BaseModel):
+    """Why the first waiting worker waits, machine by machine (`describe`'s `placement`): each machine's reasons,
+    and `counts`, how many machines say each reason (by code, most first), as Nomad's placement metrics count
+    them: the "No machine fits" sentence gives only how many machines are ready."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    nodes: list[NodeReasons] = Field(default_factory=list)
+    nodes: list[PlacementNode] = Field(default_factory=list)
+    counts: dict[str, int] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, nodes: list[NodeReasons]) -> Placement:
+        counts = Counter(reason.code for node in nodes for reason in node.reasons)
+        return cls(
+            nodes=[PlacementNode(name=n.name, reasons=n.texts) for n in nodes],
+            counts=dict(sorted(counts.items(), key=lambda item: (-item[1], item[0]))),
+        )
 
 
 class TaskRecord(BaseModel):

@@ -82,7 +82,7 @@ def describe(job: JobRecord) -> JobDescription:
             )
             for t in job.tasks
         ],
-        placement=Placement(nodes=next((t.waiting_on for t in job.tasks if t.waiting_on), [])),
+        placement=Placement.of(next((t.waiting_on for t in job.tasks if t.waiting_on), [])),
     )
 
 
