@@ -128,13 +128,16 @@ class Step:
         for task in self.job.tasks:
             if task is failed or task.final:
                 continue
-            # Whatever it does (waits, stops, waits out its own back-off), it is queued again with the others.
-            task.after = RequeueWithGang(reason=reason, at=task.restart_at)
+            if not task.placed_pending and (task.state not in TASK_ON_NODE or task.state is TaskState.STOPPING):
+                # Waiting, stopping already, or waiting out a back-off of its own: it rejoins the others once its
+                # attempt ends (its own back-off kept).
+                task.after = RequeueWithGang(reason=reason, at=task.restart_at)
+                continue
+            # Stopped for the restart: queued again once the failed worker's back-off is over.
+            task.stop, task.after = StopIntent(cause="gang_restart"), RequeueWithGang(reason=reason, at=at)
             if task.placed_pending:
-                task.stop, task.after = StopIntent(cause="gang_restart"), RequeueWithGang(reason=reason, at=at)
                 self._cancel_placed(task, reason)
-            elif task.state in TASK_ON_NODE and task.state is not TaskState.STOPPING:
-                task.stop, task.after = StopIntent(cause="gang_restart"), RequeueWithGang(reason=reason, at=at)
+            else:
                 self.move(task, TaskEvent.STOP, reason)
                 self.commands.append(Stop(task_id=task.id, attempt=task.attempt.number, node=node_of(task)))
 
