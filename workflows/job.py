@@ -416,7 +416,7 @@ class JobWorkflow:
     def _forget_gone_workers(self) -> None:
         """Cancel the supervisors of workers that left their machine (ended, lost, or a new attempt)."""
         assert self._job is not None
-        on_node = {(t.id, t.attempt) for t in self._job.tasks if t.on_node}
+        on_node = {(t.id, t.attempt.number) for t in self._job.tasks if t.on_node}
         for key in [k for k in self._supervisors if k not in on_node]:
             self._supervisors.pop(key).cancel()
 
@@ -536,7 +536,7 @@ class JobWorkflow:
     def attempts_on(self, query: AttemptsQuery) -> AttemptsOnNode:
         """The attempts this run has on a machine now: an agent starts, and keeps running, only those (fencing)."""
         job = self._record()
-        attempts = {t.id: t.attempt for t in job.tasks if t.node == query.node and t.on_node}
+        attempts = {t.id: t.attempt.number for t in job.tasks if t.node == query.node and t.on_node}
         return AttemptsOnNode(open=job.state not in RUN_TERMINAL, attempts=attempts)
 
     @workflow.query(name=contracts.SCHEDULER_VIEW.name)

@@ -168,7 +168,8 @@ def test_a_run_failed_for_another_cause_stops_its_workers_with_run_failed() -> N
 def test_a_worker_that_failed_for_good_with_no_machine_gets_a_reason_of_the_reasons_module() -> None:
     story = running_story(1, policy="Never")
     story.step(5, TaskEnded(task_id="w-0", attempt=0, exit_code=3))
-    task = story.job.task("w-0").model_copy(update={"node": None})
+    ended = story.job.task("w-0")
+    task = ended.model_copy(update={"attempt": ended.attempt.model_copy(update={"node": None})})
     assert task.state is TaskState.FAILED and task.final
     derived = derive_run([task], RunState.RUNNING)
     assert derived is not None

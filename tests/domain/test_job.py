@@ -522,7 +522,7 @@ def test_onfailure_restarts_after_the_backoff() -> None:
         Place(requests=[ask("w-0", 0, attempt=1, since=20)])
     ]
     task = story.job.task("w-0")
-    assert (task.attempt, task.restarts, task.node, task.restart_at) == (1, 1, None, None)
+    assert (task.attempt.number, task.restarts, task.node, task.restart_at) == (1, 1, None, None)
     assert story.history("w-0") == [
         *worker_up_to_running("n0"),
         ("Failed", "Exited with code 1"),
@@ -615,7 +615,7 @@ def test_running_long_enough_resets_the_count() -> None:
     ]
     story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=1))
     assert story.history("w-0")[-1] == ("Pending", "Restarted by policy (restart 1/1)")
-    assert story.job.task("w-0").attempt == 2
+    assert story.job.task("w-0").attempt.number == 2
 
 
 def test_the_reset_timer_sets_the_count_to_zero_after_ten_minutes_running() -> None:
@@ -795,7 +795,7 @@ def test_a_worker_lost_with_its_machine_that_had_exited_0_completes_when_the_mac
     ]
     assert story.status() == ("Completed", "All workers completed")
     assert story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-0", attempt=0)) == []  # its restart is off
-    assert story.job.task("w-0").attempt == 0
+    assert story.job.task("w-0").attempt.number == 0
 
 
 @pytest.mark.parametrize(
@@ -889,7 +889,7 @@ def test_an_earlier_attempts_start_does_not_shield_an_attempt_not_started_yet() 
     story.start(21, "w-0", "n0", attempt=1)
     story.step(22, MachineLost(node="n0", lost_at=at(5)))
     assert story.status("w-0") == ("Down", "Machine lost: its lease expired")
-    assert story.job.task("w-0").attempt == 1
+    assert story.job.task("w-0").attempt.number == 1
 
 
 def test_a_restarted_attempt_started_after_a_second_loss_keeps_running_when_that_loss_is_reported_late() -> None:

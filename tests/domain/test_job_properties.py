@@ -159,7 +159,7 @@ class World:
 def stale_events(job: JobRecord) -> list[Event]:
     """Events about workers that do not exist or attempts that are over."""
     events: list[Event] = []
-    for task, attempt in [("ghost-0", 0)] + [(t.id, t.attempt - 1) for t in job.tasks if t.attempt > 0]:
+    for task, attempt in [("ghost-0", 0)] + [(t.id, t.attempt.number - 1) for t in job.tasks if t.attempt.number > 0]:
         events += [
             PlacementUpdate(task_id=task, attempt=attempt, node="n9"),
             PlacementUpdate(task_id=task, attempt=attempt, reason=Reason("NoMachineFits", "x")),

@@ -8,7 +8,7 @@ import pytest
 
 from workflows.domain.lifecycle import TRANSITIONS, InvalidTransition, TaskEvent, derive_run, next_state
 from workflows.domain.reasons import R, Reason
-from workflows.domain.status import LastFailure, RunState, Status, TaskRecord, TaskState
+from workflows.domain.status import Attempt, Final, LastFailure, RunState, Status, TaskRecord, TaskState
 
 S, E = TaskState, TaskEvent
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
@@ -126,8 +126,8 @@ def worker(
         id=f"w-{index}",
         group="w",
         index=index,
-        node=node,
-        final=final,
+        attempt=Attempt(node=node),
+        after=Final() if final else None,
         status=Status(state=state, reason=reason, code=code, created_at=T0),
         last_failure=last_failure,
     )

@@ -223,7 +223,7 @@ def test_preempted_before_its_machine_picked_it_up_it_queues_again_at_once() -> 
         ("Pending", "Preempted by urgent; queued again", 3.0),
     ]
     task = job.task("w-0")
-    assert (task.attempt, task.node, task.restarts, task.final) == (1, None, 0, False)
+    assert (task.attempt.number, task.node, task.restarts, task.final) == (1, None, 0, False)
     assert [type(c).__name__ for c in commands] == ["Stop", "Release", "Place"]
     assert (commands[0], commands[1]) == (Stop(task_id="w-0", attempt=0, node="n0"), Release(task_id="w-0", attempt=0))
     place = commands[2]
@@ -241,7 +241,7 @@ def test_its_machine_lost_before_it_picked_it_up_it_waits_for_room_again(removed
     job, commands = step(run(), 3, MachineLost(node="n0", removed=removed, lost_at=at(2.5)))
     assert entries(job)[-1] == ("Pending", reason, 3.0)
     task = job.task("w-0")
-    assert (task.attempt, task.node, task.restarts, task.last_failure) == (1, None, 0, None)
+    assert (task.attempt.number, task.node, task.restarts, task.last_failure) == (1, None, 0, None)
     assert [type(c).__name__ for c in commands] == ["Release", "Place"]
     assert commands[0] == Release(task_id="w-0", attempt=0)
 

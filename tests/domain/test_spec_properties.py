@@ -326,9 +326,11 @@ def drive(spec: JobSpec, rounds: int = 30) -> None:
     for round_ in range(rounds):
         on_node = [t for t in job.tasks if t.state in TASK_ON_NODE and t.state is not TaskState.STOPPING]
         if round_ == 4:
-            inbox += [HeartbeatLate(task_id=t.id, attempt=t.attempt) for t in on_node]
+            inbox += [HeartbeatLate(task_id=t.id, attempt=t.attempt.number) for t in on_node]
         if round_ == 6:
-            inbox += [TaskEnded(task_id=t.id, attempt=t.attempt, exit_code=1, log_tail="boom\n") for t in on_node]
+            inbox += [
+                TaskEnded(task_id=t.id, attempt=t.attempt.number, exit_code=1, log_tail="boom\n") for t in on_node
+            ]
         if not inbox and timers:
             timers.sort(key=lambda timer: timer.at)
             timer = timers.pop(0)

@@ -11,10 +11,10 @@ from datetime import timedelta
 from workflows.domain.events import ArmTimer, Timer
 from workflows.domain.lifecycle import TaskEvent
 from workflows.domain.reasons import R, Reason
-from workflows.domain.restarts import restarted_reason
 from workflows.domain.status import (
     RUN_TERMINAL,
     TASK_ENDED,
+    RequeueWithGang,
     TaskRecord,
     TaskState,
 )
@@ -47,7 +47,7 @@ def open_barrier(step: Step) -> None:
     job = step.job
     if not _active(step):
         return
-    waiting = [t for t in job.tasks if t.state is S.READY_TO_START and not t.released and not t.final]
+    waiting = [t for t in job.tasks if t.state is S.READY_TO_START and not t.attempt.released and not t.final]
     if not waiting:
         return
     live = [t for t in job.tasks if not t.final]
@@ -58,7 +58,7 @@ def open_barrier(step: Step) -> None:
     if sum(t.state in READY_OR_PAST for t in live) < (job.spec.min_available or len(live)):
         return
     for task in waiting:
-        task.released = True
+        task.attempt.released = True
         step.start(task)
     job.barrier_since = None
     job.barrier_round += 1
@@ -74,7 +74,7 @@ def barrier_timed_out(step: Step, round: int) -> None:
     reason = R.GangBarrierTimedOut()
     for task in job.tasks:
         if not task.final and task.on_node and task.state is not S.STOPPING:
-            task.requeue = reason
+            task.after = RequeueWithGang(reason=reason, at=task.restart_at)
             step.stop_for(task, "barrier", reason)
 
 
@@ -92,8 +92,8 @@ def _waits_for_gang(task: TaskRecord) -> bool:
     if task.final or task.state not in TASK_ENDED:
         return False
     if task.state is S.CANCELLED:
-        return task.stop_cause in GANG_REQUEUE_CAUSES
-    return task.requeue is not None
+        return task.stop is not None and task.stop.cause in GANG_REQUEUE_CAUSES
+    return isinstance(task.after, RequeueWithGang)
 
 
 def requeue_gang(step: Step) -> None:
@@ -109,14 +109,19 @@ def requeue_gang(step: Step) -> None:
         if task.state is S.CANCELLED:
             step.requeue(task, _requeue_reason(task))
         else:  # the member whose failure restarted the gang: a restart, counted
+            assert isinstance(task.after, RequeueWithGang)  # what _waits_for_gang found
             restarts = task.restarts + 1
-            step.move(task, TaskEvent.RESTART, task.requeue or restarted_reason(restarts, job.settings))
+            step.move(task, TaskEvent.RESTART, task.after.reason)
             next_attempt(task)
             task.restarts = restarts
     step.place(*leaving)
 
 
 def _requeue_reason(task: TaskRecord) -> Reason:
-    if task.stop_cause == "preempted" and task.preempted_by is not None:
+    """What a member stopped for the gang is queued again with: why it was preempted, else why the gang left."""
+    if task.stop is not None and task.stop.cause == "preempted" and task.preempted_by is not None:
         return R.PreemptedQueuedAgain(run=task.preempted_by)
-    return task.requeue or R.WaitingForWorkersToStart()
+    match task.after:
+        case RequeueWithGang(reason=reason):
+            return reason
+    return R.WaitingForWorkersToStart()

@@ -16,7 +16,7 @@ def _met(task: TaskRecord, dependency: Dependency) -> bool:
         return True  # it ran to completion: what waited for it may go
     if task.state not in RUNNING:
         return False
-    return dependency.condition == "running" or task.healthy is True
+    return dependency.condition == "running" or task.attempt.healthy is True
 
 
 def unmet(job: JobRecord, group: str) -> Reason | None:

@@ -43,8 +43,11 @@ from workflows.domain.status import (
     RUN_TERMINAL,
     TASK_ENDED,
     TASK_ON_NODE,
+    Final,
     JobRecord,
     LastFailure,
+    RequeueWithGang,
+    RestartAt,
     RunState,
     StatusEntry,
     TaskRecord,
@@ -52,7 +55,7 @@ from workflows.domain.status import (
     compact,
     record,
 )
-from workflows.domain.step import Step, next_attempt
+from workflows.domain.step import Step, end_for_good, next_attempt
 from workflows.domain.tasks import group_of, groups_of, heartbeat_ttl, plan_request, plan_tasks, split, unplanned
 
 
@@ -62,13 +65,13 @@ def _current(job: JobRecord, task_id: str, attempt: int) -> TaskRecord | None:
         task = job.task(task_id)
     except KeyError:
         return None
-    return task if task.attempt == attempt else None
+    return task if task.attempt.number == attempt else None
 
 
 def _running(step: Step, task: TaskRecord) -> None:
     """The machine reports the worker running; the run shows it before anything that follows in the batch."""
     step.move(task, TaskEvent.CONTAINER_RUNNING, R.ContainerRunning())
-    task.running_since = step.now
+    task.attempt.running_since = step.now
     task.status.started_at = task.status.started_at or step.now
     if task.restarts > 0 or step.job.protocol < 2:  # a count of 0 has nothing to reset: no timer (and no event)
         step.arm(Timer.RESET, task, step.now + timedelta(seconds=step.job.settings.restart_reset_seconds))
@@ -102,7 +105,7 @@ def _placed(step: Step, event: PlacementUpdate) -> None:
             job.quota_noted = True
             job.history.append(StatusEntry(state=job.status.state, reason=reached.text, code=reached.code, at=now))
         return
-    task.node, task.address, task.waiting_on, task.preempted_by = node, event.address, [], None
+    task.attempt.node, task.attempt.address, task.waiting_on, task.preempted_by = node, event.address, [], None
     if job.protocol >= 5:  # Pending until its machine picks it up (_picked_up)
         record(task.status, task.history, TaskState.PENDING, R.Placed(node=node), now)
     else:
@@ -169,7 +172,7 @@ def _exited_while_lost(step: Step, event: ExitedWhileLost) -> None:
     if job.cancel_requested or job.state in RUN_TERMINAL:
         return
     step.move(task, TaskEvent.EXITED_ZERO, R.ExitedWithCode(exit_code=0))
-    task.restart_at, task.final, task.last_failure = None, True, None
+    task.after, task.last_failure = Final(), None
 
 
 def _timer(step: Step, event: TimerFired) -> None:
@@ -186,22 +189,11 @@ def _timer(step: Step, event: TimerFired) -> None:
     if task is None or task.final:
         return
     match event.timer:
-        case Timer.RESTART if step.gang and task.requeue is not None:
-            pass  # the gang queues again together once every member is gone (gang.requeue_gang)
-        case Timer.RESTART if task.restart_at is not None and task.state in TASK_ENDED:
-            requeued = [task]
-            if task.state is TaskState.CANCELLED:  # a gang restart: queued again, no restart counted
-                step.requeue(task, task.requeue or R.WaitingForWorkersToStart())
-            else:
-                reason = task.requeue or restarted_reason(task.restarts + 1, job.settings)
-                restarts = task.restarts + 1
-                step.move(task, TaskEvent.RESTART, reason)
-                next_attempt(task)
-                task.restarts = restarts
-                requeued += _gang_waiting(step, reason)
-            step.place(*requeued)
-        case Timer.RESET if task.state in (TaskState.RUNNING, TaskState.STALE) and task.running_since is not None:
-            if now - task.running_since >= timedelta(seconds=job.settings.restart_reset_seconds):
+        case Timer.RESTART if task.state in TASK_ENDED:
+            _back_off_over(step, task)
+        case Timer.RESET if task.state in (TaskState.RUNNING, TaskState.STALE):
+            since = task.attempt.running_since
+            if since is not None and now - since >= timedelta(seconds=job.settings.restart_reset_seconds):
                 task.restarts = 0
         case Timer.STALE_TTL if task.state is TaskState.STALE:
             step.end(task, TaskEvent.TTL_EXPIRED, R.NoHeartbeatForTtl())
@@ -210,13 +202,43 @@ def _timer(step: Step, event: TimerFired) -> None:
             step.stop_for(task, "time_limit", R.ExceededTimeLimit(duration=task.exceeded))
 
 
+def _back_off_over(step: Step, task: TaskRecord) -> None:
+    """An ended worker's back-off is over: it is queued again, as what follows its end says."""
+    match task.after:
+        case RequeueWithGang() if step.gang:
+            return  # the gang queues again together once every member is gone (gang.requeue_gang)
+        case RestartAt():
+            again = None
+        case RequeueWithGang(reason=reason, at=datetime()):
+            again = reason  # queued again with the others, with why (a gang restart)
+        case _:
+            return
+    requeued = [task]
+    if task.state is TaskState.CANCELLED:  # a gang restart: queued again, no restart counted
+        step.requeue(task, again or R.WaitingForWorkersToStart())
+    else:
+        restarts = task.restarts + 1
+        reason = again or restarted_reason(restarts, step.job.settings)
+        step.move(task, TaskEvent.RESTART, reason)
+        next_attempt(task)
+        task.restarts = restarts
+        requeued += _gang_waiting(step, reason)
+    step.place(*requeued)
+
+
 def _gang_waiting(step: Step, reason: Reason) -> list[TaskRecord]:
     """RestartJob: the members stopped for the gang restart are queued again with the failed one."""
     waiting = [
-        t for t in step.job.tasks if t.stop_cause == "gang_restart" and t.state is TaskState.CANCELLED and not t.final
+        t
+        for t in step.job.tasks
+        if t.stop is not None and t.stop.cause == "gang_restart" and t.state is TaskState.CANCELLED and not t.final
     ]
     for task in waiting:
-        step.requeue(task, task.requeue or reason)
+        match task.after:
+            case RequeueWithGang(reason=why):
+                step.requeue(task, why)
+            case _:
+                step.requeue(task, reason)
     return waiting
 
 
@@ -264,7 +286,7 @@ def _started_at(task: TaskRecord) -> datetime | None:
             return entry.at
         if entry.state in _SETTING_UP:
             return None
-    return task.running_since
+    return task.attempt.running_since
 
 
 def _machine_lost(step: Step, event: MachineLost) -> None:
@@ -275,7 +297,7 @@ def _machine_lost(step: Step, event: MachineLost) -> None:
             # Never picked up, so never lost: it waits for room again, as a new attempt (its machine, should it
             # come back, is refused the old one), no restart counted.
             gone = R.MachineRemoved() if event.removed else R.MachineLost()
-            step.commands.append(Release(task_id=task.id, attempt=task.attempt))
+            step.commands.append(Release(task_id=task.id, attempt=task.attempt.number))
             record(task.status, task.history, TaskState.PENDING, gone, step.now)
             next_attempt(task)
             step.place(task)
@@ -311,7 +333,7 @@ def _apply(step: Step, event: Event) -> None:
                 _picked_up(step, task, None)
             if task is not None and task.state in (TaskState.PREPARING, TaskState.PULLING):
                 step.move(task, TaskEvent.CONTAINER_STARTED, R.ContainerStarted())
-            elif task is not None and task.state is TaskState.READY_TO_START and task.released:
+            elif task is not None and task.state is TaskState.READY_TO_START and task.attempt.released:
                 step.move(task, TaskEvent.BARRIER_RELEASED, R.ContainerStarted())
         case TaskReady(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
@@ -326,7 +348,7 @@ def _apply(step: Step, event: Event) -> None:
         case TaskHealth(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
             if task is not None and task.state in (TaskState.STARTING, TaskState.RUNNING, TaskState.STALE):
-                task.healthy = event.healthy
+                task.attempt.healthy = event.healthy
         case TaskProgress(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
             if task is not None:
@@ -350,7 +372,7 @@ def _apply(step: Step, event: Event) -> None:
                 step.end(task, TaskEvent.STOP_CONFIRMED, R.StoppedOnRequest())
                 return
             setting_up = task.state in (TaskState.PREPARING, TaskState.PULLING)
-            if not setting_up and not (task.state is TaskState.READY_TO_START and task.released):
+            if not setting_up and not (task.state is TaskState.READY_TO_START and task.attempt.released):
                 return  # it started after all: a stray failure of an earlier start call
             task.last_failure = LastFailure(exit_code=None, reason=event.reason.text, log_tail="")
             step.end(task, TaskEvent.SETUP_FAILED, event.reason)
@@ -361,18 +383,20 @@ def _apply(step: Step, event: Event) -> None:
             if task is not None and event.started and task.state in (TaskState.PREPARING, TaskState.PULLING):
                 at = _reported(step, task, event.started_at)
                 step.move(task, TaskEvent.CONTAINER_STARTED, R.ContainerStarted(), at=at)
-            elif task is not None and event.started and task.state is TaskState.READY_TO_START and task.released:
+            elif (
+                task is not None and event.started and task.state is TaskState.READY_TO_START and task.attempt.released
+            ):
                 step.move(task, TaskEvent.BARRIER_RELEASED, R.ContainerStarted())
             if task is not None and task.state is TaskState.STARTING:
                 _running(step, task)
             elif task is not None and task.state is TaskState.STALE and event.heartbeat:
                 step.move(task, TaskEvent.HEARTBEAT_BACK, R.HeartbeatReceived())
-                task.stale_since = None
+                task.attempt.stale_since = None
         case HeartbeatLate(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)
             if task is not None and task.state is TaskState.RUNNING:
                 step.move(task, TaskEvent.HEARTBEAT_LATE, R.HeartbeatLeaseExpired())
-                task.stale_since = now
+                task.attempt.stale_since = now
                 step.arm(Timer.STALE_TTL, task, now + timedelta(seconds=heartbeat_ttl(job, task)))
         case TaskEnded():
             _ended(step, event)
@@ -479,5 +503,5 @@ def fail_undecided(job: JobRecord, error: str, now: datetime) -> tuple[JobRecord
     for task in failed.tasks:
         step.stop(task, R.RunFailed())
         if ended_before and task.state is TaskState.STOPPING:
-            task.final = True
+            end_for_good(task)
     return failed, step.commands

@@ -8,7 +8,7 @@ from enum import StrEnum
 
 from workflows.domain.reasons import R, Reason
 from workflows.domain.spec import JobSpec
-from workflows.domain.status import RUN_TERMINAL, TASK_ON_NODE, RunState, TaskRecord, TaskState
+from workflows.domain.status import RUN_TERMINAL, TASK_ON_NODE, RequeueWithGang, RunState, TaskRecord, TaskState
 
 
 class TaskEvent(StrEnum):
@@ -142,8 +142,9 @@ def _waiting_reason(tasks: Sequence[TaskRecord]) -> Reason:
             cause = R.PreemptedByHigherPriority(run=task.preempted_by).text
             return R.PreemptedWaiting(cause=cause)
     for task in tasks:
-        if task.requeue is not None and not task.final and task.state is not TaskState.PENDING:
-            return task.requeue  # queued again with others once they are gone (a gang restart)
+        match task.after:
+            case RequeueWithGang(reason=reason) if task.state is not TaskState.PENDING:
+                return reason  # queued again with others once they are gone (a gang restart)
     for first in (True, False):  # one that waits for room first, else one placed and on its way
         for task in tasks:
             if task.final or task.state in (TaskState.RUNNING, TaskState.STALE, TaskState.STOPPING):
@@ -236,7 +237,7 @@ def derive_run(
 
 def _running_reason(running: list[TaskRecord], total: int, shape: RunShape) -> Reason:
     if shape.service:
-        serving = sum(t.group not in shape.checked or t.healthy is True for t in running)
+        serving = sum(t.group not in shape.checked or t.attempt.healthy is True for t in running)
         return R.WorkersServing(running=serving, total=total)
     return R.WorkersRunning(running=len(running), total=total)
 

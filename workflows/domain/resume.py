@@ -29,7 +29,7 @@ def resume(job: JobRecord, now: datetime) -> list[Command]:
     for task in job.tasks:
         if task.final:
             continue
-        ids = {"task_id": task.id, "attempt": task.attempt}
+        ids = {"task_id": task.id, "attempt": task.attempt.number}
         if task.restart_at is not None:
             commands.append(ArmTimer(timer=Timer.RESTART, at=task.restart_at, **ids))
         if not task.on_node:
@@ -39,9 +39,9 @@ def resume(job: JobRecord, now: datetime) -> list[Command]:
         if (
             task.placed_pending
             or task.state in (TaskState.PREPARING, TaskState.PULLING)
-            or (task.state is TaskState.READY_TO_START and task.released)
+            or (task.state is TaskState.READY_TO_START and task.attempt.released)
         ):
-            barrier = job.spec.gang and not task.released
+            barrier = job.spec.gang and not task.attempt.released
             commands.append(
                 Start(
                     node=node,
@@ -58,15 +58,16 @@ def resume(job: JobRecord, now: datetime) -> list[Command]:
         commands.append(Supervise(node=node, **ids))
         if task.state is TaskState.STOPPING:
             commands.append(Stop(node=node, **ids))
-        if task.running_since is not None and task.state in (TaskState.RUNNING, TaskState.STALE):
-            reset = task.running_since + timedelta(seconds=job.settings.restart_reset_seconds)
+        running_since, stale_since = task.attempt.running_since, task.attempt.stale_since
+        if running_since is not None and task.state in (TaskState.RUNNING, TaskState.STALE):
+            reset = running_since + timedelta(seconds=job.settings.restart_reset_seconds)
             if task.restarts > 0 or job.protocol < 2:
                 commands.append(ArmTimer(timer=Timer.RESET, at=max(reset, now), **ids))
             limit = group_of(job, task).time_limit_seconds
             if limit is not None:
-                at = max(task.running_since + timedelta(seconds=limit), now)
+                at = max(running_since + timedelta(seconds=limit), now)
                 commands.append(ArmTimer(timer=Timer.TIME_LIMIT, at=at, **ids))
-        if task.stale_since is not None and task.state is TaskState.STALE:
-            at = max(task.stale_since + timedelta(seconds=heartbeat_ttl(job, task)), now)
+        if stale_since is not None and task.state is TaskState.STALE:
+            at = max(stale_since + timedelta(seconds=heartbeat_ttl(job, task)), now)
             commands.append(ArmTimer(timer=Timer.STALE_TTL, at=at, **ids))
     return commands

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from workflows.domain.reasons import UNCODED, R, Reason
 from workflows.domain.settings import Settings
@@ -144,39 +144,130 @@ class Placement(BaseModel):
         )
 
 
+class Attempt(BaseModel):
+    """What is true of one attempt of a worker only: where it was placed, since when it runs, how it is. A new
+    attempt is a new Attempt, so nothing of the one before leaks into it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    number: int = 0
+    node: str | None = None
+    address: str | None = None  # its machine's address, once placed
+    running_since: datetime | None = None
+    stale_since: datetime | None = None
+    released: bool = False  # a gang member at the barrier that was told to start
+    healthy: bool | None = None  # its readiness check: None until the machine first reports it
+
+
+class StopIntent(BaseModel):
+    """Why Astraeus stops (or stopped) the current attempt: "requested" by a person, the API or the run (never
+    counted as a failure), or a cause that decides what follows its end (`StopCause`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cause: Literal["requested"] | StopCause
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped for good: on request, or past its time limit (the run then fails on it)."""
+        return self.cause in ("requested", "time_limit")
+
+
+class Final(BaseModel):
+    """It ended, or ends once stopped, for good: never started again."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["final"] = "final"
+    # A gang restart's back-off that was pending when it was stopped for good while it stopped for that restart (or
+    # its run ended meanwhile): the worker still shows it (`describe`'s restart_at), as it always did.
+    restart_at: datetime | None = None
+
+
+class RestartAt(BaseModel):
+    """Restarted by its policy once its back-off is over (a Restart timer is armed)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["restart_at"] = "restart_at"
+    at: datetime
+
+
+class RequeueWithGang(BaseModel):
+    """Queued again with the others (a gang restart, RestartJob, a barrier that timed out), with `reason`, not
+    before `at` (the back-off of the worker whose failure restarted them all). Set on every worker the restart
+    found not ended for good, whatever it was doing: what it does once this attempt ends follows from it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["requeue_with_gang"] = "requeue_with_gang"
+    reason: Reason
+    at: datetime | None = None
+
+
+# What follows the end of the current attempt; None: its end decides (its restart policy).
+After = Annotated[Final | RestartAt | RequeueWithGang, Field(discriminator="kind")]
+
+
 class TaskRecord(BaseModel):
-    """One worker (task): where it is, its status and its history."""
+    """One worker (task): its status and history, its current attempt, why that attempt is stopped and what
+    follows its end."""
 
     model_config = ConfigDict(extra="forbid")
 
     id: str
     group: str
     index: int
-    attempt: int = 0
-    node: str | None = None
     restarts: int = 0
-    restart_at: datetime | None = None
-    final: bool = False
-    stopped: bool = False  # a person, the API or the run stopped it: never counted as a failure
-    stop_cause: StopCause | None = None  # decides what follows the stop
-    preempted_by: str | None = None  # set while it waits to run again after a preemption
-    exceeded: str | None = None  # its time limit, when it was stopped for running past it
-    requeue: Reason | None = None  # the reason it is queued again with when its restart_at comes
-    running_since: datetime | None = None
-    stale_since: datetime | None = None
-    address: str | None = None  # its machine's address, once placed
-    released: bool = False  # a gang member at the barrier that was told to start
-    healthy: bool | None = None  # its readiness check: None until the machine first reports it
     gated: bool = False  # depends_on holds it back: not asked of the scheduler yet
     summarised: int = 0  # history entries folded into one summary entry
     status: Status
     history: list[StatusEntry] = Field(default_factory=list)
     last_failure: LastFailure | None = None
     waiting_on: list[NodeReasons] = Field(default_factory=list)  # every machine's reasons while it waits
+    # The run that preempted it: set when the preemption reaches it, kept across the attempt it is queued again as,
+    # until it is placed again; while it waits the run says "<cause>; waiting to run again".
+    preempted_by: str | None = None
+    # Its time limit, once the limit's timer fired for it (kept for good): ended for good, it fails the run.
+    exceeded: str | None = None
+    attempt: Attempt = Field(default_factory=Attempt)
+    stop: StopIntent | None = None
+    after: After | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat(cls, data: Any) -> Any:
+        """A record written before the split held every field flat (a continue-as-new input of an older run)."""
+        if isinstance(data, dict) and (isinstance(data.get("attempt"), int) or _FLAT.keys() & data.keys()):
+            return unflatten(data)
+        return data
 
     @property
     def state(self) -> TaskState:
         return TaskState(self.status.state)
+
+    @property
+    def node(self) -> str | None:
+        """The machine of its current attempt, once placed."""
+        return self.attempt.node
+
+    @property
+    def final(self) -> bool:
+        """Ended, or ends once stopped, for good."""
+        return isinstance(self.after, Final)
+
+    @property
+    def stopped(self) -> bool:
+        """A person, the API or the run stopped it, or its time limit: never counted as a failure of its own."""
+        return self.stop is not None and self.stop.stopped
+
+    @property
+    def restart_at(self) -> datetime | None:
+        """When it is queued again (its back-off, or the one its gang waits out), as `describe` shows it."""
+        match self.after:
+            case Final(restart_at=at) | RestartAt(at=at) | RequeueWithGang(at=at):
+                return at
+        return None
 
     @property
     def placed_pending(self) -> bool:
@@ -192,6 +283,41 @@ class TaskRecord(BaseModel):
     def on_node(self) -> bool:
         """Its machine holds it: placed there (even not picked up yet), set up, running or stopping there."""
         return self.state in TASK_ON_NODE or self.placed_pending
+
+
+# Fields of a record written before the split, and where each went: `attempt` was its number.
+_FLAT = {
+    "node": "attempt",
+    "address": "attempt",
+    "running_since": "attempt",
+    "stale_since": "attempt",
+    "released": "attempt",
+    "healthy": "attempt",
+    "stopped": "stop",
+    "stop_cause": "stop",
+    "final": "after",
+    "restart_at": "after",
+    "requeue": "after",
+}
+
+
+def unflatten(data: dict[str, Any]) -> dict[str, Any]:
+    """A worker's record of the flat shape in the new one, meaning the same: its attempt's fields in `attempt`;
+    stopped/stop_cause as `stop`; final/restart_at/requeue as `after`."""
+    flat = dict(data)
+    attempt: dict[str, Any] = {"number": flat.pop("attempt", 0)}
+    attempt |= {key: flat.pop(key) for key, to in _FLAT.items() if to == "attempt" and key in flat}
+    stopped, cause = flat.pop("stopped", False), flat.pop("stop_cause", None)
+    final, restart_at, requeue = flat.pop("final", False), flat.pop("restart_at", None), flat.pop("requeue", None)
+    after: dict[str, Any] | None = None
+    if final:
+        after = {"kind": "final", "restart_at": restart_at}
+    elif requeue is not None:
+        after = {"kind": "requeue_with_gang", "reason": requeue, "at": restart_at}
+    elif restart_at is not None:
+        after = {"kind": "restart_at", "at": restart_at}
+    stop = {"cause": cause} if cause is not None else {"cause": "requested"} if stopped else None
+    return {**flat, "attempt": attempt, "stop": stop, "after": after}
 
 
 class Folded(BaseModel):

@@ -13,8 +13,13 @@ from workflows.domain.restarts import decide_restart
 from workflows.domain.status import (
     RUN_TERMINAL,
     TASK_ON_NODE,
+    Attempt,
+    Final,
     JobRecord,
+    RequeueWithGang,
+    RestartAt,
     StopCause,
+    StopIntent,
     TaskRecord,
     TaskState,
     record,
@@ -43,7 +48,7 @@ class Step:
         record(task.status, task.history, state, reason, self.now if at is None else at)
 
     def arm(self, timer: Timer, task: TaskRecord, at: datetime) -> None:
-        self.commands.append(ArmTimer(timer=timer, task_id=task.id, attempt=task.attempt, at=at))
+        self.commands.append(ArmTimer(timer=timer, task_id=task.id, attempt=task.attempt.number, at=at))
 
     def place(self, *tasks: TaskRecord) -> None:
         if tasks:
@@ -54,7 +59,7 @@ class Step:
         self.commands.append(
             Start(
                 task_id=task.id,
-                attempt=task.attempt,
+                attempt=task.attempt.number,
                 node=task.node,
                 group=group_of(self.job, task),
                 barrier=barrier,
@@ -66,12 +71,12 @@ class Step:
     def end(self, task: TaskRecord, event: TaskEvent, reason: Reason) -> None:
         """The worker's process is gone: record it, give back its room, and decide whether it starts again."""
         self.move(task, event, reason)
-        self.commands.append(Release(task_id=task.id, attempt=task.attempt))
+        self.commands.append(Release(task_id=task.id, attempt=task.attempt.number))
         task.status.finished_at = self.now
-        task.stale_since = None
-        task.healthy = None
+        task.attempt.stale_since = None
+        task.attempt.healthy = None
         if self.job.state in RUN_TERMINAL or self.job.cancel_requested:
-            task.final = True
+            end_for_good(task)
         elif task.state is TaskState.CANCELLED:
             self._after_stop(task)
         else:
@@ -80,30 +85,35 @@ class Step:
     def _after_stop(self, task: TaskRecord) -> None:
         """A stopped worker is gone: a preempted one queues again, a gang restart waits, the rest are final.
         A gang member stopped for the gang waits for every member to be gone (workflows/domain/gang.py)."""
-        if self.gang and task.stop_cause in GANG_REQUEUE_CAUSES:
-            return
-        if task.stop_cause == "preempted" and task.preempted_by is not None:
-            self.requeue(task, R.PreemptedQueuedAgain(run=task.preempted_by))
-            self.place(task)
-        elif task.stop_cause == "gang_restart" and task.restart_at is not None:
-            if self.now >= task.restart_at:  # the failed worker's back-off is over already
-                self.requeue(task, task.requeue or R.WaitingForWorkersToStart())
+        cause = task.stop.cause if task.stop is not None else None
+        match cause, task.after:
+            case _ if self.gang and cause in GANG_REQUEUE_CAUSES:
+                return
+            case "preempted", _ if task.preempted_by is not None:
+                self.requeue(task, R.PreemptedQueuedAgain(run=task.preempted_by))
                 self.place(task)
-            # else the failed worker's restart timer queues it again, with every other member
-        else:
-            task.final = True
+            case "gang_restart", RequeueWithGang(reason=reason, at=datetime() as at):
+                if self.now >= at:  # the failed worker's back-off is over already
+                    self.requeue(task, reason)
+                    self.place(task)
+                # else the failed worker's restart timer queues it again, with every other member
+            case _:
+                end_for_good(task)
 
     def _restart_policy(self, task: TaskRecord) -> None:
         policy = group_of(self.job, task).restart_policy
         settings = self.job.settings
-        decision = decide_restart(policy, task.state, task.restarts, task.running_since, self.now, settings)
+        decision = decide_restart(policy, task.state, task.restarts, task.attempt.running_since, self.now, settings)
         task.restarts = decision.restarts
         if decision.restart_at is None:
-            task.final = True
+            end_for_good(task)
             if decision.final_reason:
                 record(task.status, task.history, task.state, decision.final_reason, self.now)
             return
-        task.restart_at = decision.restart_at
+        if isinstance(task.after, RequeueWithGang):  # a restart of all found it running: it rejoins them
+            task.after = RequeueWithGang(reason=task.after.reason, at=decision.restart_at)
+        else:
+            task.after = RestartAt(at=decision.restart_at)
         self.arm(Timer.RESTART, task, decision.restart_at)
         if task.state is TaskState.COMPLETED:
             return
@@ -114,18 +124,22 @@ class Step:
     def restart_all(self, failed: TaskRecord, at: datetime) -> None:
         """RestartJob (or a gang's leader failed): every worker is queued again with the failed one."""
         reason = R.GangRestart(task=failed.id)
-        failed.requeue = reason
+        failed.after = RequeueWithGang(reason=reason, at=failed.restart_at)
         for task in self.job.tasks:
             if task is failed or task.final:
                 continue
-            task.requeue = reason
+            if not task.placed_pending and (task.state not in TASK_ON_NODE or task.state is TaskState.STOPPING):
+                # Waiting, stopping already, or waiting out a back-off of its own: it rejoins the others once its
+                # attempt ends (its own back-off kept).
+                task.after = RequeueWithGang(reason=reason, at=task.restart_at)
+                continue
+            # Stopped for the restart: queued again once the failed worker's back-off is over.
+            task.stop, task.after = StopIntent(cause="gang_restart"), RequeueWithGang(reason=reason, at=at)
             if task.placed_pending:
-                task.stop_cause, task.restart_at = "gang_restart", at
                 self._cancel_placed(task, reason)
-            elif task.state in TASK_ON_NODE and task.state is not TaskState.STOPPING:
-                task.stop_cause, task.restart_at = "gang_restart", at
+            else:
                 self.move(task, TaskEvent.STOP, reason)
-                self.commands.append(Stop(task_id=task.id, attempt=task.attempt, node=node_of(task)))
+                self.commands.append(Stop(task_id=task.id, attempt=task.attempt.number, node=node_of(task)))
 
     def requeue(self, task: TaskRecord, reason: Reason) -> None:
         """A stopped worker waits for a machine again, as a new attempt, its restart budget untouched."""
@@ -136,36 +150,34 @@ class Step:
         """Stop a worker: a placed one goes Stopping, a waiting one straight to Cancelled."""
         if task.final:
             return
-        task.stopped = True
-        task.stop_cause = None
+        task.stop = StopIntent(cause="requested")
         if task.placed_pending:
             self._cancel_placed(task, reason)
         elif task.state is TaskState.PENDING:
             self.move(task, TaskEvent.STOP, reason)
-            task.final = True
+            end_for_good(task)
             task.status.finished_at = self.now
-            self.commands.append(Release(task_id=task.id, attempt=task.attempt))
+            self.commands.append(Release(task_id=task.id, attempt=task.attempt.number))
         elif task.state in TASK_ON_NODE and task.state is not TaskState.STOPPING:
             self.move(task, TaskEvent.STOP, reason)
-            self.commands.append(Stop(task_id=task.id, attempt=task.attempt, node=node_of(task)))
+            self.commands.append(Stop(task_id=task.id, attempt=task.attempt.number, node=node_of(task)))
         elif task.state in TASK_ON_NODE:
             pass  # already stopping: it ends Cancelled, and being stopped it stays final
         else:
             # Ended, waiting out a back-off: it will not start again.
-            task.final, task.restart_at = True, None
+            task.after = Final()
             record(task.status, task.history, task.state, reason, self.now)
 
     def stop_for(self, task: TaskRecord, cause: StopCause, reason: Reason) -> None:
         """A stop whose cause decides what follows (preemption, time limit): only a worker on a machine."""
         if task.final or not task.on_node or task.state is TaskState.STOPPING:
             return
-        task.stop_cause = cause
-        task.stopped = cause == "time_limit"
+        task.stop = StopIntent(cause=cause)
         if task.placed_pending:
             self._cancel_placed(task, reason)
             return
         self.move(task, TaskEvent.STOP, reason)
-        self.commands.append(Stop(task_id=task.id, attempt=task.attempt, node=node_of(task)))
+        self.commands.append(Stop(task_id=task.id, attempt=task.attempt.number, node=node_of(task)))
 
     def _cancel_placed(self, task: TaskRecord, reason: Reason) -> None:
         """A worker placed on a machine that has not picked it up yet is stopped as a Pending one: straight to
@@ -173,7 +185,7 @@ class Step:
         follows at once (a preempted worker queues again). Its machine is still told to stop it, since it may be
         picking it up right now: a setup under way ends there, and a start already handed to the runtime is
         stopped once it finished."""
-        self.commands.append(Stop(task_id=task.id, attempt=task.attempt, node=node_of(task)))
+        self.commands.append(Stop(task_id=task.id, attempt=task.attempt.number, node=node_of(task)))
         self.end(task, TaskEvent.STOP, reason)
 
 
@@ -183,7 +195,12 @@ def node_of(task: TaskRecord) -> str:
 
 
 def next_attempt(task: TaskRecord) -> None:
-    task.attempt += 1
-    task.restart_at = task.node = task.address = task.running_since = task.stale_since = None
-    task.stop_cause, task.requeue, task.final, task.stopped = None, None, False, False
-    task.released, task.healthy = False, None
+    """The worker starts over as a new attempt: nothing of the one before (its machine, its stop, what was to
+    follow its end) carries over."""
+    task.attempt = Attempt(number=task.attempt.number + 1)
+    task.stop = task.after = None
+
+
+def end_for_good(task: TaskRecord) -> None:
+    """It ended, or ends once stopped, for good. A gang restart's back-off it waited for stays shown."""
+    task.after = Final(restart_at=task.restart_at)

@@ -85,7 +85,7 @@ def group_of(job: JobRecord, task: TaskRecord) -> GroupSpec:
 def task_request(job: JobRecord, task: TaskRecord) -> TaskRequest:
     """What a waiting worker asks of the scheduler."""
     group = group_of(job, task)
-    return _request(job, group, task.id, job.tasks.index(task), task.attempt, waiting_since(task))
+    return _request(job, group, task.id, job.tasks.index(task), task.attempt.number, waiting_since(task))
 
 
 def waiting_since(task: TaskRecord) -> datetime | None:
@@ -105,14 +105,14 @@ def allocation(job: JobRecord, task: TaskRecord) -> Allocation:
     return Allocation(
         job_id=job.id,
         task_id=task.id,
-        attempt=task.attempt,
+        attempt=task.attempt.number,
         node=task.node,
         cpu=group.cpu,
         memory_bytes=group.memory_bytes,
         gpus=group.gpus,
         priority=job.spec.priority,
         group=group.name,
-        started_at=task.running_since,
+        started_at=task.attempt.running_since,
         time_limit_seconds=group.time_limit_seconds,
     )
 
@@ -149,8 +149,8 @@ def task_env(job: JobRecord, task: TaskRecord) -> dict[str, str]:
     }
     if job.spec.gang:
         leader = job.task(job.spec.leader_id)
-        if leader.address is not None:
-            env["MASTER_ADDR"] = leader.address
+        if leader.attempt.address is not None:
+            env["MASTER_ADDR"] = leader.attempt.address
         env["MASTER_PORT"] = str(master_port(job.id))
     return env
 

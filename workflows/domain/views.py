@@ -71,14 +71,14 @@ def describe(job: JobRecord) -> JobDescription:
             TaskView(
                 id=t.id,
                 group=t.group,
-                node=t.node,
-                attempt=t.attempt,
+                node=t.attempt.node,
+                attempt=t.attempt.number,
                 restarts=t.restarts,
                 restart_at=t.restart_at,
                 status=t.status,
                 history=t.history,
                 last_failure=t.last_failure,
-                healthy=t.healthy,
+                healthy=t.attempt.healthy,
             )
             for t in job.tasks
         ],
