@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from workflows.domain.reasons import R, Reason
+from workflows.domain.reasons import UNCODED, R, Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
 from workflows.domain.status import (
@@ -102,7 +102,14 @@ def test_a_flat_record_as_decide_left_it_loads_meaning_the_same(flat: dict[str, 
         "last_failure",
         "waiting_on",
     )
-    assert {key: task.model_dump(mode="json")[key] for key in kept} == {key: flat[key] for key in kept}
+    # Per-machine reasons of old records are sentences: they load as reasons of an unknown code (tests/workflows/
+    # test_wire.py), the rest as they were.
+    uncoded = [
+        {"name": n["name"], "reasons": [{"code": UNCODED, "text": text} for text in n["reasons"]]}
+        for n in flat["waiting_on"]
+    ]
+    assert {key: task.model_dump(mode="json")[key] for key in kept} == {**{key: flat[key] for key in kept},
+                                                                        "waiting_on": uncoded}  # fmt: skip
     # Loaded, it is of the new shape, and stays so through a dump and a load.
     again = TaskRecord.model_validate_json(task.model_dump_json())
     assert again == task
