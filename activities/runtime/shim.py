@@ -88,28 +88,37 @@ class _NotStarted(Exception):
 
 def _spawn(command: list[str], log_fd: int, procs: int | None) -> int:
     """Fork and exec `command` in a process group of its own, with stdin from /dev/null, stdout and stderr to
-    `log_fd`, no other descriptor, and signals as a new process has them, as `subprocess` would. The child says
-    through a close-on-exec pipe why it could not exec; an empty pipe means it did. Returns its pid."""
+    `log_fd`, no other descriptor, and signals as a new process has them, as `subprocess` would. The child joins
+    the cgroup last, just before exec: every page it touches from then on counts against the worker's limit, and
+    a forked interpreter touches many. It says through a close-on-exec pipe why it could not exec; an empty pipe
+    means it did. Returns its pid."""
+    path = _which(command[0])
+    if path is None:
+        raise _NotStarted(f"{command[0]}: command not found", 127)
     reader, writer = os.pipe2(os.O_CLOEXEC)
+    kept = sorted(fd for fd in (writer, procs) if fd is not None)
     pid = os.fork()
     if pid == 0:  # the child: only system calls until exec, and never back into the shim
         try:
             os.setpgid(0, 0)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            low = 3
+            for fd in kept:
+                os.closerange(low, fd)
+                low = fd + 1
+            os.closerange(low, _MAX_FD)
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(signum, signal.SIG_DFL)
             if procs is not None:
                 try:
                     os.write(procs, b"0")  # 0: the writer itself
                 except OSError:
                     os.write(writer, b"cgroup")
                     os._exit(126)
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.dup2(log_fd, 1)
-            os.dup2(log_fd, 2)
-            os.closerange(3, writer)
-            os.closerange(writer + 1, _MAX_FD)
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
-                signal.signal(signum, signal.SIG_DFL)
-            os.execvp(command[0], command)
+            os.execv(path, command)
         except OSError as err:
             os.write(writer, str(err.errno).encode())
         except BaseException:  # a command line exec cannot take (a NUL in an argument, say)
@@ -134,6 +143,21 @@ def _spawn(command: list[str], log_fd: int, procs: int | None) -> int:
     if number == 0:
         raise _NotStarted(f"{command[0]}: cannot be run", 126)
     raise _NotStarted(f"{command[0]}: {os.strerror(number)}", 126)  # not an executable file, say
+
+
+def _which(name: str) -> str | None:
+    """What exec would run for `name`, as a shell finds it: a path as given; else the first executable file of that
+    name on $PATH, or failing one the first file (exec then says why it cannot run it); None when there is none."""
+    if "/" in name:
+        return name
+    found = None
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(directory or ".", name)
+        if os.path.isfile(path):
+            if os.access(path, os.X_OK):
+                return path
+            found = found or path
+    return found
 
 
 def end_cgroup(cgroup: str) -> bool:

@@ -49,6 +49,15 @@ def runtime(root: Path, memory_cgroups: MemoryCgroups) -> ProcessRuntime:
     return ProcessRuntime(root, memory_cgroups)
 
 
+def test_a_small_program_runs_under_a_limit_of_one_megabyte(runtime: ProcessRuntime) -> None:
+    """The limit is the worker's alone: the shim forks itself to start it, and joins the cgroup only just before
+    exec, so the forked interpreter's pages never count against it (they would be OOM-killed under 1 MB)."""
+    runtime.start(key(), Launch(command=["sh", "-c", "echo small"], memory_bytes=1_000_000))
+
+    assert wait_until_ended(runtime, key()) == Observed(running=False, exit_code=0, oom=False)
+    assert runtime.log_tail(key(), 50, 16384) == "small\n"
+
+
 def test_a_worker_over_its_memory_bytes_is_oom_killed_and_its_cgroup_removed(
     runtime: ProcessRuntime, root: Path
 ) -> None:
