@@ -82,7 +82,7 @@ def preempted(step: Step, by: str) -> None:
     """A gang is preempted whole: a member alone cannot run."""
     reason = R.PreemptedByHigherPriority(run=by)
     for task in step.job.tasks:
-        if not task.final and task.on_node and task.state is not S.STOPPING:
+        if step.stoppable(task):  # marked only if the preemption stops it
             task.preempted_by = by
             step.stop_for(task, "preempted", reason)
 

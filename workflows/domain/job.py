@@ -195,11 +195,20 @@ def _timer(step: Step, event: TimerFired) -> None:
             since = task.attempt.running_since
             if since is not None and now - since >= timedelta(seconds=job.settings.restart_reset_seconds):
                 task.restarts = 0
-        case Timer.STALE_TTL if task.state is TaskState.STALE:
+        case Timer.STALE_TTL if task.state is TaskState.STALE and _stale_for_its_ttl(job, task, now):
             step.end(task, TaskEvent.TTL_EXPIRED, R.NoHeartbeatForTtl())
-        case Timer.TIME_LIMIT:
+        case Timer.TIME_LIMIT if task.state in (TaskState.RUNNING, TaskState.STALE):
+            # Only while the attempt it was armed for still runs: a timer outlives an attempt that ended (it waits
+            # out its back-off as the same attempt), and a worker stopping already ends as its stop says.
             task.exceeded = duration(group_of(job, task).time_limit_seconds or 0)
             step.stop_for(task, "time_limit", R.ExceededTimeLimit(duration=task.exceeded))
+
+
+def _stale_for_its_ttl(job: JobRecord, task: TaskRecord, now: datetime) -> bool:
+    """Stale for its whole TTL since it last went stale: a TTL timer armed when it went stale before (and came back)
+    is not about this time."""
+    since = task.attempt.stale_since
+    return since is not None and now - since >= timedelta(seconds=heartbeat_ttl(job, task))
 
 
 def _back_off_over(step: Step, task: TaskRecord) -> None:
@@ -227,11 +236,16 @@ def _back_off_over(step: Step, task: TaskRecord) -> None:
 
 
 def _gang_waiting(step: Step, reason: Reason) -> list[TaskRecord]:
-    """RestartJob: the members stopped for the gang restart are queued again with the failed one."""
+    """RestartJob: the members stopped for the gang restart are queued again with the failed one, once its back-off
+    is over (a restart of another worker by its own policy meanwhile leaves them waiting)."""
     waiting = [
         t
         for t in step.job.tasks
-        if t.stop is not None and t.stop.cause == "gang_restart" and t.state is TaskState.CANCELLED and not t.final
+        if t.stop is not None
+        and t.stop.cause == "gang_restart"
+        and t.state is TaskState.CANCELLED
+        and not t.final
+        and (t.restart_at is None or t.restart_at <= step.now)
     ]
     for task in waiting:
         match task.after:
@@ -418,7 +432,7 @@ def _apply(step: Step, event: Event) -> None:
             gang.preempted(step, by)
         case Preempt(task_ids=task_ids, by=by):
             for task in job.tasks:
-                if task.id in task_ids:
+                if task.id in task_ids and step.stoppable(task):  # marked only if the preemption stops it
                     task.preempted_by = by
                     step.stop_for(task, "preempted", R.PreemptedByHigherPriority(run=by))
 

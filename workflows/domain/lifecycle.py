@@ -8,7 +8,15 @@ from enum import StrEnum
 
 from workflows.domain.reasons import R, Reason
 from workflows.domain.spec import JobSpec
-from workflows.domain.status import RUN_TERMINAL, TASK_ON_NODE, RequeueWithGang, RunState, TaskRecord, TaskState
+from workflows.domain.status import (
+    RUN_TERMINAL,
+    TASK_ENDED,
+    TASK_ON_NODE,
+    RequeueWithGang,
+    RunState,
+    TaskRecord,
+    TaskState,
+)
 
 
 class TaskEvent(StrEnum):
@@ -143,8 +151,8 @@ def _waiting_reason(tasks: Sequence[TaskRecord]) -> Reason:
             return R.PreemptedWaiting(cause=cause)
     for task in tasks:
         match task.after:
-            case RequeueWithGang(reason=reason) if task.state is not TaskState.PENDING:
-                return reason  # queued again with others once they are gone (a gang restart)
+            case RequeueWithGang(reason=reason) if task.state is TaskState.STOPPING or task.state in TASK_ENDED:
+                return reason  # stopped (or failed) and queued again with others once they are gone (a gang restart)
     for first in (True, False):  # one that waits for room first, else one placed and on its way
         for task in tasks:
             if task.final or task.state in (TaskState.RUNNING, TaskState.STALE, TaskState.STOPPING):

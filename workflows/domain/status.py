@@ -179,9 +179,15 @@ class Final(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["final"] = "final"
-    # A gang restart's back-off that was pending when it was stopped for good while it stopped for that restart (or
-    # its run ended meanwhile): the worker still shows it (`describe`'s restart_at), as it always did.
-    restart_at: datetime | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_restart(cls, data: Any) -> Any:
+        """Records written before kept a gang restart's back-off here when a worker stopping for that restart was
+        stopped for good (`restart_at`): it never restarts, so the time is dropped rather than shown."""
+        if isinstance(data, dict) and "restart_at" in data:
+            return {key: value for key, value in data.items() if key != "restart_at"}
+        return data
 
 
 class RestartAt(BaseModel):
@@ -195,8 +201,8 @@ class RestartAt(BaseModel):
 
 class RequeueWithGang(BaseModel):
     """Queued again with the others (a gang restart, RestartJob, a barrier that timed out), with `reason`, not
-    before `at` (the back-off of the worker whose failure restarted them all). Set on every worker the restart
-    found not ended for good, whatever it was doing: what it does once this attempt ends follows from it."""
+    before `at` (the back-off of the worker whose failure restarted them all). Set on the worker whose failure
+    restarted them and on each worker the restart stopped: what it does once this attempt ends follows from it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -265,7 +271,7 @@ class TaskRecord(BaseModel):
     def restart_at(self) -> datetime | None:
         """When it is queued again (its back-off, or the one its gang waits out), as `describe` shows it."""
         match self.after:
-            case Final(restart_at=at) | RestartAt(at=at) | RequeueWithGang(at=at):
+            case RestartAt(at=at) | RequeueWithGang(at=at):
                 return at
         return None
 
@@ -311,7 +317,7 @@ def unflatten(data: dict[str, Any]) -> dict[str, Any]:
     final, restart_at, requeue = flat.pop("final", False), flat.pop("restart_at", None), flat.pop("requeue", None)
     after: dict[str, Any] | None = None
     if final:
-        after = {"kind": "final", "restart_at": restart_at}
+        after = {"kind": "final"}  # a back-off it showed (restart_at) never comes: ended for good
     elif requeue is not None:
         after = {"kind": "requeue_with_gang", "reason": requeue, "at": restart_at}
     elif restart_at is not None:

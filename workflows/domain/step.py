@@ -9,7 +9,7 @@ from datetime import datetime
 from workflows.domain.events import ArmTimer, Command, Place, Release, Start, Stop, Timer
 from workflows.domain.lifecycle import TaskEvent, next_state
 from workflows.domain.reasons import R, Reason
-from workflows.domain.restarts import decide_restart
+from workflows.domain.restarts import decide_restart, restarted_reason
 from workflows.domain.status import (
     RUN_TERMINAL,
     TASK_ON_NODE,
@@ -110,10 +110,7 @@ class Step:
             if decision.final_reason:
                 record(task.status, task.history, task.state, decision.final_reason, self.now)
             return
-        if isinstance(task.after, RequeueWithGang):  # a restart of all found it running: it rejoins them
-            task.after = RequeueWithGang(reason=task.after.reason, at=decision.restart_at)
-        else:
-            task.after = RestartAt(at=decision.restart_at)
+        task.after = RestartAt(at=decision.restart_at)
         self.arm(Timer.RESTART, task, decision.restart_at)
         if task.state is TaskState.COMPLETED:
             return
@@ -122,16 +119,18 @@ class Step:
             self.restart_all(task, decision.restart_at)
 
     def restart_all(self, failed: TaskRecord, at: datetime) -> None:
-        """RestartJob (or a gang's leader failed): every worker is queued again with the failed one."""
+        """RestartJob (or a gang's leader failed): every worker on a machine is stopped and queued again with the
+        failed one ("Gang restart: <w> failed"). Only those it stops are marked so: a waiting worker is in the queue
+        already and keeps waiting, one stopping already ends as its stop says, and one waiting out a back-off of its
+        own is restarted by its policy, with its own reason. Each is one of the new round; in a gang, which leaves
+        and comes back whole, the one in its back-off comes back with the others (gang.requeue_gang), not alone."""
         reason = R.GangRestart(task=failed.id)
         failed.after = RequeueWithGang(reason=reason, at=failed.restart_at)
         for task in self.job.tasks:
-            if task is failed or task.final:
-                continue
-            if not task.placed_pending and (task.state not in TASK_ON_NODE or task.state is TaskState.STOPPING):
-                # Waiting, stopping already, or waiting out a back-off of its own: it rejoins the others once its
-                # attempt ends (its own back-off kept).
-                task.after = RequeueWithGang(reason=reason, at=task.restart_at)
+            if task is not failed and self.gang and isinstance(task.after, RestartAt):
+                again = restarted_reason(task.restarts + 1, self.job.settings)
+                task.after = RequeueWithGang(reason=again, at=task.after.at)
+            if task is failed or not self.stoppable(task):
                 continue
             # Stopped for the restart: queued again once the failed worker's back-off is over.
             task.stop, task.after = StopIntent(cause="gang_restart"), RequeueWithGang(reason=reason, at=at)
@@ -150,7 +149,9 @@ class Step:
         """Stop a worker: a placed one goes Stopping, a waiting one straight to Cancelled."""
         if task.final:
             return
-        task.stop = StopIntent(cause="requested")
+        # A stop for good replaces what was to follow its end (a gang restart's requeue, its back-off): its end
+        # decides, and being stopped it ends for good.
+        task.stop, task.after = StopIntent(cause="requested"), None
         if task.placed_pending:
             self._cancel_placed(task, reason)
         elif task.state is TaskState.PENDING:
@@ -168,9 +169,15 @@ class Step:
             task.after = Final()
             record(task.status, task.history, task.state, reason, self.now)
 
+    @staticmethod
+    def stoppable(task: TaskRecord) -> bool:
+        """On a machine (placed there at least) and not stopping yet, nor ended for good: what a stop with a cause
+        (`stop_for`, a restart of all) stops. One waiting, in its back-off or stopping already is left as it is."""
+        return not task.final and task.on_node and task.state is not TaskState.STOPPING
+
     def stop_for(self, task: TaskRecord, cause: StopCause, reason: Reason) -> None:
         """A stop whose cause decides what follows (preemption, time limit): only a worker on a machine."""
-        if task.final or not task.on_node or task.state is TaskState.STOPPING:
+        if not self.stoppable(task):
             return
         task.stop = StopIntent(cause=cause)
         if task.placed_pending:
@@ -202,5 +209,5 @@ def next_attempt(task: TaskRecord) -> None:
 
 
 def end_for_good(task: TaskRecord) -> None:
-    """It ended, or ends once stopped, for good. A gang restart's back-off it waited for stays shown."""
-    task.after = Final(restart_at=task.restart_at)
+    """It ended, or ends once stopped, for good: nothing follows, no back-off is shown."""
+    task.after = Final()
