@@ -23,9 +23,9 @@ with workflow.unsafe.imports_passed_through():
         node_task_queue,
     )
     from workflows.domain import events as ev
+    from workflows.domain.effects import effects
     from workflows.domain.job import decide, fail_undecided, is_settled
     from workflows.domain.reasons import R, Reason, error_text
-    from workflows.domain.resume import resume
     from workflows.domain.spec import JobSpec
     from workflows.domain.status import (
         RUN_TERMINAL,
@@ -104,7 +104,9 @@ class JobWorkflow:
         if input.record is not None:
             # What the run before folded stays in this run's input, where clients read it (workers/client.py).
             self._job = input.record.model_copy(update={"folded": Folded()})
-            for command in resume(self._job, workflow.now()):
+            # Nothing is in flight in a new workflow run: it carries out what the record needs (the difference from
+            # nothing). Afterwards each decision's commands carry the run on, as they did in the run before.
+            for command in effects(self._job, workflow.now()):
                 self._carry_out(command)
         else:
             loaded = await self._despite_cancel(

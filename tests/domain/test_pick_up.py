@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from workflows.domain.effects import effects
 from workflows.domain.events import (
     CancelRequested,
     Command,
@@ -27,7 +28,6 @@ from workflows.domain.events import (
 )
 from workflows.domain.job import decide
 from workflows.domain.reasons import Reason
-from workflows.domain.resume import resume
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
 from workflows.domain.status import JobRecord
@@ -249,7 +249,7 @@ def test_its_machine_lost_before_it_picked_it_up_it_waits_for_room_again(removed
 def test_a_run_continued_as_new_starts_a_placed_worker_again_and_asks_no_room_for_it() -> None:
     job = run(2)
     job, _ = step(job, 3, TaskRunning(task_id="w-1", attempt=0, started=True, picked_up_at=at(3), started_at=at(3)))
-    commands = resume(job, at(4))
+    commands = effects(job, at(4))
     assert [(type(c).__name__, c.task_id) for c in commands if isinstance(c, Start)] == [("Start", "w-0")]
     assert not [c for c in commands if isinstance(c, Place)]
 

@@ -1,5 +1,5 @@
 """Specs generated from the JSON Schema at its bounds and beyond: each is refused with an error naming the field, or
-decided through the pure core (decide, planning, scheduling, resume, the queries' views) without raising.
+decided through the pure core (decide, planning, scheduling, effects, the queries' views) without raising.
 
 Every field of the schema (numbers, strings, lists, mappings and their keys) gets values from its own minimum and
 maximum, at the bound and just past it, and every number values far past anything sensible (1e300, 10**400,
@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.domain.builders import gpu, machine
+from workflows.domain.effects import effects
 from workflows.domain.events import (
     ArmTimer,
     Command,
@@ -41,7 +42,6 @@ from workflows.domain.events import (
 )
 from workflows.domain.job import decide
 from workflows.domain.planning import plan_workers
-from workflows.domain.resume import resume
 from workflows.domain.scheduling import schedule
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
@@ -344,7 +344,7 @@ def drive(spec: JobSpec, rounds: int = 30) -> None:
         # What a query reads, and what a run that continues as new starts from.
         describe(job)
         events(job)
-        resume(job, now)
+        effects(job, now)
     # The scheduler as it looks again much later: limits of placed workers end (or not) by then.
     waiting = [t for t in job.tasks if t.state is TaskState.PENDING and not t.final]
     if waiting:

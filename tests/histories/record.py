@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -23,6 +24,7 @@ from workers.client import run_result
 from workers.connect import ensure_search_attributes
 from workflows.contracts import CONTROL_TASK_QUEUE
 from workflows.domain.planning import WorkerPlan
+from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
 from workflows.domain.status import Status
 from workflows.job import JobWorkflow, search_attributes
@@ -47,7 +49,16 @@ STORIES: dict[str, tuple[dict[str, Any], Script]] = {
     # Temporal's cancellation request (the UI's button) is the run's cancel (CANCEL_REQUEST_PATCH). Since protocol 2
     # a run's outcome is its workflow's too: fail-p2 fails, cancel-p2 and ui-cancel-p2 are Canceled.
     "ui-cancel": ({"groups": [W | {"replicas": 2}]}, Script(hold={"w-0"}, no_room={"w-1"})),
+    # A run that outlives its workflow run: w-0 runs on, its time limit armed, while w-1 restarts for ever; with a
+    # short history_keep the workflow continues as new, and each next run picks the run up from its record
+    # (workflows/domain/effects.py). Every run of the chain is recorded: continues-p5.json, continues-1-p5.json...
+    "continues": (
+        {"groups": [W | {"replicas": 2, "restart_policy": "Always", "time_limit_seconds": 86400}]},
+        Script(hold={"w-0"}),
+    ),
 }
+SETTINGS = {"continues": Settings(history_keep=10)}
+CONTINUED_RUNS = 3  # the runs of the chain recorded for "continues"
 
 
 async def record(stories: list[str], suffix: str) -> None:
@@ -58,7 +69,7 @@ async def record(stories: list[str], suffix: str) -> None:
     for name in stories:
         fields, script = STORIES[name]
         spec = parse_spec({"name": name, **fields})
-        async with fake_cluster(env.client, script):
+        async with fake_cluster(env.client, script, SETTINGS.get(name)):
             handle = await env.client.start_workflow(
                 JobWorkflow.run,
                 JobInput(spec=spec),
@@ -77,11 +88,38 @@ async def record(stories: list[str], suffix: str) -> None:
                     await handle.cancel()
                 else:
                     await handle.execute_update("cancel", result_type=Status)
+            if name == "continues":
+                await _continue_as_new(env, handle, CONTINUED_RUNS)
+                await handle.execute_update("cancel", result_type=Status)
             await run_result(handle)
-            history = await handle.fetch_history()
-        (HERE / f"{name}{suffix}.json").write_text(history.to_json())
-        print(f"recorded {name}{suffix}: {len(history.events)} events")  # noqa: T201
+            histories = await _chain(env, handle)
+        for index, history in enumerate(histories):
+            stem = f"{name}-{index}{suffix}" if index else f"{name}{suffix}"
+            (HERE / f"{stem}.json").write_text(history.to_json())
+            print(f"recorded {stem}: {len(history.events)} events")  # noqa: T201
     await env.shutdown()
+
+
+async def _continue_as_new(env: WorkflowEnvironment, handle: WorkflowHandle[Any, Any], runs: int) -> None:
+    """Let virtual time run until the workflow has had `runs` runs (it continued as new `runs - 1` times)."""
+    for _ in range(2000):  # time skips only while the test server is asked to wait
+        if len(await _chain(env, handle)) >= runs:
+            return
+        await env.sleep(5)
+    raise AssertionError(f"{handle.id} did not continue as new {runs - 1} times")
+
+
+async def _chain(env: WorkflowEnvironment, handle: WorkflowHandle[Any, Any]) -> list[WorkflowHistory]:
+    """The history of each run of the workflow, the first one first (walking back from the latest)."""
+    histories: list[WorkflowHistory] = []
+    run_id: str | None = None
+    while True:
+        history = await env.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        histories.insert(0, history)
+        started = history.events[0].workflow_execution_started_event_attributes
+        if not started.continued_execution_run_id:
+            return histories
+        run_id = started.continued_execution_run_id
 
 
 if __name__ == "__main__":

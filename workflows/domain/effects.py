@@ -1,0 +1,146 @@
+"""What a run's record needs in flight right now: `effects(job, now)`, the commands and timers its state implies,
+each with an identity (`identity`), so that two computations can be compared.
+
+The JobWorkflow carries out the commands `decide` returns as each decision is made: what the record after it needs
+and was not in flight before is among them (tests/domain/test_effects.py checks it over random runs), besides what
+follows a transition once (a release, the stop of a worker placed but not picked up yet) and what a later event of
+the same decision made moot. A run that continues as new has nothing in flight: its new workflow run carries out
+the effects of the record it is given, the difference from nothing: it asks for room again, arms the timers again,
+re-attaches to the workers on machines (never starting one twice) and repeats the stops in progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from workflows.domain.events import ArmTimer, Command, Place, PlanWorkers, Release, Start, Stop, Supervise, Timer
+from workflows.domain.status import JobRecord, TaskRecord, TaskState
+from workflows.domain.tasks import group_of, heartbeat_ttl, plan_request, task_env, task_request, unplanned
+
+
+@dataclass(frozen=True, order=True)
+class Effect:
+    """The identity of a command: two commands of one identity do the same thing, so one in flight is enough."""
+
+    kind: str  # plan, place, setup (a gang member's, up to the barrier), run (start and watch), stop, release, timer
+    task: str  # the worker; the group for plan and a replan timer; "" for the barrier's timer
+    attempt: int  # the worker's attempt; the barrier's round for its timer
+    timer: str = ""  # a timer's kind (events.Timer)
+
+
+def identity(command: Command) -> list[Effect]:
+    """The identities of what `command` sets in flight (a Place: one per worker it asks room for)."""
+    match command:
+        case Place(requests=requests):
+            return [Effect("place", r.task_id, r.attempt) for r in requests]
+        case PlanWorkers(group=group):
+            return [Effect("plan", group, 0)]
+        case Start(barrier=True):
+            return [Effect("setup", command.task_id, command.attempt)]
+        case Start() | Supervise():
+            # One activity starts and watches the worker (run_task), or re-attaches to it (supervise_task): the
+            # workflow keeps one supervisor per attempt (JobWorkflow._supervisors).
+            return [Effect("run", command.task_id, command.attempt)]
+        case Stop():
+            return [Effect("stop", command.task_id, command.attempt)]
+        case Release():
+            return [Effect("release", command.task_id, command.attempt)]
+        case ArmTimer():
+            return [Effect("timer", command.task_id, command.attempt, command.timer.value)]
+    raise AssertionError(f"a command without an identity: {command!r}")
+
+
+def identities(commands: Iterable[Command]) -> set[Effect]:
+    return {effect for command in commands for effect in identity(command)}
+
+
+def difference(needed: list[Command], in_flight: set[Effect]) -> list[Command]:
+    """The commands of `needed` not in flight, in order; a Place keeps the requests of workers not asked for yet."""
+    missing: list[Command] = []
+    for command in needed:
+        if isinstance(command, Place):
+            requests = [r for r in command.requests if Effect("place", r.task_id, r.attempt) not in in_flight]
+            if requests:
+                missing.append(command.model_copy(update={"requests": requests}))
+        elif not set(identity(command)) <= in_flight:
+            missing.append(command)
+    return missing
+
+
+def effects(job: JobRecord, now: datetime) -> list[Command]:
+    """What the record needs in flight now, in a fixed order: plans of groups not planned yet, room for the workers
+    that wait, the barrier's timer, then each worker's (its restart timer; its start, set-up or supervisor; its
+    stop in progress; its reset, time-limit and heartbeat-TTL timers). A timer already due fires at once."""
+    commands: list[Command] = [*_plans(job)]
+    waiting = [task_request(job, t) for t in job.tasks if t.waiting and not t.final and not t.gated]
+    if waiting:
+        commands.append(Place(requests=waiting))
+    if job.barrier_since is not None:
+        at = max(job.barrier_since + timedelta(seconds=job.settings.barrier_timeout_seconds), now)
+        commands.append(ArmTimer(timer=Timer.BARRIER, task_id="", attempt=job.barrier_round, at=at))
+    for task in job.tasks:
+        if not task.final:
+            commands += _worker(job, task, now)
+    return commands
+
+
+def _plans(job: JobRecord) -> list[Command]:
+    """Groups of total_gpus not planned yet are asked about now (rather than after the replan interval)."""
+    if job.tasks or job.cancel_requested:
+        return []
+    plans: list[Command] = []
+    for group in unplanned(job):
+        assert group.total_gpus is not None
+        request = plan_request(job, group)
+        plans.append(
+            PlanWorkers(group=group.name, request=request, total_gpus=group.total_gpus, machines=group.machines)
+        )
+    return plans
+
+
+def _worker(job: JobRecord, task: TaskRecord, now: datetime) -> list[Command]:
+    """One worker's effects (not final)."""
+    ids = {"task_id": task.id, "attempt": task.attempt.number}
+    commands: list[Command] = []
+    if task.restart_at is not None:
+        commands.append(ArmTimer(timer=Timer.RESTART, at=task.restart_at, **ids))
+    if not task.on_node:
+        return commands
+    assert task.node is not None
+    node = task.node
+    if (
+        task.placed_pending
+        or task.state in (TaskState.PREPARING, TaskState.PULLING)
+        or (task.state is TaskState.READY_TO_START and task.attempt.released)
+    ):
+        barrier = job.spec.gang and not task.attempt.released
+        group, env = group_of(job, task), task_env(job, task)
+        commands.append(Start(node=node, group=group, barrier=barrier, env=env, host_network=job.spec.gang, **ids))
+        return commands
+    if task.state is TaskState.READY_TO_START:
+        return commands  # set up, waiting at the barrier: nothing runs to watch yet
+    commands.append(Supervise(node=node, **ids))
+    if task.state is TaskState.STOPPING:
+        commands.append(Stop(node=node, **ids))
+    return commands + _timers(job, task, now)
+
+
+def _timers(job: JobRecord, task: TaskRecord, now: datetime) -> list[Command]:
+    """The timers of a worker on its machine: those `decide` arms as it runs (`_running`) and goes Stale."""
+    ids = {"task_id": task.id, "attempt": task.attempt.number}
+    timers: list[Command] = []
+    running_since, stale_since = task.attempt.running_since, task.attempt.stale_since
+    if running_since is not None and task.state in (TaskState.RUNNING, TaskState.STALE):
+        reset = running_since + timedelta(seconds=job.settings.restart_reset_seconds)
+        if task.restarts > 0 or job.protocol < 2:  # a count of 0 has nothing to reset
+            timers.append(ArmTimer(timer=Timer.RESET, at=max(reset, now), **ids))
+        limit = group_of(job, task).time_limit_seconds
+        if limit is not None:
+            at = max(running_since + timedelta(seconds=limit), now)
+            timers.append(ArmTimer(timer=Timer.TIME_LIMIT, at=at, **ids))
+    if stale_since is not None and task.state is TaskState.STALE:
+        at = max(stale_since + timedelta(seconds=heartbeat_ttl(job, task)), now)
+        timers.append(ArmTimer(timer=Timer.STALE_TTL, at=at, **ids))
+    return timers
