@@ -6,7 +6,6 @@ answers, as `--json` prints it; what the API adds is who may ask (`workers/api_a
 other run the answer is 404, word for word what a run that does not exist gets.
 """
 
-
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
