@@ -6,9 +6,11 @@ answers, as `--json` prints it; what the API adds is who may ask (`workers/api_a
 other run the answer is 404, word for word what a run that does not exist gets.
 """
 
+import asyncio
+import contextlib
 import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Annotated, Any, Literal, cast
 
 import uvicorn
@@ -414,11 +416,23 @@ def _errors(app: FastAPI) -> None:
     app.add_exception_handler(RPCError, unavailable)
 
 
-async def serve(app: FastAPI, sock: socket.socket) -> None:
-    """Serve the API on a bound socket until SIGINT or SIGTERM (uvicorn's own handlers)."""
+async def serve(app: FastAPI, sock: socket.socket, stop: asyncio.Event | None = None) -> None:
+    """Serve the API on a bound socket: until SIGINT or SIGTERM (uvicorn's own handlers), or, in a process that
+    keeps its own handlers (`astraeus dev`), until `stop` is set."""
     config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, server_header=False)
+    server = uvicorn.Server(config) if stop is None else _OwnSignals(config)
     sock.listen(1024)
-    await uvicorn.Server(config).serve(sockets=[sock])
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    if stop is not None:
+        await stop.wait()
+        server.should_exit = True
+    await serving
+
+
+class _OwnSignals(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the process's own handlers stay
 
 
 def bind(address: str) -> socket.socket:

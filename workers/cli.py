@@ -155,15 +155,43 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         docker_host=args.docker_host,
         telemetry=args.telemetry,
     )
+    sock = None
+    if args.api:
+        from workers.api import bind
+
+        sock = bind(args.api)  # before anything starts: a port in use is said at once, and nothing runs
     try:
         async with embedded:
             print(f"Temporal frontend: {embedded.server.address}")
             print(f"Temporal UI: {embedded.server.ui_address}")
             print(f"{args.nodes} local machine(s) ready. Submit with: astraeus submit examples/hello.yaml", flush=True)
-            await _until_signalled()
+            if sock is None:
+                await _until_signalled()
+            else:
+                await _serve_api(embedded, sock)
     except (DevServerError, RegistrationRefused) as error:  # nothing runs, nothing joined another cluster
         raise AstraeusError(f"dev: cannot start: {error}") from None
     return 0
+
+
+async def _serve_api(embedded: Any, sock: Any) -> None:
+    """`dev --api`: the HTTP API in the same process, and an admin token for whoever started it (made anew each
+    time; `astraeus token revoke` it when done)."""
+    from workers.admin import create_token
+    from workers.api import api_app, serve
+    from workers.api_auth import TokenBook
+
+    client = AstraeusClient(embedded.client)
+    secret, _ = await create_token(client.temporal, None, "astraeus dev")
+    host, port = sock.getsockname()[:2]
+    print(f"HTTP API: http://{host}:{port} (admin token: {secret})", flush=True)
+    stop = asyncio.Event()
+    serving = asyncio.ensure_future(serve(api_app(client, TokenBook(client.temporal)), sock, stop))
+    try:
+        await _until_signalled()
+    finally:
+        stop.set()
+        await serving
 
 
 def scheduler_address(given: str | None) -> str:
@@ -618,6 +646,8 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--ui-port", type=int, default=8233, help="Temporal UI port")
     dev.add_argument("--nodes", type=int, default=1, help="local machines to start")
     dev.add_argument("--runtime", choices=["process", "docker"], default="process", help="how workers run")
+    dev.add_argument("--api", metavar="HOST:PORT", help="also serve the HTTP API there, e.g. 127.0.0.1:7245, and print "
+                     "an admin token (default: off)")  # fmt: skip
     dev.add_argument("--docker-host", help="the Docker engine (default $DOCKER_HOST, else its socket)")
     machine_flags(dev)
 

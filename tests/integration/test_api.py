@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -280,3 +282,30 @@ def test_the_readmes_curl_walk_through_runs_as_written(api: Api) -> None:
     assert '"run":"team-a/hello"' in ran.stdout.replace(" ", "")
     assert "event: end" in ran.stdout
     assert api.cluster.describe("team-a/hello")["status"]["state"] == "Cancelled"
+
+
+def test_dev_with_api_serves_it_and_prints_an_admin_token(tmp_path: Path) -> None:
+    """`astraeus dev --api HOST:PORT`: the API in the same process, an admin token for whoever started it."""
+    listen = f"127.0.0.1:{free_port()}"
+    args = ["--port", str(free_port()), "--ui-port", str(free_port()), "--api", listen, "--data-dir", str(tmp_path)]
+    log = tmp_path / "dev.log"
+    with log.open("wb") as out:
+        dev = subprocess.Popen([str(BIN / "astraeus"), "dev", *args], stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not (line := next((t for t in log.read_text().splitlines() if "HTTP API" in t), "")):
+            assert dev.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.25)
+        url, token = line.split("HTTP API: ", 1)[1].removesuffix(")").split(" (admin token: ")
+        assert url == f"http://{listen}"
+        assert httpx.get(f"{url}/nodes", headers={"authorization": f"Bearer {token}"}).json()[0]["name"] == "local-0"
+        assert httpx.get(f"{url}/nodes").status_code == 401
+    finally:
+        os.killpg(dev.pid, signal.SIGTERM)
+        try:
+            dev.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(dev.pid, signal.SIGKILL)
+            dev.wait()
+    assert dev.returncode == 0, log.read_text()
