@@ -25,7 +25,7 @@ from workflows import contracts
 from workflows.domain.settings import Settings
 from workflows.messages import PlaceInput, PlaceResult
 
-WORKFLOW_MODULES = ["job", "node", "quotas", "logs"]
+WORKFLOW_MODULES = ["job", "node", "quotas", "logs", "tokens"]
 SOURCE = Path(contracts.__file__).parent
 MACHINE, INSTANCE = "m1", "host:42:cafe"
 
@@ -235,6 +235,7 @@ def test_the_processes_poll_the_queues_the_workflows_address() -> None:
     ]
     defined = [workflow._Definition.must_from_class(cls).name for cls in served["control"].workflows]
     names = [contracts.JOB_WORKFLOW, contracts.NODE_WORKFLOW, contracts.LOGS_WORKFLOW, contracts.QUOTAS_WORKFLOW]
+    names.append(contracts.TOKENS_WORKFLOW)
     assert defined == names
 
 
@@ -257,6 +258,7 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "node/m1",
         "quotas",
     )
+    assert (contracts.TOKENS_WORKFLOW, contracts.TOKENS_WORKFLOW_ID) == ("TokensWorkflow", "tokens")
     assert [contracts.SA_NAMESPACE, contracts.SA_STATE, contracts.SA_PRIORITY, contracts.SA_NODES] == [
         "AstraeusNamespace",
         "AstraeusState",

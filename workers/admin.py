@@ -1,8 +1,10 @@
-"""Admin verbs of the Python client and the CLI: namespace quotas (`astraeus quota set|rm|ls`) and machines
-(`astraeus nodes cordon|uncordon|remove`)."""
+"""Admin verbs of the Python client and the CLI: namespace quotas (`astraeus quota set|rm|ls`), machines
+(`astraeus nodes cordon|uncordon|remove`) and the HTTP API's tokens (`astraeus token create|ls|revoke`)."""
 
 from __future__ import annotations
 
+import secrets
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
@@ -12,11 +14,15 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from workers.client import AstraeusError, NotFound
 from workflows import contracts
-from workflows.contracts import CONTROL_TASK_QUEUE, QUOTAS_WORKFLOW_ID, In, Out, node_id
+from workflows.contracts import CONTROL_TASK_QUEUE, QUOTAS_WORKFLOW_ID, TOKENS_WORKFLOW_ID, In, Out, node_id
 from workflows.domain.nodes import NodeView
 from workflows.domain.quotas import Quota
-from workflows.messages import CordonRequest, QuotasInput, RemoveQuotaRequest
+from workflows.domain.tokens import Token, digest
+from workflows.messages import CordonRequest, QuotasInput, RemoveQuotaRequest, RevokeTokenRequest, TokensInput
 from workflows.quotas import QuotasWorkflow
+from workflows.tokens import TokensWorkflow
+
+TOKEN_PREFIX = "astraeus_"  # a token's secret begins so: a secret scanner (or a person) can tell what it is
 
 
 async def _update(handle: WorkflowHandle[Any, Any], update: contracts.Update[In, Out], *args: In) -> Out:
@@ -24,6 +30,8 @@ async def _update(handle: WorkflowHandle[Any, Any], update: contracts.Update[In,
         return await contracts.update(handle, update, *args)
     except WorkflowUpdateFailedError as error:
         cause = error.cause
+        if isinstance(cause, ApplicationError) and cause.type == "NoToken":
+            raise NotFound(cause.message) from None
         raise AstraeusError(cause.message if isinstance(cause, ApplicationError) else str(cause)) from None
 
 
@@ -72,6 +80,54 @@ async def node_verb(client: Client, name: str, verb: str, reason: str | None = N
         if error.status != RPCStatusCode.NOT_FOUND:
             raise
         raise NotFound(f"no machine named {name}") from None
+
+
+async def create_token(client: Client, namespace: str | None, note: str = "") -> tuple[str, Token]:
+    """A new token for the workspace `namespace` (None: an admin token): its secret, shown once and kept nowhere,
+    and what is kept of it."""
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = Token(id=f"tok-{secrets.token_hex(4)}", namespace=namespace, sha256=digest(secret),
+                  created_at=datetime.now(UTC), note=note)  # fmt: skip
+    handle = await client.start_workflow(
+        TokensWorkflow.run,
+        TokensInput(),
+        id=TOKENS_WORKFLOW_ID,
+        task_queue=CONTROL_TASK_QUEUE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        static_summary="API tokens",
+    )
+    await _update(handle, contracts.ADD_TOKEN, token)
+    return secret, token
+
+
+async def revoke_token(client: Client, token_id: str) -> list[Token]:
+    handle = client.get_workflow_handle(TOKENS_WORKFLOW_ID)
+    try:
+        return await _update(handle, contracts.REVOKE_TOKEN, RevokeTokenRequest(id=token_id))
+    except RPCError as error:
+        if error.status != RPCStatusCode.NOT_FOUND:
+            raise
+        raise NotFound(f"no token {token_id}") from None
+
+
+async def tokens(client: Client) -> list[Token]:
+    """Every token (their digests); none before the first is made."""
+    try:
+        return await contracts.query(client.get_workflow_handle(TOKENS_WORKFLOW_ID), contracts.TOKENS)
+    except RPCError as error:
+        if error.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return []
+
+
+def render_tokens(listed: list[Token]) -> str:
+    if not listed:
+        return "no tokens: astraeus token create NAMESPACE (or --admin)"
+    rows = [("ID", "WORKSPACE", "CREATED", "NOTE")]
+    for t in listed:
+        rows.append((t.id, t.namespace or "(admin)", t.created_at.strftime("%Y-%m-%d %H:%M:%S UTC"), t.note or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
 def render_quotas(listed: list[Quota]) -> str:

@@ -155,15 +155,43 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         docker_host=args.docker_host,
         telemetry=args.telemetry,
     )
+    sock = None
+    if args.api:
+        from workers.api import bind
+
+        sock = bind(args.api)  # before anything starts: a port in use is said at once, and nothing runs
     try:
         async with embedded:
             print(f"Temporal frontend: {embedded.server.address}")
             print(f"Temporal UI: {embedded.server.ui_address}")
             print(f"{args.nodes} local machine(s) ready. Submit with: astraeus submit examples/hello.yaml", flush=True)
-            await _until_signalled()
+            if sock is None:
+                await _until_signalled()
+            else:
+                await _serve_api(embedded, sock)
     except (DevServerError, RegistrationRefused) as error:  # nothing runs, nothing joined another cluster
         raise AstraeusError(f"dev: cannot start: {error}") from None
     return 0
+
+
+async def _serve_api(embedded: Any, sock: Any) -> None:
+    """`dev --api`: the HTTP API in the same process, and an admin token for whoever started it (made anew each
+    time; `astraeus token revoke` it when done)."""
+    from workers.admin import create_token
+    from workers.api import api_app, serve
+    from workers.api_auth import TokenBook
+
+    client = AstraeusClient(embedded.client)
+    secret, _ = await create_token(client.temporal, None, "astraeus dev")
+    host, port = sock.getsockname()[:2]
+    print(f"HTTP API: http://{host}:{port} (admin token: {secret})", flush=True)
+    stop = asyncio.Event()
+    serving = asyncio.ensure_future(serve(api_app(client, TokenBook(client.temporal)), sock, stop))
+    try:
+        await _until_signalled()
+    finally:
+        stop.set()
+        await serving
 
 
 def scheduler_address(given: str | None) -> str:
@@ -201,6 +229,22 @@ async def cmd_scheduler(args: argparse.Namespace) -> int:
         raise AstraeusError(f"scheduler: {error}") from None
     worker = await scheduler_worker(client, door)
     await worker.run()
+    return 0
+
+
+async def cmd_api(args: argparse.Namespace) -> int:
+    from workers.api import DEFAULT_LISTEN, api_app, bind, openapi_document, serve
+    from workers.api_auth import TokenBook
+
+    if args.openapi:
+        print(json.dumps(openapi_document(), indent=2))
+        return 0
+    load_settings(args.settings)
+    sock = bind(args.listen or os.environ.get("ASTRAEUS_API") or DEFAULT_LISTEN)
+    client = await _client(args)
+    host, port = sock.getsockname()[:2]
+    logging.getLogger("astraeus.api").info("serving the HTTP API on http://%s:%s", host, port)
+    await serve(api_app(client, TokenBook(client.temporal)), sock)
     return 0
 
 
@@ -493,6 +537,32 @@ async def cmd_quota(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_token(args: argparse.Namespace) -> int:
+    from workers.admin import create_token, render_tokens, revoke_token, tokens
+
+    temporal = (await _client(args)).temporal
+    if args.verb == "create":
+        if (args.namespace is None) == (not args.admin):
+            raise AstraeusError("token create: name the workspace (NAMESPACE), or give --admin")
+        if args.namespace is not None:
+            try:
+                Quota(namespace=args.namespace)  # the same rule as a spec's namespace
+            except ValidationError as error:
+                raise AstraeusError(f"token create {args.namespace}:\n{format_errors(error)}") from None
+        secret, token = await create_token(temporal, args.namespace, args.note or "")
+        emit(args, {"token": secret, **token.model_dump(mode="json", exclude={"sha256"})}, lambda: secret)
+        return 0
+    if args.verb == "revoke":
+        if not args.namespace:
+            raise AstraeusError("token revoke: name the token's id (astraeus token ls)")
+        listed = await revoke_token(temporal, args.namespace)
+    else:
+        listed = await tokens(temporal)
+    shown = [t.model_dump(mode="json", exclude={"sha256"}) for t in listed]
+    emit(args, shown, lambda: render_tokens(listed))
+    return 0
+
+
 async def cmd_schema(args: argparse.Namespace) -> int:
     print(json.dumps(JobSpec.model_json_schema(), indent=2))
     return 0
@@ -576,6 +646,8 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--ui-port", type=int, default=8233, help="Temporal UI port")
     dev.add_argument("--nodes", type=int, default=1, help="local machines to start")
     dev.add_argument("--runtime", choices=["process", "docker"], default="process", help="how workers run")
+    dev.add_argument("--api", metavar="HOST:PORT", help="also serve the HTTP API there, e.g. 127.0.0.1:7245, and print "
+                     "an admin token (default: off)")  # fmt: skip
     dev.add_argument("--docker-host", help="the Docker engine (default $DOCKER_HOST, else its socket)")
     machine_flags(dev)
 
@@ -586,6 +658,9 @@ def parser() -> argparse.ArgumentParser:
     scheduler = command("scheduler", cmd_scheduler, "the scheduler service: places workers on machines", process=True)
     scheduler.add_argument("--listen", help="HOST:PORT of its door for the control plane (default "
                            "$ASTRAEUS_SCHEDULER or 127.0.0.1:7244)")  # fmt: skip
+    api = command("api", cmd_api, "the HTTP API: runs, workers, machines and quotas, for bearer tokens", process=True)
+    api.add_argument("--listen", help="HOST:PORT to serve it on (default $ASTRAEUS_API, else 127.0.0.1:7245)")
+    api.add_argument("--openapi", action="store_true", help="print its OpenAPI document and exit")
     agent = command("agent", cmd_agent, "a node agent: runs this machine's workers", process=True)
     agent.add_argument("--name", required=True, help="this machine's name")
     agent.add_argument("--data-dir", default=".astraeus/agent", help="where workers' files and logs live")
@@ -674,6 +749,13 @@ def parser() -> argparse.ArgumentParser:
     quota.add_argument("--cpu", type=float, help="CPU cores its workers may hold at once")
     quota.add_argument("--memory-bytes", type=byte_size, help="memory its workers may hold at once, e.g. 512GiB")
     quota.add_argument("--pool", action="append", default=[], help="the only pools whose machines it may use")
+    token = command("token", cmd_token, "the HTTP API's tokens: create NAMESPACE (or --admin), ls, revoke ID",
+                    read=True)  # fmt: skip
+    token.add_argument("verb", choices=["create", "ls", "revoke"])
+    token.add_argument("namespace", nargs="?", metavar="NAMESPACE|ID", help="create: the workspace; revoke: the id")
+    token.add_argument("--admin", action="store_true", help="create an admin token: every workspace, and changes "
+                       "to machines and quotas")  # fmt: skip
+    token.add_argument("--note", help="create: what the token is for, shown by token ls")
     command("schema", cmd_schema, "print the run spec's JSON Schema")
     completion = command("completion", cmd_completion, "print a shell completion script: bash or zsh")
     completion.add_argument("shell", choices=["bash", "zsh"])
@@ -698,7 +780,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     for name in GLOBAL_HELP:
         if getattr(args, name) not in (None, False) and name not in args.takes:
             top.error(f"--{name} does not apply to {args.command}")
-    level = logging.INFO if args.command in ("dev", "control", "scheduler", "agent") else logging.WARNING
+    level = logging.INFO if args.command in ("dev", "control", "scheduler", "agent", "api") else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args.telemetry = Telemetry()
     try:

@@ -352,6 +352,8 @@ class AstraeusClient:
             return await contracts.update(handle, update, *args)
         except WorkflowUpdateFailedError as error:
             cause = error.cause
+            if isinstance(cause, ApplicationError) and cause.type == "UnknownTask":  # no such worker: exit 3, 404
+                raise NotFound(cause.message) from None
             raise AstraeusError(cause.message if isinstance(cause, ApplicationError) else str(cause)) from None
         except RPCError as error:
             if error.status != RPCStatusCode.NOT_FOUND:

@@ -41,6 +41,7 @@ from workflows.logs import LogsWorkflow
 from workflows.messages import NodeInput
 from workflows.node import NodeWorkflow
 from workflows.quotas import QuotasWorkflow
+from workflows.tokens import TokensWorkflow
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def control_serves(control: ControlActivities, link: SchedulerLink) -> Serves:
     (the scheduler tells runs now)."""
     return Serves(
         CONTROL_TASK_QUEUE,
-        [JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow],
+        [JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow, TokensWorkflow],
         [control.load_settings, control.machine_lost, control.cancel_run_workflow, link.place, link.release],
     )
 

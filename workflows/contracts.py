@@ -36,6 +36,7 @@ from workflows.domain.planning import WorkerPlan
 from workflows.domain.quotas import Quota
 from workflows.domain.spec import job_id as job_id
 from workflows.domain.status import Folded, Status
+from workflows.domain.tokens import Token
 from workflows.domain.views import Event, JobDescription
 from workflows.messages import (
     AttemptsOnNode,
@@ -53,6 +54,7 @@ from workflows.messages import (
     ReadLogInput,
     ReleaseInput,
     RemoveQuotaRequest,
+    RevokeTokenRequest,
     RunTaskInput,
     SchedulerView,
     StartTaskInput,
@@ -89,8 +91,10 @@ JOB_WORKFLOW = "JobWorkflow"
 NODE_WORKFLOW = "NodeWorkflow"
 LOGS_WORKFLOW = "LogsWorkflow"
 QUOTAS_WORKFLOW = "QuotasWorkflow"
+TOKENS_WORKFLOW = "TokensWorkflow"
 
 QUOTAS_WORKFLOW_ID = "quotas"
+TOKENS_WORKFLOW_ID = "tokens"  # the HTTP API's tokens (their digests), for every API process alike
 
 # Visibility queries of the open runs and machines.
 OPEN_JOBS = f'WorkflowType="{JOB_WORKFLOW}" AND ExecutionStatus="Running"'
@@ -311,10 +315,17 @@ REMOVE_QUOTA: Update[RemoveQuotaRequest, list[Quota]] = Update(
 )
 QUOTAS: Query[None, list[Quota]] = Query(QUOTAS_WORKFLOW, "quotas", None, list[Quota])
 
+# TokensWorkflow's updates (`astraeus token create|revoke`) and query (every `astraeus api`, to check a caller).
+ADD_TOKEN: Update[Token, list[Token]] = Update(TOKENS_WORKFLOW, "add_token", Token, list[Token])
+REVOKE_TOKEN: Update[RevokeTokenRequest, list[Token]] = Update(
+    TOKENS_WORKFLOW, "revoke_token", RevokeTokenRequest, list[Token]
+)
+TOKENS: Query[None, list[Token]] = Query(TOKENS_WORKFLOW, "tokens", None, list[Token])
+
 SIGNALS = [PLACEMENT, PREEMPT, TASK_PROGRESS, TASK_RUNNING, TASK_HEALTH, MACHINE_LOST, TASK_EXITED_WHILE_LOST]
-QUERIES = [STATUS, DESCRIBE, EVENTS, FOLDED, ATTEMPTS_ON, SCHEDULER_VIEW, VIEW, QUOTAS]
+QUERIES = [STATUS, DESCRIBE, EVENTS, FOLDED, ATTEMPTS_ON, SCHEDULER_VIEW, VIEW, QUOTAS, TOKENS]
 UPDATES = [CANCEL, STOP_TASK, REGISTER, REPORT_GPUS, REPORT_PRESSURE, REPORT_ORPHAN_STOPPED, CORDON, UNCORDON, REMOVE]
-UPDATES += [SET_QUOTA, REMOVE_QUOTA]
+UPDATES += [SET_QUOTA, REMOVE_QUOTA, ADD_TOKEN, REVOKE_TOKEN]
 
 
 async def signal(handle: WorkflowHandle[Any, Any], sent: Signal[In], message: In) -> None:

@@ -17,6 +17,7 @@ from workflows.domain.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec, Readiness
 from workflows.domain.status import JobRecord
+from workflows.domain.tokens import Token
 
 
 class _Msg(BaseModel):
@@ -136,6 +137,17 @@ class QuotasInput(_Msg):
 
 class RemoveQuotaRequest(_Msg):
     namespace: str
+
+
+# ---- TokensWorkflow --------------------------------------------------------------------------------------------------
+
+
+class TokensInput(_Msg):
+    tokens: list[Token] = Field(default_factory=list)
+
+
+class RevokeTokenRequest(_Msg):
+    id: str
 
 
 # ---- Node agent activities --------------------------------------------------------------------------------------

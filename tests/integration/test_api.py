@@ -1,0 +1,311 @@
+"""The HTTP API (`astraeus api`) against a real cluster, through httpx as any client calls it: a run submitted,
+described, its logs read, a worker stopped, the run cancelled, its events followed as Server-Sent Events until it
+ends; workspace tokens that see only their own workspace (404 for every other run, 401 without a token); the
+admin's verbs; the OpenAPI document it serves; and the README's curl walk-through, run as written."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.harness import BIN, Cluster
+from workers.api import openapi_document
+from workers.devserver import free_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).parent.parent.parent
+SLEEPER = (
+    "name: {name}\ngroups: [{{name: w, replicas: 2, command: [sh, -c, 'echo hello from $ASTRAEUS_TASK; sleep 60']}}]\n"
+)
+
+
+class Api:
+    """The API process of the cluster, and a token of each kind."""
+
+    def __init__(self, cluster: Cluster, url: str) -> None:
+        self.cluster = cluster
+        self.url = url
+        self.admin = self.token("--admin")
+        self.research = self.token("research")
+        self.other = self.token("other")
+
+    def token(self, *args: str) -> str:
+        return self.cluster.cli("token", "create", *args).stdout.strip()
+
+    def client(self, token: str | None) -> httpx.Client:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        c.start({"a0": ["--gpus", "2xL4-24GB", "--cpus", "4", "--memory-bytes", "16GiB"]})
+        url = f"http://127.0.0.1:{free_port()}"
+        c.spawn("api", "api", "--listen", url.removeprefix("http://"))
+        c.wait_for(lambda: _answers(f"{url}/healthz"), "the API to answer")
+        yield Api(c, url)
+    finally:
+        c.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _running(api: Api, token: str, run: str) -> dict[str, Any]:
+    with api.client(token) as http:
+        return api.cluster.wait_for(  # type: ignore[no-any-return]
+            lambda: (d := http.get(f"/jobs/{run}").json())["status"]["state"] == "Running" and d, f"{run} to run"
+        )
+
+
+def _read_events(api: Api, token: str, run: str, into: list[tuple[str, dict[str, Any]]]) -> None:
+    """Read the run's event stream until the server ends it: (event type, data) of each."""
+    with api.client(token) as http, http.stream("GET", f"/jobs/{run}/events") as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        kind, data = "message", ""
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                data = line.removeprefix("data: ")
+            elif not line and data:
+                into.append((kind, json.loads(data)))
+                kind, data = "message", ""
+
+
+def test_a_run_submitted_described_logged_stopped_and_cancelled_with_its_events_followed(api: Api) -> None:
+    with api.client(api.research) as http:
+        submitted = http.post(
+            "/jobs", content=SLEEPER.format(name="walk"), headers={"content-type": "application/yaml"}
+        )
+        assert submitted.status_code == 201, submitted.text
+        assert submitted.json() == {"run": "research/walk", "id": "job/research/walk", "namespace": "research",
+                                    "name": "walk"}  # fmt: skip
+        described = _running(api, api.research, "research/walk")
+        assert set(described) == set(api.cluster.describe("research/walk"))  # the shape of describe --json
+        assert [t["id"] for t in described["tasks"]] == ["w-0", "w-1"]
+        events: list[tuple[str, dict[str, Any]]] = []
+        reader = threading.Thread(target=_read_events, args=(api, api.research, "research/walk", events))
+        reader.start()
+
+        task = http.get("/jobs/research/walk/tasks/w-0").json()
+        assert (task["id"], task["node"], task["status"]["state"]) == ("w-0", "a0", "Running")
+        logs = api.cluster.wait_for(lambda: http.get("/jobs/research/walk/tasks/w-0/logs?tail=5").text, "output")
+        assert logs == "hello from w-0\n"
+
+        stopped = http.post("/jobs/research/walk/tasks/w-0/stop", json={"reason": "Making room"})
+        assert stopped.status_code == 200, stopped.text
+        history = api.cluster.wait_for(
+            lambda: (
+                (h := http.get("/jobs/research/walk/history").json())["tasks"]["w-0"][-1]["state"] == "Cancelled" and h
+            ),
+            "w-0 to be stopped",
+        )
+        assert ("Stopping", "Making room") in [(e["state"], e["reason"]) for e in history["tasks"]["w-0"]]
+        # The spec's form, with the task named in full; a default reason.
+        assert http.post("/tasks/research/walk/w-1/stop").status_code == 200
+        api.cluster.wait_for(
+            lambda: http.get("/jobs/research/walk/tasks/w-1").json()["status"]["state"] == "Cancelled", "w-1 stopped"
+        )
+        w1 = http.get("/jobs/research/walk/tasks/w-1").json()
+        assert ("Stopping", "Stopped by scheduler") in [(e["state"], e["reason"]) for e in w1["history"]]
+        ended = api.cluster.wait_for(
+            lambda: (s := http.get("/jobs/research/walk").json()["status"])["state"] == "Cancelled" and s, "the end"
+        )
+        assert ended["reason"] == "All workers ended; some were cancelled"
+        refused = http.post("/jobs/research/walk/cancel")
+        assert (refused.status_code, refused.json()) == (409, {"error": "run research/walk already ended: Cancelled"})
+
+    reader.join(timeout=30)
+    assert not reader.is_alive(), "the event stream did not end with the run"
+    assert events[-1] == ("end", {**ended, "finished_at": events[-1][1]["finished_at"]})
+    changes = [data for kind, data in events if kind == "message"]
+    assert set(changes[0]) == {"at", "object", "state", "reason", "code"}
+    assert (changes[0]["object"], changes[0]["state"], changes[0]["reason"]) == ("run", "Pending", "Run created")
+    assert ("run", "Cancelled", "All workers ended; some were cancelled") in [
+        (e["object"], e["state"], e["reason"]) for e in changes
+    ]
+
+
+def test_cancel_and_a_resumed_event_stream(api: Api) -> None:
+    with api.client(api.research) as http:
+        assert (
+            http.post(
+                "/jobs", json={"name": "short", "groups": [{"name": "w", "command": ["sleep", "60"]}]}
+            ).status_code
+            == 201
+        )
+        _running(api, api.research, "research/short")
+        cancelled = http.post("/jobs/research/short/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        events: list[tuple[str, dict[str, Any]]] = []
+        _read_events(api, api.research, "research/short", events)
+        assert events[-1][0] == "end" and events[-1][1]["state"] == "Cancelled"
+        resumed: list[tuple[str, dict[str, Any]]] = []
+        with http.stream("GET", "/jobs/research/short/events", headers={"last-event-id": "2"}) as response:
+            text = response.read().decode()
+        resumed = [(b.split("\n")[0]) for b in text.strip().split("\n\n")]
+        assert resumed[0] == "id: 3" and len(resumed) == len(events) - 2
+
+
+def test_a_bad_spec_is_refused_naming_the_field_and_a_taken_name_is_a_conflict(api: Api) -> None:
+    with api.client(api.research) as http:
+        bad = http.post("/jobs", json={"name": "bad", "groups": [{"name": "w", "command": ["x"], "gpus": -1}]})
+        assert (bad.status_code, bad.json()) == (
+            422,
+            {"error": "invalid run spec:\ngroups.0.gpus: Input should be greater than or equal to 0"},
+        )
+        unknown = http.post("/jobs", content="name: u\nbogus: 1\ngroups: [{name: w, command: [x]}]\n",
+                            headers={"content-type": "application/yaml"})  # fmt: skip
+        assert (unknown.status_code, unknown.json()["error"]) == (422, "invalid run spec:\nbogus: unknown field")
+        assert http.post("/jobs", content=b"{not json").status_code == 422
+        spec = {"name": "twice", "groups": [{"name": "w", "command": ["true"]}]}
+        assert http.post("/jobs", json=spec).status_code == 201
+        again = http.post("/jobs", json=spec)
+        assert (again.status_code, again.json()) == (
+            409,
+            {"error": "a run named twice already exists in namespace research"},
+        )
+        elsewhere = http.post("/jobs", json=spec | {"namespace": "other"})
+        assert elsewhere.status_code == 404
+        assert http.get("/jobs", params={"state": "Sleeping"}).status_code == 422
+
+
+ROUTES = [
+    ("GET", "/jobs/{run}", None),
+    ("POST", "/jobs/{run}/cancel", None),
+    ("GET", "/jobs/{run}/history", None),
+    ("GET", "/jobs/{run}/events", None),
+    ("GET", "/jobs/{run}/tasks/w-0", None),
+    ("POST", "/jobs/{run}/tasks/w-0/stop", {"reason": "no"}),
+    ("POST", "/tasks/{run}/w-0/stop", None),
+    ("GET", "/jobs/{run}/tasks/w-0/logs", None),
+    ("GET", "/jobs/{run}/tasks/w-0/logs?follow=true", None),
+]
+
+
+def test_another_workspace_sees_nothing_of_a_run_and_no_token_gets_401(api: Api) -> None:
+    with api.client(api.research) as http:
+        assert http.post("/jobs", content=SLEEPER.format(name="private"),
+                         headers={"content-type": "application/yaml"}).status_code == 201  # fmt: skip
+    _running(api, api.research, "research/private")
+    missing = {"error": "no run named private in namespace research"}
+    for token, status in ((api.other, 404), (None, 401), ("astraeus_not-a-token", 401)):
+        with api.client(token) as http:
+            for method, path, body in ROUTES:
+                answer = http.request(method, path.format(run="research/private"), json=body)
+                assert answer.status_code == status, (token, method, path, answer.text)
+                assert answer.json() == missing if status == 404 else answer.content == b"", (method, path)
+            for method, path in (("GET", "/jobs"), ("POST", "/jobs"), ("GET", "/nodes"), ("GET", "/quotas")):
+                if status == 401:
+                    assert http.request(method, path).status_code == 401
+    # It is the same answer as a run that does not exist; and the run is untouched.
+    with api.client(api.research) as http:
+        assert http.get("/jobs/research/nothing").json() == {"error": "no run named nothing in namespace research"}
+        assert http.get("/jobs/research/private").json()["status"]["state"] == "Running"
+    with api.client(api.other) as http:
+        assert http.get("/jobs").json() == {"runs": [], "next_page": None}
+        assert http.get("/jobs", params={"namespace": "research"}).json() == {"runs": [], "next_page": None}
+    with api.client(api.research) as http:
+        names = {r["name"] for r in http.get("/jobs").json()["runs"]}
+        assert "private" in names and all(r["namespace"] == "research" for r in http.get("/jobs").json()["runs"])
+        assert http.post("/jobs/research/private/cancel").status_code == 200
+
+
+def test_machines_and_quotas_are_read_by_all_and_changed_by_admins_and_revoked_tokens_stop_working(api: Api) -> None:
+    with api.client(api.research) as http:
+        assert [n["name"] for n in http.get("/nodes").json()] == ["a0"]
+        assert http.get("/nodes/a0").json()["name"] == "a0"
+        assert http.get("/nodes/zz").status_code == 404
+        refused = http.post("/nodes/a0/cordon", json={"reason": "mine"})
+        assert (refused.status_code, refused.json()) == (403, {"error": "only an admin token may change machines"})
+        assert http.put("/quotas/research", json={"gpus": 8}).status_code == 403
+    with api.client(api.admin) as http:
+        assert http.post("/nodes/a0/cordon", json={"reason": "fan"}).status_code == 200
+        assert http.post("/nodes/a0/uncordon").status_code == 200
+        assert http.put("/quotas/research", json={"gpus": 8}).json()[0]["gpus"] == 8
+        assert {r["namespace"] for r in http.get("/jobs").json()["runs"]} >= {"research"}
+        assert http.delete("/quotas/research").json() == []
+    with api.client(api.other) as http:
+        assert http.get("/quotas").json() == []
+    secret = api.token("other", "--note", "short-lived")
+    listed = api.cluster.json("token", "ls")
+    (made,) = [t for t in listed if t["note"] == "short-lived"]
+    assert set(made) == {"id", "namespace", "created_at", "note"}  # no digest shown, and no secret kept
+    with api.client(secret) as http:
+        api.cluster.wait_for(lambda: http.get("/jobs").status_code == 200, "the new token to be taken", 5)
+        api.cluster.cli("token", "revoke", made["id"])
+        api.cluster.wait_for(lambda: http.get("/jobs").status_code == 401, "the revoked token to be refused", 10)
+    gone = api.cluster.cli("token", "revoke", made["id"], check=False)
+    assert (gone.returncode, gone.stderr) == (3, f"astraeus: no token {made['id']}\n")
+
+
+def test_the_served_openapi_document_is_the_committed_one(api: Api) -> None:
+    served = httpx.get(f"{api.url}/openapi.json").json()
+    assert served == openapi_document() == json.loads((ROOT / "deploy" / "openapi.json").read_text())
+
+
+def test_the_readmes_curl_walk_through_runs_as_written(api: Api) -> None:
+    """The README's "The HTTP API" commands, in one shell, against this cluster: `astraeus` reaches its Temporal by
+    $ASTRAEUS_TEMPORAL, and $API is this API's address instead of the default the README sets."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## The HTTP API", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [line.split("  #", 1)[0].strip() for line in block.strip().splitlines()]
+    assert lines[0].startswith("astraeus api")  # the fixture started it, on a free port
+    assert lines[1] == "API=http://127.0.0.1:7245"
+    # A person types the next command once the last one answered; a run's workflow may take a moment to begin
+    # answering, so each curl is tried again (for 10 s) until it succeeds.
+    tried = [f"ok=; for _ in $(seq 50); do {line} && {{ ok=1; break; }}; sleep 0.2; done; [ -n \"$ok\" ]"
+             if line.startswith("curl") else line for line in lines[2:]]  # fmt: skip
+    script = "\n".join(["set -e", f"API={api.url}", *tried])
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "ASTRAEUS_TEMPORAL": api.cluster.address}
+    ran = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert '"run":"team-a/hello"' in ran.stdout.replace(" ", "")
+    assert "event: end" in ran.stdout
+    assert api.cluster.describe("team-a/hello")["status"]["state"] == "Cancelled"
+
+
+def test_dev_with_api_serves_it_and_prints_an_admin_token(tmp_path: Path) -> None:
+    """`astraeus dev --api HOST:PORT`: the API in the same process, an admin token for whoever started it."""
+    listen = f"127.0.0.1:{free_port()}"
+    args = ["--port", str(free_port()), "--ui-port", str(free_port()), "--api", listen, "--data-dir", str(tmp_path)]
+    log = tmp_path / "dev.log"
+    with log.open("wb") as out:
+        dev = subprocess.Popen([str(BIN / "astraeus"), "dev", *args], stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not (line := next((t for t in log.read_text().splitlines() if "HTTP API" in t), "")):
+            assert dev.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.25)
+        url, token = line.split("HTTP API: ", 1)[1].removesuffix(")").split(" (admin token: ")
+        assert url == f"http://{listen}"
+        assert httpx.get(f"{url}/nodes", headers={"authorization": f"Bearer {token}"}).json()[0]["name"] == "local-0"
+        assert httpx.get(f"{url}/nodes").status_code == 401
+    finally:
+        os.killpg(dev.pid, signal.SIGTERM)
+        try:
+            dev.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(dev.pid, signal.SIGKILL)
+            dev.wait()
+    assert dev.returncode == 0, log.read_text()

@@ -1,0 +1,451 @@
+"""The HTTP API (`astraeus api`): the CLI's verbs over HTTP, in the API's words (a run is a job, a worker a task).
+
+A thin adapter: every route is one call of `AstraeusClient` (or of the admin verbs) and answers what that call
+answers, as `--json` prints it; what the API adds is who may ask (`workers/api_auth.py`) and how errors read
+(`{"error": ...}` with 401, 403, 404, 409, 422 or 503). A workspace token sees only its workspace's runs: for any
+other run the answer is 404, word for word what a run that does not exist gets.
+"""
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Annotated, Any, Literal, cast
+
+import uvicorn
+import yaml
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field, ValidationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from workers import admin
+from workers.api_auth import TokenBook
+from workers.client import AstraeusClient, AstraeusError, NotFound, RunPage
+from workflows.domain.nodes import NodeView
+from workflows.domain.quotas import Quota
+from workflows.domain.spec import NAME_PATTERN, JobSpec, format_errors, parse_spec
+from workflows.domain.status import RunState, Status, StatusEntry
+from workflows.domain.tokens import Token, may_see
+from workflows.domain.views import TERMINATED, JobDescription, TaskView
+
+DEFAULT_LISTEN = "127.0.0.1:7245"  # `astraeus api --listen` (the scheduler's door is 7244)
+RUN_STATES = [*(s.value for s in RunState), TERMINATED]
+SSE = "text/event-stream"
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+
+
+class BadInput(AstraeusError):
+    """A request the API cannot read: answered 422, naming the field."""
+
+
+class Forbidden(AstraeusError):
+    """A workspace token asked to change what only an admin may change (machines, quotas)."""
+
+
+class Unauthorized(Exception):
+    """No token, or one that is not (or no longer) valid: answered 401 and nothing more."""
+
+
+class Submitted(BaseModel):
+    """`POST /jobs`: the run, as `astraeus submit --json` prints it."""
+
+    run: str
+    id: str
+    namespace: str
+    name: str
+
+
+class History(BaseModel):
+    """`GET /jobs/{ns}/{name}/history`: as `astraeus history --json` prints it."""
+
+    run: list[StatusEntry]
+    tasks: dict[str, list[StatusEntry]]
+
+
+class StopRequest(BaseModel):
+    reason: str | None = Field(None, max_length=1024, description='why (default "Stopped by scheduler")')
+
+
+class CordonBody(BaseModel):
+    reason: str = Field("", max_length=1024)
+
+
+class QuotaBody(BaseModel):
+    gpus: int | None = Field(None, ge=0)
+    cpu: float | None = Field(None, ge=0)
+    memory_bytes: int | None = Field(None, ge=0)
+    pools: list[str] = Field(default_factory=list)
+
+
+class Health(BaseModel):
+    ok: bool
+
+
+SPEC_BODY = {
+    "required": True,
+    "description": "A run spec, as `astraeus submit` reads it: JSON, or YAML with a YAML content type.",
+    "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
+        "application/yaml": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
+    },
+}
+WHY = {
+    401: "no token, or not a valid one (nothing more is said)",
+    403: "only an admin token may change it",
+    404: "no such run, task or machine, or one the token's workspace may not see",
+    409: "the run's state refuses it: it ended, the task is stopping, the name is taken, no machine holds the task",
+    422: "bad input, naming the field",
+    503: "Temporal stopped answering",
+}
+
+
+def answers(*codes: int, ok: str | None = None) -> dict[int | str, dict[str, Any]]:
+    """The answers a route may give besides its own 200 (`ok`: its media type, when it is not JSON)."""
+    documented: dict[int | str, dict[str, Any]] = {
+        c: {"description": WHY[c]} for c in sorted({401, 404, 422, 503, *codes})
+    }
+    if ok is not None:
+        documented[200] = {"content": {ok: {"schema": {"type": "string"}}}}
+    return documented
+
+
+def api_app(client: AstraeusClient, book: TokenBook) -> FastAPI:
+    """The API over one client of Temporal; `book` says who each bearer token is."""
+    app = FastAPI(title="Astraeus", version="1", summary="Runs (jobs) and their workers (tasks) on a GPU cluster.")
+    bearer = HTTPBearer(auto_error=False, description="A workspace token, or an admin token (astraeus token create)")
+
+    async def caller(given: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Token:
+        token = await book.find(given.credentials) if given is not None else None
+        if token is None:
+            raise Unauthorized
+        return token
+
+    Caller = Annotated[Token, Depends(caller)]
+
+    def visible(token: Token, ns: str, name: str) -> None:
+        if not may_see(token, ns):  # the same words as a run that does not exist
+            raise NotFound(f"no run named {name} in namespace {ns}")
+
+    def admin_only(token: Token, what: str) -> None:
+        if not token.admin:
+            raise Forbidden(f"only an admin token may change {what}")
+
+    _errors(app)
+
+    @app.get("/healthz", response_model=Health, tags=["health"])
+    async def healthz() -> Health:
+        """Whether the API process answers (it needs no token)."""
+        return Health(ok=True)
+
+    @app.post("/jobs", status_code=201, response_model=Submitted, tags=["jobs"], responses=answers(409),
+              openapi_extra={"requestBody": SPEC_BODY})  # fmt: skip
+    async def submit(request: Request, token: Caller) -> Submitted:
+        """Submit a run. A workspace token's runs go to its workspace (a spec naming another is refused as
+        not found); the spec is checked as `astraeus submit` checks it."""
+        spec = _spec(await request.body(), request.headers.get("content-type", ""), token)
+        await client.submit(spec)
+        run = f"{spec.namespace}/{spec.name}"
+        return Submitted(run=run, id=spec.job_id, namespace=spec.namespace, name=spec.name)
+
+    @app.get("/jobs", response_model=RunPage, tags=["jobs"], responses=answers())
+    async def list_jobs(
+        token: Caller,
+        namespace: str | None = Query(None, pattern=NAME_PATTERN),
+        state: str | None = Query(None, description=f"one of {', '.join(RUN_STATES)}"),
+        limit: int = Query(100, ge=1, le=1000),
+        page: str | None = Query(None, description="next_page of the page before"),
+    ) -> RunPage:
+        """Runs, open ones first, then the latest to end: a workspace token's of its workspace only."""
+        if state is not None and state not in RUN_STATES:
+            raise BadInput(f"state: expected one of {', '.join(RUN_STATES)}")
+        if token.namespace is not None:
+            if namespace not in (None, token.namespace):
+                return RunPage(runs=[])
+            namespace = token.namespace
+        return await client.ls(namespace, state, limit=limit, page=page)
+
+    @app.get("/jobs/{ns}/{name}", response_model=JobDescription, tags=["jobs"], responses=answers())
+    async def describe(
+        ns: str, name: str, token: Caller, after: int = Query(0, ge=0), limit: int | None = Query(None, ge=1)
+    ) -> JobDescription:
+        """The run, its tasks and why they wait, as `astraeus describe --json` (each history paged by after/limit)."""
+        visible(token, ns, name)
+        return await client.describe(ns, name, after=after, limit=limit)
+
+    @app.post("/jobs/{ns}/{name}/cancel", response_model=Status, tags=["jobs"], responses=answers(409))
+    async def cancel(ns: str, name: str, token: Caller) -> Status:
+        """Cancel the run: every task is stopped, and the run ends Cancelled."""
+        visible(token, ns, name)
+        return await client.cancel(ns, name)
+
+    @app.get("/jobs/{ns}/{name}/history", response_model=History, tags=["jobs"], responses=answers())
+    async def history(
+        ns: str, name: str, token: Caller, after: int = Query(0, ge=0), limit: int | None = Query(None, ge=1)
+    ) -> History:
+        """Every change of the run, then of each task, oldest first."""
+        visible(token, ns, name)
+        described = await client.describe(ns, name, after=after, limit=limit)
+        return History(run=described.history, tasks={t.id: t.history for t in described.tasks})
+
+    @app.get("/jobs/{ns}/{name}/events", tags=["jobs"], responses=answers(ok=SSE),
+             response_class=StreamingResponse)  # fmt: skip
+    async def events(
+        ns: str, name: str, token: Caller, request: Request, after: int = Query(0, ge=0)
+    ) -> StreamingResponse:
+        """Server-Sent Events: each change of the run and its tasks (state, reason, code, at), from the first (or
+        after `after`, or the `Last-Event-ID` header), until the run ends; then one `end` event with its status."""
+        visible(token, ns, name)
+        skip = max(after, _last_event_id(request))
+        stream = _sse(client, ns, name, skip)
+        return StreamingResponse(await _primed(stream), media_type=SSE, headers={"cache-control": "no-cache"})
+
+    @app.get("/jobs/{ns}/{name}/tasks/{task}", response_model=TaskView, tags=["tasks"], responses=answers())
+    async def task(ns: str, name: str, task: str, token: Caller) -> TaskView:
+        """One task: its node, attempt, restarts, status, history and last failure."""
+        visible(token, ns, name)
+        return await _task(client, ns, name, task)
+
+    @app.post("/jobs/{ns}/{name}/tasks/{task}/stop", response_model=Status, tags=["tasks"],
+              responses=answers(409))  # fmt: skip
+    async def stop(ns: str, name: str, task: str, token: Caller, body: StopRequest | None = None) -> Status:
+        """Stop one task with a reason (default "Stopped by scheduler"); the run's status after."""
+        visible(token, ns, name)
+        return await client.stop(ns, name, task, (body or StopRequest()).reason)
+
+    @app.post("/tasks/{full:path}/stop", response_model=Status, tags=["tasks"], responses=answers(409))
+    async def stop_by_full_name(full: str, token: Caller, body: StopRequest | None = None) -> Status:
+        """The spec's form: the task named in full, `NAMESPACE/RUN/TASK` (or `job/NAMESPACE/RUN/TASK`, its
+        run's workflow id and the task)."""
+        ns, name, task = _full_task(full)
+        visible(token, ns, name)
+        return await client.stop(ns, name, task, (body or StopRequest()).reason)
+
+    @app.get("/jobs/{ns}/{name}/tasks/{task}/logs", tags=["tasks"], response_class=PlainTextResponse,
+             responses=answers(409, ok="text/plain"))  # fmt: skip
+    async def logs(
+        ns: str,
+        name: str,
+        task: str,
+        token: Caller,
+        tail: int | None = Query(None, ge=1, description="only the last lines"),
+        follow: bool = Query(False, description="stream new output until the task ends for good"),
+    ) -> Response:
+        """The task's output (stdout and stderr), read on its machine; `follow` streams it as it comes."""
+        visible(token, ns, name)
+        if follow:
+            if tail is not None:
+                raise BadInput("tail: does not apply with follow")
+            text = client.follow_logs(ns, name, task)
+            return StreamingResponse(await _primed(text), media_type="text/plain; charset=utf-8")
+        return PlainTextResponse(await client.logs(ns, name, task, lines=tail or 100_000))
+
+    @app.get("/nodes", response_model=list[NodeView], tags=["nodes"], responses=answers())
+    async def nodes(token: Caller) -> list[NodeView]:
+        """Every machine: inventory, state and what keeps work off it."""
+        return await client.nodes()
+
+    @app.get("/nodes/{node}", response_model=NodeView, tags=["nodes"], responses=answers())
+    async def node(node: str, token: Caller) -> NodeView:
+        found = next((v for v in await client.nodes() if v.name == node), None)
+        if found is None:
+            raise NotFound(f"no machine named {node}")
+        return found
+
+    @app.post("/nodes/{node}/{verb}", response_model=NodeView, tags=["nodes"], responses=answers(403))
+    async def node_verb(
+        node: str, verb: Literal["cordon", "uncordon", "remove"], token: Caller, body: CordonBody | None = None
+    ) -> NodeView:
+        """cordon, uncordon or remove a machine (admin tokens only), as `astraeus nodes VERB`."""
+        admin_only(token, "machines")
+        return await admin.node_verb(client.temporal, node, verb, (body or CordonBody()).reason)
+
+    @app.get("/quotas", response_model=list[Quota], tags=["quotas"], responses=answers())
+    async def quotas(token: Caller) -> list[Quota]:
+        """Every workspace's quota."""
+        return await admin.quotas(client.temporal)
+
+    @app.put("/quotas/{ns}", response_model=list[Quota], tags=["quotas"], responses=answers(403))
+    async def set_quota(ns: str, body: QuotaBody, token: Caller) -> list[Quota]:
+        """Set a workspace's quota (admin tokens only); every quota after."""
+        admin_only(token, "quotas")
+        try:
+            quota = Quota(namespace=ns, gpus=body.gpus, cpu=body.cpu, memory_bytes=body.memory_bytes,
+                          pools=tuple(body.pools))  # fmt: skip
+        except ValidationError as error:
+            raise BadInput(format_errors(error)) from None
+        return await admin.set_quota(client.temporal, quota)
+
+    @app.delete("/quotas/{ns}", response_model=list[Quota], tags=["quotas"], responses=answers(403))
+    async def remove_quota(ns: str, token: Caller) -> list[Quota]:
+        """Remove a workspace's quota (admin tokens only)."""
+        admin_only(token, "quotas")
+        return await admin.remove_quota(client.temporal, ns)
+
+    app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def openapi_document() -> dict[str, Any]:
+    """The document without a cluster: it depends on the routes only (deploy/openapi.json is it)."""
+    return openapi(api_app(cast(AstraeusClient, None), cast(TokenBook, None)))
+
+
+def openapi(app: FastAPI) -> dict[str, Any]:
+    """The API's OpenAPI document, with the run spec's JSON Schema (the body of POST /jobs) among its schemas."""
+    if app.openapi_schema is None:
+        document = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+        spec = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        schemas.update(spec.pop("$defs", {}))
+        schemas["JobSpec"] = spec
+        app.openapi_schema = document
+    return app.openapi_schema
+
+
+# ---- what the routes share --------------------------------------------------------------------------------------
+
+
+def _spec(body: bytes, content_type: str, token: Token) -> JobSpec:
+    """The run spec of a POST /jobs, read as the CLI reads a file (YAML with a YAML content type, else JSON);
+    a workspace token's spec goes to its workspace."""
+    try:
+        yaml_given = content_type.split(";")[0].strip().lower() in YAML_TYPES
+        data = yaml.safe_load(body) if yaml_given else json.loads(body)
+    except (yaml.YAMLError, ValueError) as error:
+        raise BadInput(f"body: not {'YAML' if yaml_given else 'JSON'}: {error}") from None
+    if isinstance(data, dict) and token.namespace is not None:
+        given = data.setdefault("namespace", token.namespace)
+        if given != token.namespace:
+            raise NotFound(f"no namespace {given} for this token")
+    try:
+        return parse_spec(data)
+    except ValueError as error:
+        raise BadInput(f"invalid run spec:\n{error}") from None
+
+
+def _full_task(full: str) -> tuple[str, str, str]:
+    """`NAMESPACE/RUN/TASK`, or `job/NAMESPACE/RUN/TASK`."""
+    parts = full.split("/")
+    if len(parts) == 4 and parts[0] == "job":
+        parts = parts[1:]
+    if len(parts) != 3 or not all(parts):
+        raise BadInput(f"{full}: expected NAMESPACE/RUN/TASK, e.g. default/hello/worker-0")
+    return parts[0], parts[1], parts[2]
+
+
+async def _task(client: AstraeusClient, ns: str, name: str, task: str) -> TaskView:
+    described = await client.describe(ns, name)
+    found = next((t for t in described.tasks if t.id == task), None)
+    if found is None:
+        raise NotFound(f"run {ns}/{name} has no worker {task}")
+    return found
+
+
+def _last_event_id(request: Request) -> int:
+    """A reconnecting EventSource sends the id of the last event it had: it goes on after it."""
+    given = request.headers.get("last-event-id", "")
+    return int(given) if given.isdigit() else 0
+
+
+async def _sse(client: AstraeusClient, ns: str, name: str, skip: int) -> AsyncIterator[str]:
+    """Each event as `id: N` (its place in the run's event stream, from 1) and `data: {json}`, until the run ends;
+    then `event: end` with the run's status."""
+    number = 0
+    async for event in client.follow(ns, name):
+        number += 1
+        if number > skip:
+            yield f"id: {number}\ndata: {event.model_dump_json()}\n\n"
+    status = await client.status(ns, name)
+    yield f"event: end\ndata: {status.model_dump_json()}\n\n"
+
+
+async def _primed(stream: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The stream with its first item read already, so that a run or task that does not exist is answered with
+    its error (404) rather than a 200 that breaks off."""
+    try:
+        first = await anext(stream)
+    except StopAsyncIteration:
+        first = None
+
+    async def rest() -> AsyncIterator[str]:
+        if first is not None:
+            yield first
+        async for item in stream:
+            yield item
+
+    return rest()
+
+
+def _errors(app: FastAPI) -> None:
+    """How errors read: `{"error": message}`, the CLI's words; 401 says nothing."""
+
+    def answer(status: int) -> Callable[[Request, Exception], Awaitable[Response]]:
+        async def handle(request: Request, error: Exception) -> Response:
+            return JSONResponse({"error": str(error)}, status_code=status)
+
+        return handle
+
+    async def unauthorized(request: Request, error: Exception) -> Response:
+        return Response(status_code=401, headers={"www-authenticate": "Bearer"})
+
+    async def invalid(request: Request, error: Exception) -> Response:
+        assert isinstance(error, RequestValidationError)
+        lines = [
+            f"{'.'.join(str(p) for p in e['loc'] if p not in ('query', 'path'))}: {e['msg']}" for e in error.errors()
+        ]
+        return JSONResponse({"error": "\n".join(lines)}, status_code=422)
+
+    async def unavailable(request: Request, error: Exception) -> Response:
+        assert isinstance(error, RPCError)
+        if error.status != RPCStatusCode.UNAVAILABLE:
+            raise error
+        return JSONResponse({"error": f"Temporal stopped answering: {error}"}, status_code=503)
+
+    app.add_exception_handler(Unauthorized, unauthorized)
+    app.add_exception_handler(NotFound, answer(404))
+    app.add_exception_handler(Forbidden, answer(403))
+    app.add_exception_handler(BadInput, answer(422))
+    # What else the client refuses is refused by the run's state: it ended, a worker is stopping, a name is taken.
+    app.add_exception_handler(AstraeusError, answer(409))
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(RPCError, unavailable)
+
+
+async def serve(app: FastAPI, sock: socket.socket, stop: asyncio.Event | None = None) -> None:
+    """Serve the API on a bound socket: until SIGINT or SIGTERM (uvicorn's own handlers), or, in a process that
+    keeps its own handlers (`astraeus dev`), until `stop` is set."""
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, server_header=False)
+    server = uvicorn.Server(config) if stop is None else _OwnSignals(config)
+    sock.listen(1024)
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    if stop is not None:
+        await stop.wait()
+        server.should_exit = True
+    await serving
+
+
+class _OwnSignals(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the process's own handlers stay
+
+
+def bind(address: str) -> socket.socket:
+    """A socket bound to HOST:PORT, so that a port in use is said at once, naming it."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise BadInput(f"--listen {address}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), int(port)))
+    except OSError as error:
+        sock.close()
+        raise AstraeusError(f"the API cannot listen on {address}: {error.strerror}") from None
+    return sock
