@@ -287,13 +287,13 @@ def test_an_activity_renamed_by_the_process_that_serves_it_is_caught() -> None:
 
 
 @activity.defn(name="plan_workers")
-async def _plan_workers_retyped(input: PlaceInput) -> PlaceResult:
+async def _plan_group_retyped(input: PlaceInput) -> PlaceResult:
     raise NotImplementedError
 
 
 def test_an_activity_whose_types_differ_from_its_stub_is_caught() -> None:
     served = processes()
-    retyped = _plan_workers_retyped
+    retyped = _plan_group_retyped
     scheduler = served["scheduler"]
     served["scheduler"] = replace(
         scheduler, activities=[retyped if _activity_name(fn) == "plan_workers" else fn for fn in scheduler.activities]
@@ -306,7 +306,7 @@ def test_an_activity_whose_types_differ_from_its_stub_is_caught() -> None:
 # A workflow's call, as the workflows write it; each case changes one name in it.
 PLAN = """
 async def _plan(self, command):
-    plan = await workflow.execute_activity(contracts.plan_workers, message, task_queue=SCHEDULER_TASK_QUEUE)
+    plan = await workflow.execute_activity(contracts.plan_group, message, task_queue=SCHEDULER_TASK_QUEUE)
 """
 
 
@@ -318,19 +318,19 @@ def test_a_workflow_call_written_as_the_workflows_write_it_passes() -> None:
     ("old", "new", "problem"),
     [
         pytest.param(
-            "contracts.plan_workers",
+            "contracts.plan_group",
             '"plan_workers"',
             "an activity named by 'plan_workers'",
             id="an activity named by a string literal",
         ),
         pytest.param(
-            "contracts.plan_workers",
-            "contracts.plan_the_workers",
-            "contracts has no activity plan_the_workers",
+            "contracts.plan_group",
+            "contracts.plan_the_group",
+            "contracts has no activity plan_the_group",
             id="an activity contracts does not declare",
         ),
         pytest.param(
-            "contracts.plan_workers",
+            "contracts.plan_group",
             "contracts.read_log",
             "read_log on astraeus-scheduler is registered by no process polling it",
             id="an activity sent to a queue whose process does not serve it",

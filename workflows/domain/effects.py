@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from workflows.domain.events import ArmTimer, Command, Place, PlanWorkers, Release, Start, Stop, Supervise, Timer
+from workflows.domain.events import ArmTimer, Command, Place, PlanGroup, Release, Start, Stop, Supervise, Timer
 from workflows.domain.status import JobRecord, TaskRecord, TaskState
 from workflows.domain.tasks import group_of, heartbeat_ttl, plan_request, task_env, task_request, unplanned
 
@@ -35,7 +35,7 @@ def identity(command: Command) -> list[Effect]:
     match command:
         case Place(requests=requests):
             return [Effect("place", r.task_id, r.attempt) for r in requests]
-        case PlanWorkers(group=group):
+        case PlanGroup(group=group):
             return [Effect("plan", group, 0)]
         case Start(barrier=True):
             return [Effect("setup", command.task_id, command.attempt)]
@@ -94,9 +94,7 @@ def _plans(job: JobRecord) -> list[Command]:
     for group in unplanned(job):
         assert group.total_gpus is not None
         request = plan_request(job, group)
-        plans.append(
-            PlanWorkers(group=group.name, request=request, total_gpus=group.total_gpus, machines=group.machines)
-        )
+        plans.append(PlanGroup(group=group.name, request=request, total_gpus=group.total_gpus, machines=group.machines))
     return plans
 
 
