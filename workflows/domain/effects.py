@@ -82,7 +82,7 @@ def effects(job: JobRecord, now: datetime) -> list[Command]:
         commands.append(ArmTimer(timer=Timer.BARRIER, task_id="", attempt=job.barrier_round, at=at))
     for task in job.tasks:
         if not task.final:
-            commands += _worker(job, task, now)
+            commands += _task_effects(job, task, now)
     return commands
 
 
@@ -98,8 +98,8 @@ def _plans(job: JobRecord) -> list[Command]:
     return plans
 
 
-def _worker(job: JobRecord, task: TaskRecord, now: datetime) -> list[Command]:
-    """One worker's effects (not final)."""
+def _task_effects(job: JobRecord, task: TaskRecord, now: datetime) -> list[Command]:
+    """One task's effects (not final)."""
     ids = {"task_id": task.id, "attempt": task.attempt.number}
     commands: list[Command] = []
     if task.restart_at is not None:
