@@ -248,6 +248,44 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "machine": ["read_log", "run_task", "start_task", "stop_task", "supervise_task"],
         "lease": ["hold_lease"],
     }
+    # Stubs renamed in Python keep the names histories recorded.
+    renamed = [contracts.plan_group, contracts.tell_runs_machine_lost]
+    assert [contracts.activity_name(stub) for stub in renamed] == ["plan_workers", "machine_lost"]
+    assert [m.name for m in contracts.SIGNALS] == [
+        "placement",
+        "preempt",
+        "task_progress",
+        "task_running",
+        "task_health",
+        "machine_lost",
+        "task_exited_while_lost",
+    ]
+    assert [m.name for m in contracts.QUERIES] == [
+        "status",
+        "describe",
+        "events",
+        "folded",
+        "attempts_on",
+        "scheduler_view",
+        "view",
+        "quotas",
+        "tokens",
+    ]
+    assert [m.name for m in contracts.UPDATES] == [
+        "cancel",
+        "stop_task",
+        "register",
+        "report_gpus",
+        "report_pressure",
+        "report_orphan_stopped",
+        "cordon",
+        "uncordon",
+        "remove",
+        "set_quota",
+        "remove_quota",
+        "add_token",
+        "revoke_token",
+    ]
     assert (contracts.CONTROL_TASK_QUEUE, contracts.SCHEDULER_TASK_QUEUE) == ("astraeus-control", "astraeus-scheduler")
     assert (contracts.node_task_queue("m1"), contracts.lease_task_queue("m1", "h:1:t")) == (
         "astraeus-node-m1",

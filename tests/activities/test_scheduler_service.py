@@ -318,7 +318,7 @@ async def test_a_rebuilt_service_reads_priorities_and_quotas_and_decides_the_sam
     assert cluster.signals == first
 
 
-async def test_plan_workers_uses_the_view() -> None:
+async def test_planning_a_group_uses_the_view() -> None:
     cluster = FakeCluster(nodes={f"n{i}": machine(f"n{i}", gpus=8) for i in range(3)})
     svc = await service(cluster)
     plan = await svc.plan_group(PlanInput(request=request(group="train"), total_gpus=16))
