@@ -378,7 +378,7 @@ class AgentActivities:
         key = task_key(input.ref)
         await _heartbeating(self._starter.stop(key, input.grace_seconds))
 
-    async def stop_own_workers(self, grace_seconds: float) -> int:
+    async def stop_own_tasks(self, grace_seconds: float) -> int:
         """Stop every attempt this agent started or watched that still runs (its lease is lost: the runs count
         them lost and start them again elsewhere); returns how many it stopped."""
         keys = sorted(self._attempts, key=lambda k: k.slug)

@@ -23,8 +23,8 @@ class ControlActivities:
         replay sees the same)."""
         return LoadSettingsResult(settings=self._settings, protocol=PROTOCOL)
 
-    @implements(contracts.machine_lost)
-    async def machine_lost(self, report: MachineLost) -> int:
+    @implements(contracts.tell_runs_machine_lost)
+    async def tell_runs_machine_lost(self, report: MachineLost) -> int:
         """Tell every open run with a worker on the machine (search attribute AstraeusNodes) that it is gone."""
         told = 0
         query = f'{contracts.OPEN_JOBS} AND {SA_NODES}="{report.node}"'

@@ -29,15 +29,14 @@ from workflows.contracts import PRIORITY_KEY, QUOTAS_WORKFLOW_ID, SA_NODES, impl
 from workflows.domain.events import MachineLost, PlacementUpdate, Preempt
 from workflows.domain.machines import Compiled
 from workflows.domain.nodes import NodeState, NodeView
-from workflows.domain.planning import WorkerPlan, plan_workers
+from workflows.domain.planning import TaskPlan, plan_group
 from workflows.domain.quotas import Quota
-from workflows.domain.requests import Allocation, TaskRequest, allocation_for
+from workflows.domain.requests import Allocation, JobTaskKey, TaskRequest, allocation_for
 from workflows.domain.scheduling import Decision, Preemption, schedule
 from workflows.messages import NodeChangedInput, PlaceInput, PlaceResult, PlanInput, QuotasChangedInput, ReleaseInput
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, str]
 SIGNALS_AT_ONCE = 32  # runs being signalled at once
 SWEEP_SECONDS = 10.0  # how often closed runs that still hold room are looked for
 RESEND_TRIES = 20  # a signal that fails is sent again, backing off to 5 s: about a minute and a half in all
@@ -54,14 +53,14 @@ class SchedulerService:
     def __init__(self, client: Client, clock: Callable[[], datetime] = _utcnow) -> None:
         self._client = client
         self._clock = clock
-        self._requests: dict[Key, TaskRequest] = {}
-        self._allocations: dict[Key, Allocation] = {}
+        self._requests: dict[JobTaskKey, TaskRequest] = {}
+        self._allocations: dict[JobTaskKey, Allocation] = {}
         self._nodes: dict[str, NodeView] = {}
         self._compiled = Compiled()  # the machines compiled by the last pass, for the next
         self._quotas: dict[str, Quota] = {}
-        self._preempting: dict[Key, Key] = {}  # victim asked to stop -> the head worker it makes room for
-        self._sent: dict[Key, tuple[PlacementUpdate, datetime]] = {}  # the last answer each waiting worker got
-        self._asking: dict[Key, int] = {}  # workers whose `place` call awaits a pass: answered in its result
+        self._preempting: dict[JobTaskKey, JobTaskKey] = {}  # victim asked to stop -> the head worker it makes room for
+        self._sent: dict[JobTaskKey, tuple[PlacementUpdate, datetime]] = {}  # the last answer each waiting worker got
+        self._asking: dict[JobTaskKey, int] = {}  # workers whose `place` call awaits a pass: answered in its result
         self._refresh_at: datetime | None = None  # when a held-back refresh of machines' reasons is due
         self._due: asyncio.Future[None] | None = None  # the next pass, once a change asked for one
         self._last_pass = (0.0, 0.0)  # when the last pass ended, and how long it took (monotonic seconds)
@@ -208,8 +207,8 @@ class SchedulerService:
         self._quotas = {q.namespace: q for q in input.quotas}
         await self._settle()
 
-    @implements(contracts.machine_lost)
-    async def machine_lost(self, report: MachineLost) -> int:
+    @implements(contracts.tell_runs_machine_lost)
+    async def tell_runs_machine_lost(self, report: MachineLost) -> int:
         """Tell every open run with a worker on the machine that it is gone (its workers go Down): the runs that
         hold room there, and those that list it in their search attribute AstraeusNodes (runs created before the
         scheduler answered for them). Returns once each was told, so that a lost machine's runs always learn it."""
@@ -230,11 +229,11 @@ class SchedulerService:
             return False
         return True
 
-    @implements(contracts.plan_workers)
-    async def plan_workers(self, input: PlanInput) -> WorkerPlan:
+    @implements(contracts.plan_group)
+    async def plan_group(self, input: PlanInput) -> TaskPlan:
         """How many workers a group asking `total_gpus` becomes, on the machines as they are now."""
         quota = self._quotas.get(input.request.namespace)
-        return plan_workers(
+        return plan_group(
             input.request,
             input.total_gpus,
             input.machines,

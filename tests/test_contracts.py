@@ -248,6 +248,44 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "machine": ["read_log", "run_task", "start_task", "stop_task", "supervise_task"],
         "lease": ["hold_lease"],
     }
+    # Stubs renamed in Python keep the names histories recorded.
+    renamed = [contracts.plan_group, contracts.tell_runs_machine_lost]
+    assert [contracts.activity_name(stub) for stub in renamed] == ["plan_workers", "machine_lost"]
+    assert [m.name for m in contracts.SIGNALS] == [
+        "placement",
+        "preempt",
+        "task_progress",
+        "task_running",
+        "task_health",
+        "machine_lost",
+        "task_exited_while_lost",
+    ]
+    assert [m.name for m in contracts.QUERIES] == [
+        "status",
+        "describe",
+        "events",
+        "folded",
+        "attempts_on",
+        "scheduler_view",
+        "view",
+        "quotas",
+        "tokens",
+    ]
+    assert [m.name for m in contracts.UPDATES] == [
+        "cancel",
+        "stop_task",
+        "register",
+        "report_gpus",
+        "report_pressure",
+        "report_orphan_stopped",
+        "cordon",
+        "uncordon",
+        "remove",
+        "set_quota",
+        "remove_quota",
+        "add_token",
+        "revoke_token",
+    ]
     assert (contracts.CONTROL_TASK_QUEUE, contracts.SCHEDULER_TASK_QUEUE) == ("astraeus-control", "astraeus-scheduler")
     assert (contracts.node_task_queue("m1"), contracts.lease_task_queue("m1", "h:1:t")) == (
         "astraeus-node-m1",
@@ -287,13 +325,13 @@ def test_an_activity_renamed_by_the_process_that_serves_it_is_caught() -> None:
 
 
 @activity.defn(name="plan_workers")
-async def _plan_workers_retyped(input: PlaceInput) -> PlaceResult:
+async def _plan_group_retyped(input: PlaceInput) -> PlaceResult:
     raise NotImplementedError
 
 
 def test_an_activity_whose_types_differ_from_its_stub_is_caught() -> None:
     served = processes()
-    retyped = _plan_workers_retyped
+    retyped = _plan_group_retyped
     scheduler = served["scheduler"]
     served["scheduler"] = replace(
         scheduler, activities=[retyped if _activity_name(fn) == "plan_workers" else fn for fn in scheduler.activities]
@@ -306,7 +344,7 @@ def test_an_activity_whose_types_differ_from_its_stub_is_caught() -> None:
 # A workflow's call, as the workflows write it; each case changes one name in it.
 PLAN = """
 async def _plan(self, command):
-    plan = await workflow.execute_activity(contracts.plan_workers, message, task_queue=SCHEDULER_TASK_QUEUE)
+    plan = await workflow.execute_activity(contracts.plan_group, message, task_queue=SCHEDULER_TASK_QUEUE)
 """
 
 
@@ -318,19 +356,19 @@ def test_a_workflow_call_written_as_the_workflows_write_it_passes() -> None:
     ("old", "new", "problem"),
     [
         pytest.param(
-            "contracts.plan_workers",
+            "contracts.plan_group",
             '"plan_workers"',
             "an activity named by 'plan_workers'",
             id="an activity named by a string literal",
         ),
         pytest.param(
-            "contracts.plan_workers",
-            "contracts.plan_the_workers",
-            "contracts has no activity plan_the_workers",
+            "contracts.plan_group",
+            "contracts.plan_the_group",
+            "contracts has no activity plan_the_group",
             id="an activity contracts does not declare",
         ),
         pytest.param(
-            "contracts.plan_workers",
+            "contracts.plan_group",
             "contracts.read_log",
             "read_log on astraeus-scheduler is registered by no process polling it",
             id="an activity sent to a queue whose process does not serve it",

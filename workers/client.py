@@ -344,7 +344,9 @@ class AstraeusClient:
         return await self._update(namespace, name, contracts.CANCEL)
 
     async def stop(self, namespace: str, name: str, task_id: str, reason: str | None = None) -> Status:
-        return await self._update(namespace, name, contracts.STOP_TASK, StopTaskRequest(task_id=task_id, reason=reason))
+        return await self._update(
+            namespace, name, contracts.REQUEST_STOP, StopTaskRequest(task_id=task_id, reason=reason)
+        )
 
     async def _update(self, namespace: str, name: str, update: contracts.Update[In, Status], *args: In) -> Status:
         handle = self._handle(namespace, name)

@@ -90,12 +90,12 @@ class Serves:
 
 
 def control_serves(control: ControlActivities, link: SchedulerLink) -> Serves:
-    """The control plane: every workflow, their local activities, and machine_lost for machines that called it here
-    (the scheduler tells runs now)."""
+    """The control plane: every workflow, their local activities, and the activity `machine_lost` for machines that
+    called it here (the scheduler tells runs now)."""
     return Serves(
         CONTROL_TASK_QUEUE,
         [JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow, TokensWorkflow],
-        [control.load_settings, control.machine_lost, control.cancel_run_workflow, link.place, link.release],
+        [control.load_settings, control.tell_runs_machine_lost, control.cancel_run_workflow, link.place, link.release],
     )
 
 
@@ -108,8 +108,8 @@ def scheduler_serves(service: SchedulerService) -> Serves:
             service.release,
             service.node_changed,
             service.quotas_changed,
-            service.plan_workers,
-            service.machine_lost,
+            service.plan_group,
+            service.tell_runs_machine_lost,
         ],
     )
 
@@ -428,7 +428,7 @@ class Agent:
         finally:
             watching.cancel()
             if self.activities.lost.is_set():
-                stopped = await self.activities.stop_own_workers(self._grace)
+                stopped = await self.activities.stop_own_tasks(self._grace)
             await self.shutdown()
             results = await asyncio.gather(*runs, return_exceptions=True)
         if self.activities.lost.is_set():

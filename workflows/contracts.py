@@ -32,7 +32,7 @@ from workflows.domain.events import (
 )
 from workflows.domain.node import GpusReported, OrphanStopped, PressureReported, Registered
 from workflows.domain.nodes import NodeView
-from workflows.domain.planning import WorkerPlan
+from workflows.domain.planning import TaskPlan
 from workflows.domain.quotas import Quota
 from workflows.domain.spec import job_id as job_id
 from workflows.domain.status import Folded, Status
@@ -122,7 +122,8 @@ PRIORITY_KEY = SearchAttributeKey.for_int(SA_PRIORITY)
 NODES_KEY = SearchAttributeKey.for_keyword_list(SA_NODES)
 
 # ---- activities -------------------------------------------------------------------------------------------------
-# A stub's function name is the activity's name. It is never run: the process named above it serves it.
+# A stub's activity name (`activity_name`) is its function's name, or the name its `activity.defn` gives where the
+# Python name changed since: the name on the wire never does. It is never run: the process named above it serves it.
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -137,7 +138,10 @@ def implements(
 
 
 def activity_name(stub: Callable[..., Any]) -> str:
-    return stub.__name__
+    """The name the stub's activity is registered and called by (what histories record)."""
+    name = activity._Definition.must_from_callable(stub).name
+    assert name is not None  # a stub is never dynamic
+    return name
 
 
 # The control plane (CONTROL_TASK_QUEUE: local activities of its workflows, and the activities sent there).
@@ -171,9 +175,9 @@ async def release(input: ReleaseInput) -> None:
 # The scheduler service (SCHEDULER_TASK_QUEUE).
 
 
-@activity.defn
-async def plan_workers(input: PlanInput) -> WorkerPlan:
-    """How many workers a group of `total_gpus` gets, and where."""
+@activity.defn(name="plan_workers")
+async def plan_group(input: PlanInput) -> TaskPlan:
+    """How many tasks a group of `total_gpus` is split into, and of how many GPUs each."""
     raise NotImplementedError
 
 
@@ -189,10 +193,10 @@ async def quotas_changed(input: QuotasChangedInput) -> None:
     raise NotImplementedError
 
 
-@activity.defn
-async def machine_lost(report: MachineLost) -> int:
-    """Tell every run with room on the machine that it is gone; how many were told. The control plane serves it
-    too, for NodeWorkflow histories that sent it there."""
+@activity.defn(name="machine_lost")
+async def tell_runs_machine_lost(report: MachineLost) -> int:
+    """Tell every run with room on the machine that it is gone (the signal `machine_lost`); how many were told. The
+    control plane serves it too, for NodeWorkflow histories that sent it there."""
     raise NotImplementedError
 
 
@@ -280,12 +284,13 @@ PREEMPT = Signal(JOB_WORKFLOW, "preempt", Preempt)
 TASK_PROGRESS = Signal(JOB_WORKFLOW, "task_progress", TaskProgress)
 TASK_RUNNING = Signal(JOB_WORKFLOW, "task_running", TaskRunning)
 TASK_HEALTH = Signal(JOB_WORKFLOW, "task_health", TaskHealth)
-MACHINE_LOST = Signal(JOB_WORKFLOW, "machine_lost", MachineLost)
+MACHINE_LOST = Signal(JOB_WORKFLOW, "machine_lost", MachineLost)  # sent to each run by `tell_runs_machine_lost`
 TASK_EXITED_WHILE_LOST = Signal(JOB_WORKFLOW, "task_exited_while_lost", ExitedWhileLost)
 
 # JobWorkflow's updates and queries (clients, the scheduler's rebuild, the agents' fencing).
 CANCEL: Update[None, Status] = Update(JOB_WORKFLOW, "cancel", None, Status)
-STOP_TASK: Update[StopTaskRequest, Status] = Update(JOB_WORKFLOW, "stop_task", StopTaskRequest, Status)
+# A person's (the API's) request to stop a task; `stop_task`, the activity, is its machine's stop.
+REQUEST_STOP: Update[StopTaskRequest, Status] = Update(JOB_WORKFLOW, "stop_task", StopTaskRequest, Status)
 STATUS: Query[None, Status] = Query(JOB_WORKFLOW, "status", None, Status)
 DESCRIBE: Query[None, JobDescription] = Query(JOB_WORKFLOW, "describe", None, JobDescription)
 EVENTS: Query[None, list[Event]] = Query(JOB_WORKFLOW, "events", None, list[Event])
@@ -324,7 +329,17 @@ TOKENS: Query[None, list[Token]] = Query(TOKENS_WORKFLOW, "tokens", None, list[T
 
 SIGNALS = [PLACEMENT, PREEMPT, TASK_PROGRESS, TASK_RUNNING, TASK_HEALTH, MACHINE_LOST, TASK_EXITED_WHILE_LOST]
 QUERIES = [STATUS, DESCRIBE, EVENTS, FOLDED, ATTEMPTS_ON, SCHEDULER_VIEW, VIEW, QUOTAS, TOKENS]
-UPDATES = [CANCEL, STOP_TASK, REGISTER, REPORT_GPUS, REPORT_PRESSURE, REPORT_ORPHAN_STOPPED, CORDON, UNCORDON, REMOVE]
+UPDATES = [
+    CANCEL,
+    REQUEST_STOP,
+    REGISTER,
+    REPORT_GPUS,
+    REPORT_PRESSURE,
+    REPORT_ORPHAN_STOPPED,
+    CORDON,
+    UNCORDON,
+    REMOVE,
+]
 UPDATES += [SET_QUOTA, REMOVE_QUOTA, ADD_TOKEN, REVOKE_TOKEN]
 
 

@@ -63,7 +63,8 @@ PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=ti
 # A supervisor is never retried by Temporal: the workflow decides (a missed heartbeat makes the worker Stale).
 ONCE = RetryPolicy(maximum_attempts=1)
 
-Key = tuple[str, int]
+# (task id, attempt): one attempt of one task of this run, what its supervisor and its start in flight are keyed by.
+AttemptKey = tuple[str, int]
 T = TypeVar("T")
 In = TypeVar("In")
 
@@ -90,9 +91,9 @@ class JobWorkflow:
         self._job: JobRecord | None = None
         self._inbox: list[ev.Event] = []
         self._busy: set[asyncio.Task[None]] = set()  # calls that must finish (place, release, start, stop)
-        self._supervisors: dict[Key, asyncio.Task[None]] = {}  # cancelled once their worker leaves its machine
-        self._starting: set[Key] = set()  # start calls in flight
-        self._reported_running: set[Key] = set()  # workers their machine reported running (run_task: started)
+        self._supervisors: dict[AttemptKey, asyncio.Task[None]] = {}  # cancelled once their worker leaves its machine
+        self._starting: set[AttemptKey] = set()  # start calls in flight
+        self._reported_running: set[AttemptKey] = set()  # workers their machine reported running (run_task: started)
         self._timers: set[asyncio.Task[None]] = set()  # cancelled when the run closes or continues as new
         self._nodes: list[str] = []
         self._state = RunState.PENDING.value  # the AstraeusState the run was started with
@@ -133,7 +134,7 @@ class JobWorkflow:
                     self._job, commands = fail_undecided(self._job, error_text(error), workflow.now())
                 for command in commands:
                     self._carry_out(command)
-                self._forget_gone_workers()
+                self._forget_gone_tasks()
                 self._publish()
             elif self._settled():
                 if self._job.protocol < 2:
@@ -244,7 +245,7 @@ class JobWorkflow:
         match command:
             case ev.Place():
                 self._spawn(self._place(command))
-            case ev.PlanWorkers():
+            case ev.PlanGroup():
                 self._spawn(self._plan(command))
             case ev.Release():
                 self._spawn(self._release(command))
@@ -278,16 +279,16 @@ class JobWorkflow:
         )
         self._inbox.extend(result.answers if result is not None else [])
 
-    async def _plan(self, command: ev.PlanWorkers) -> None:
+    async def _plan(self, command: ev.PlanGroup) -> None:
         plan = await workflow.execute_activity(
-            contracts.plan_workers,
+            contracts.plan_group,
             PlanInput(request=command.request, total_gpus=command.total_gpus, machines=command.machines),
             task_queue=SCHEDULER_TASK_QUEUE,
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=PATIENT,
             summary=f"plan group {command.group}",
         )
-        self._inbox.append(ev.WorkersPlanned(group=command.group, **plan.model_dump()))
+        self._inbox.append(ev.GroupPlanned(group=command.group, **plan.model_dump()))
 
     async def _release(self, command: ev.Release) -> None:
         assert self._job is not None
@@ -415,7 +416,7 @@ class JobWorkflow:
             self._inbox.append(ev.TaskEnded(task_id=task_id, attempt=attempt, **result.model_dump()))
             return
 
-    def _forget_gone_workers(self) -> None:
+    def _forget_gone_tasks(self) -> None:
         """Cancel the supervisors of workers that left their machine (ended, lost, or a new attempt)."""
         assert self._job is not None
         on_node = {(t.id, t.attempt.number) for t in self._job.tasks if t.on_node}
@@ -496,13 +497,13 @@ class JobWorkflow:
         if job.cancel_requested:
             raise ApplicationError(f"run {job.spec.namespace}/{job.spec.name} is already being cancelled")
 
-    @workflow.update(name=contracts.STOP_TASK.name)
-    def stop_task(self, request: StopTaskRequest) -> Status:
+    @workflow.update(name=contracts.REQUEST_STOP.name)
+    def request_stop(self, request: StopTaskRequest) -> Status:
         reason = request.reason or R.StoppedByScheduler.template
         self._inbox.append(ev.StopRequested(task_id=request.task_id, reason=reason))
         return self._record().task(request.task_id).status
 
-    @stop_task.validator
+    @request_stop.validator
     def _validate_stop(self, request: StopTaskRequest) -> None:
         job = self._record()
         try:

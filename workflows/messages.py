@@ -120,8 +120,8 @@ class QuotasChangedInput(_Msg):
 
 
 class PlanInput(_Msg):
-    """Activity `plan_workers`: split `total_gpus` of a group into workers (on exactly `machines` machines when
-    given); `request` is one worker of the group with everything but its GPU count."""
+    """Activity `plan_workers` (`contracts.plan_group`): split `total_gpus` of a group into tasks (on exactly
+    `machines` machines when given); `request` is one task of the group with everything but its GPU count."""
 
     request: TaskRequest
     total_gpus: int

@@ -146,7 +146,7 @@ class NodeWorkflow:
         """Every run with a worker on this machine learns it is gone (its workers go Down), and when: the report
         may reach a run after a new agent of the machine started one of its workers, which must not count lost."""
         await workflow.execute_activity(
-            contracts.machine_lost,
+            contracts.tell_runs_machine_lost,
             MachineLost(node=self._view.name, removed=removed, lost_at=lost_at),
             task_queue=SCHEDULER_TASK_QUEUE,  # the scheduler knows every worker on the machine
             start_to_close_timeout=timedelta(seconds=60),

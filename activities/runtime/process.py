@@ -119,7 +119,7 @@ class ProcessRuntime:
             return http_get("127.0.0.1", readiness.http_get, readiness.timeout_seconds)
         assert readiness.command is not None
         directory = self._dir(key)
-        env = _worker_environment(directory)
+        env = _task_environment(directory)
         if env is None:
             return False, "the worker is not running"
         return _run_check(readiness.command, directory, env, readiness.timeout_seconds)
@@ -285,7 +285,7 @@ def _environment(key: TaskKey, launch: Launch) -> dict[str, str]:
     return env
 
 
-def _worker_environment(directory: Path) -> dict[str, str] | None:
+def _task_environment(directory: Path) -> dict[str, str] | None:
     """The environment the worker was started with (its launch's, secrets included, never kept on disk), read
     from the running worker itself; None when it does not run."""
     pid = _read_int(directory / "pid")

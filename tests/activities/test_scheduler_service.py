@@ -318,12 +318,12 @@ async def test_a_rebuilt_service_reads_priorities_and_quotas_and_decides_the_sam
     assert cluster.signals == first
 
 
-async def test_plan_workers_uses_the_view() -> None:
+async def test_planning_a_group_uses_the_view() -> None:
     cluster = FakeCluster(nodes={f"n{i}": machine(f"n{i}", gpus=8) for i in range(3)})
     svc = await service(cluster)
-    plan = await svc.plan_workers(PlanInput(request=request(group="train"), total_gpus=16))
+    plan = await svc.plan_group(PlanInput(request=request(group="train"), total_gpus=16))
     assert (plan.workers, plan.gpus_per_worker) == (2, 8)
-    plan = await svc.plan_workers(PlanInput(request=request(group="train"), total_gpus=32))
+    plan = await svc.plan_group(PlanInput(request=request(group="train"), total_gpus=32))
     assert plan.reason == "Cannot plan workers: no way to run 32 GPUs on these machines: 8 free on the largest one now"
 
 
@@ -417,7 +417,7 @@ async def test_a_lost_machine_is_told_to_every_run_holding_room_on_it() -> None:
     await place(svc, request(run="b", gpus=2))
     await place(svc, request(run="c", gpus=1))  # waits: told nothing about n0
     on_n0 = next(job for job, _, node, _ in placements(cluster) if node == "n0")
-    assert await svc.machine_lost(MachineLost(node="n0")) == 1
+    assert await svc.tell_runs_machine_lost(MachineLost(node="n0")) == 1
     assert cluster.sent("machine_lost") == [(on_n0, MachineLost(node="n0"))]
 
 
@@ -427,7 +427,7 @@ async def test_a_lost_machine_is_told_with_when_it_was_lost() -> None:
     svc = await service(cluster)
     await place(svc, request(run="a", gpus=2))
     report = MachineLost(node="n0", lost_at=datetime(2025, 1, 1, 3, 41, 17, tzinfo=UTC))
-    assert await svc.machine_lost(report) == 1
+    assert await svc.tell_runs_machine_lost(report) == 1
     assert cluster.sent("machine_lost") == [("job/default/a", report)]
     assert cluster.sent("machine_lost")[0][1].lost_at == datetime(2025, 1, 1, 3, 41, 17, tzinfo=UTC)
 

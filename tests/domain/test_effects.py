@@ -20,7 +20,7 @@ from workflows.domain.events import (
     HeartbeatLate,
     Place,
     PlacementUpdate,
-    PlanWorkers,
+    PlanGroup,
     Release,
     Start,
     Stop,
@@ -76,7 +76,7 @@ def said(commands: list[Command]) -> list[tuple[Any, ...]]:
         match command:
             case Place(requests=requests):
                 lines.append(("place", *[(r.task_id, r.attempt) for r in requests]))
-            case PlanWorkers(group=group):
+            case PlanGroup(group=group):
                 lines.append(("plan", group))
             case Start(barrier=True):
                 lines.append(("set up", command.task_id, command.attempt, command.node))

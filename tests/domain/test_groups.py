@@ -165,16 +165,16 @@ def test_quota_reached_is_written_once_to_the_run_history() -> None:
 
 
 def test_a_group_of_total_gpus_is_planned_then_created() -> None:
-    from workflows.domain.events import ArmTimer, PlanWorkers, Timer, TimerFired, WorkersPlanned
+    from workflows.domain.events import ArmTimer, GroupPlanned, PlanGroup, Timer, TimerFired
     from workflows.domain.tasks import group_of
 
     story = Story(spec({"name": "train", "total_gpus": 16}, {"name": "eval"}))
     (plan,) = story.step(1, Created())
-    assert isinstance(plan, PlanWorkers)
+    assert isinstance(plan, PlanGroup)
     assert (plan.group, plan.total_gpus, plan.machines, plan.request.gpus) == ("train", 16, None, 0)
     assert story.job.tasks == []
     why = "Cannot plan workers: no way to run 16 GPUs on these machines: 4 free on the largest one now"
-    commands = story.step(2, WorkersPlanned(group="train", code="PlanNoWay", reason=why))
+    commands = story.step(2, GroupPlanned(group="train", code="PlanNoWay", reason=why))
     assert story.status() == ("Pending", why)
     assert story.job.status.code == "CannotPlanWorkers"
     assert commands == [ArmTimer(timer=Timer.REPLAN, task_id="train", attempt=0, at=commands[0].at)]
@@ -182,7 +182,7 @@ def test_a_group_of_total_gpus_is_planned_then_created() -> None:
     (again,) = story.step(62, TimerFired(timer=Timer.REPLAN, task_id="train", attempt=0))
     assert again == plan
 
-    (place,) = of(story.step(63, WorkersPlanned(group="train", workers=2, gpus_per_worker=8)), Place)
+    (place,) = of(story.step(63, GroupPlanned(group="train", workers=2, gpus_per_worker=8)), Place)
     assert [(r.task_id, r.gpus) for r in place.requests] == [("train-0", 8), ("train-1", 8), ("eval-0", 0)]
     assert group_of(story.job, story.job.task("train-1")).replicas == 2
     assert [r for _, r in story.run_history()] == [

@@ -7,14 +7,14 @@ import pytest
 
 from tests.domain.builders import T0, holding, machine, request
 from workflows.domain.nodes import NodeView
-from workflows.domain.planning import WorkerPlan, plan_workers, power_of_two
+from workflows.domain.planning import TaskPlan, plan_group, power_of_two
 
 EIGHTS = [machine(f"n{i}", gpus=8) for i in range(4)]
 
 
-def plan(total: int, machines: int | None, nodes: list[NodeView], **fields: object) -> WorkerPlan:
+def plan(total: int, machines: int | None, nodes: list[NodeView], **fields: object) -> TaskPlan:
     template = request(group="train", **fields)  # type: ignore[arg-type]
-    return plan_workers(template, total, machines, nodes, [holding("n3", gpus=4)], T0)
+    return plan_group(template, total, machines, nodes, [holding("n3", gpus=4)], T0)
 
 
 @pytest.mark.parametrize(
@@ -96,7 +96,7 @@ def test_powers_of_two(n: int, expected: bool) -> None:
 
 def test_a_group_is_never_split_into_more_workers_than_a_run_may_have() -> None:
     ones = [machine(f"n{i}", gpus=1) for i in range(1024)]
-    plan = plan_workers(request(group="train"), 1024, None, ones, [], T0)
+    plan = plan_group(request(group="train"), 1024, None, ones, [], T0)
     assert (
         plan.reason == "Cannot plan workers: no way to run 1024 GPUs on these machines: 1 free on the largest one now"
     )

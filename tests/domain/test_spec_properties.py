@@ -27,10 +27,11 @@ from workflows.domain.events import (
     Command,
     Created,
     Event,
+    GroupPlanned,
     HeartbeatLate,
     Place,
     PlacementUpdate,
-    PlanWorkers,
+    PlanGroup,
     Start,
     Stop,
     TaskEnded,
@@ -38,10 +39,9 @@ from workflows.domain.events import (
     TaskRunning,
     TaskStarted,
     TimerFired,
-    WorkersPlanned,
 )
 from workflows.domain.job import decide
-from workflows.domain.planning import plan_workers
+from workflows.domain.planning import plan_group
 from workflows.domain.scheduling import schedule
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
@@ -286,9 +286,9 @@ def answer(job: JobRecord, commands: list[Command], now: datetime, timers: list[
     requests = []
     for command in commands:
         match command:
-            case PlanWorkers():
-                plan = plan_workers(command.request, command.total_gpus, command.machines, NODES, [], now)
-                answers.append(WorkersPlanned(group=command.group, **plan.model_dump()))
+            case PlanGroup():
+                plan = plan_group(command.request, command.total_gpus, command.machines, NODES, [], now)
+                answers.append(GroupPlanned(group=command.group, **plan.model_dump()))
             case Place():
                 requests += command.requests
             case Start(task_id=task, attempt=attempt, barrier=True):

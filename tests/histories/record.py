@@ -23,7 +23,7 @@ from tests.workflows.fakes import Script, fake_cluster
 from workers.client import run_result
 from workers.connect import ensure_search_attributes
 from workflows.contracts import CONTROL_TASK_QUEUE
-from workflows.domain.planning import WorkerPlan
+from workflows.domain.planning import TaskPlan
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
 from workflows.domain.status import Status
@@ -44,7 +44,7 @@ STORIES: dict[str, tuple[dict[str, Any], Script]] = {
     # A group of total_gpus planned by the scheduler, and a group that waits for it to run.
     "groups": (
         {"groups": [W | {"total_gpus": 8}, {"name": "after", "command": ["x"], "depends_on": [{"group": "w"}]}]},
-        Script(hold={"w-0", "w-1", "after-0"}, plans=[WorkerPlan(workers=2, gpus_per_worker=4)]),
+        Script(hold={"w-0", "w-1", "after-0"}, plans=[TaskPlan(workers=2, gpus_per_worker=4)]),
     ),
     # Temporal's cancellation request (the UI's button) is the run's cancel (CANCEL_REQUEST_PATCH). Since protocol 2
     # a run's outcome is its workflow's too: fail-p2 fails, cancel-p2 and ui-cancel-p2 are Canceled.

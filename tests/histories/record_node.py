@@ -81,7 +81,11 @@ async def record() -> None:
     machine = FakeMachine()
     async with (
         Worker(env.client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
-        Worker(env.client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.machine_lost]),
+        Worker(
+            env.client,
+            task_queue=SCHEDULER_TASK_QUEUE,
+            activities=[machine.node_changed, machine.tell_runs_machine_lost],
+        ),
     ):
         for story, recorder in [("node-life", life), ("node-continued", continued)]:
             history = await recorder(env, machine)

@@ -21,7 +21,7 @@ from activities.control import ControlActivities
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_task_queue
 from workflows.domain.events import MachineLost, PlacementUpdate, TaskHealth, TaskRunning
 from workflows.domain.nodes import NodeView
-from workflows.domain.planning import WorkerPlan
+from workflows.domain.planning import TaskPlan
 from workflows.domain.reasons import Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id
@@ -63,11 +63,11 @@ class Script:
     # Gang members whose set-up ("w-1", or one attempt "w-1.0") never finishes: each barrier call fails, and is
     # tried again, so virtual time still runs.
     late: set[str] = field(default_factory=set)
-    plans: list[WorkerPlan] = field(default_factory=list)
+    plans: list[TaskPlan] = field(default_factory=list)
     stop_seconds: float = 0  # how long a stop takes (real seconds, heartbeating): long enough to be cancelled
     healthy: set[str] = field(
         default_factory=set
-    )  # these pass their readiness check once running  # plan_workers answers, in order (the last repeats)
+    )  # these pass their readiness check once running  # plan_group answers, in order (the last repeats)
 
     def holds(self, task_id: str, attempt: int) -> bool:
         return task_id in self.hold or f"{task_id}.{attempt}" in self.hold
@@ -107,7 +107,7 @@ class FakeCluster:
         return PlaceResult(answers=answers)
 
     @activity.defn(name="plan_workers")
-    async def plan_workers(self, input: PlanInput) -> WorkerPlan:
+    async def plan_group(self, input: PlanInput) -> TaskPlan:
         self.planned.append(input)
         return self.script.plans[min(len(self.planned), len(self.script.plans)) - 1]
 
@@ -195,7 +195,7 @@ async def fake_cluster(client: Client, script: Script, settings: Settings | None
             activities=[cluster.load_settings, control.cancel_run_workflow, cluster.place, cluster.release],
         ),
         Worker(
-            client, task_queue=SCHEDULER_TASK_QUEUE, activities=[cluster.place, cluster.release, cluster.plan_workers]
+            client, task_queue=SCHEDULER_TASK_QUEUE, activities=[cluster.place, cluster.release, cluster.plan_group]
         ),
         Worker(
             client,
@@ -235,7 +235,7 @@ class FakeMachine:
         await asyncio.sleep(30)
 
     @activity.defn(name="machine_lost")
-    async def machine_lost(self, report: MachineLost) -> int:
+    async def tell_runs_machine_lost(self, report: MachineLost) -> int:
         if self.name is None or report.node == self.name:
             self.lost.append(report)
         return 0

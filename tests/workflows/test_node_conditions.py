@@ -32,7 +32,7 @@ class Machine:
             await asyncio.sleep(input.renew_seconds)
 
     @activity.defn(name="machine_lost")
-    async def machine_lost(self, report: MachineLost) -> int:
+    async def tell_runs_machine_lost(self, report: MachineLost) -> int:
         return 0
 
     @activity.defn(name="node_changed")
@@ -47,7 +47,9 @@ async def test_pressure_reported_by_the_agent_is_kept_recorded_and_told(time_ski
     inventory = NodeInventory(name=name, cpus=8, memory_bytes=2**34, capabilities=["sandbox"])
     async with (
         Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
-        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.machine_lost]),
+        Worker(
+            client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.tell_runs_machine_lost]
+        ),
         Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
     ):
         handle = await client.start_workflow(

@@ -38,7 +38,7 @@ class Scheduler:
         self.lost: list[MachineLost] = []
 
     @activity.defn(name="machine_lost")
-    async def machine_lost(self, report: MachineLost) -> int:
+    async def tell_runs_machine_lost(self, report: MachineLost) -> int:
         if report.node == self.name:
             self.lost.append(report)
         return 0
@@ -73,7 +73,11 @@ async def test_a_machine_continues_as_new_holding_its_lease_and_its_agent_never_
     settings = Settings(node_lease_ttl_seconds=3, continue_as_new_events=50)
     async with (
         Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
-        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[scheduler.node_changed, scheduler.machine_lost]),
+        Worker(
+            client,
+            task_queue=SCHEDULER_TASK_QUEUE,
+            activities=[scheduler.node_changed, scheduler.tell_runs_machine_lost],
+        ),
         Worker(client, task_queue=lease_task_queue(name, AGENT), activities=[agent.hold_lease]),
     ):
         handle = await client.start_workflow(

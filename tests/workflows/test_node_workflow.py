@@ -32,7 +32,9 @@ async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping:
     settings = Settings(node_lease_ttl_seconds=1)
     async with (
         Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
-        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.machine_lost]),
+        Worker(
+            client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.tell_runs_machine_lost]
+        ),
         Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
     ):
         handle = await client.start_workflow(
@@ -75,7 +77,9 @@ async def test_a_removed_machine_stays_removed_when_its_lease_then_expires(time_
     inventory = NodeInventory(name=name, cpus=8, memory_bytes=2**34)
     async with (
         Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
-        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.machine_lost]),
+        Worker(
+            client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.tell_runs_machine_lost]
+        ),
         Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
     ):
         handle = await client.start_workflow(
@@ -109,7 +113,9 @@ async def test_an_orphan_stopped_by_the_agent_is_written_in_the_machines_history
     machine = FakeMachine(name)
     report = OrphanStopped(task="w-0", run="default/sleepy", status="terminated")
     async with (
-        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow], activities=[machine.machine_lost]),
+        Worker(
+            client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow], activities=[machine.tell_runs_machine_lost]
+        ),
         Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed]),
         Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
     ):
@@ -161,7 +167,12 @@ async def test_a_second_agent_is_refused_while_the_first_holds_the_lease(time_sk
     inventory = NodeInventory(name=name, cpus=8, memory_bytes=2**34)
     async with contextlib.AsyncExitStack() as stack:
         workers = [
-            Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow], activities=[control.machine_lost]),
+            Worker(
+                client,
+                task_queue=CONTROL_TASK_QUEUE,
+                workflows=[NodeWorkflow],
+                activities=[control.tell_runs_machine_lost],
+            ),
             Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=[control.node_changed]),
         ] + [
             Worker(client, task_queue=lease_task_queue(name, instance), activities=[agent.hold_lease])

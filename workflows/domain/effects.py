@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from workflows.domain.events import ArmTimer, Command, Place, PlanWorkers, Release, Start, Stop, Supervise, Timer
+from workflows.domain.events import ArmTimer, Command, Place, PlanGroup, Release, Start, Stop, Supervise, Timer
 from workflows.domain.status import JobRecord, TaskRecord, TaskState
 from workflows.domain.tasks import group_of, heartbeat_ttl, plan_request, task_env, task_request, unplanned
 
@@ -35,7 +35,7 @@ def identity(command: Command) -> list[Effect]:
     match command:
         case Place(requests=requests):
             return [Effect("place", r.task_id, r.attempt) for r in requests]
-        case PlanWorkers(group=group):
+        case PlanGroup(group=group):
             return [Effect("plan", group, 0)]
         case Start(barrier=True):
             return [Effect("setup", command.task_id, command.attempt)]
@@ -82,7 +82,7 @@ def effects(job: JobRecord, now: datetime) -> list[Command]:
         commands.append(ArmTimer(timer=Timer.BARRIER, task_id="", attempt=job.barrier_round, at=at))
     for task in job.tasks:
         if not task.final:
-            commands += _worker(job, task, now)
+            commands += _task_effects(job, task, now)
     return commands
 
 
@@ -94,14 +94,12 @@ def _plans(job: JobRecord) -> list[Command]:
     for group in unplanned(job):
         assert group.total_gpus is not None
         request = plan_request(job, group)
-        plans.append(
-            PlanWorkers(group=group.name, request=request, total_gpus=group.total_gpus, machines=group.machines)
-        )
+        plans.append(PlanGroup(group=group.name, request=request, total_gpus=group.total_gpus, machines=group.machines))
     return plans
 
 
-def _worker(job: JobRecord, task: TaskRecord, now: datetime) -> list[Command]:
-    """One worker's effects (not final)."""
+def _task_effects(job: JobRecord, task: TaskRecord, now: datetime) -> list[Command]:
+    """One task's effects (not final)."""
     ids = {"task_id": task.id, "attempt": task.attempt.number}
     commands: list[Command] = []
     if task.restart_at is not None:

@@ -96,7 +96,7 @@ class TaskReady(_Msg):
     picked_up_at: datetime | None = None
 
 
-class WorkersPlanned(_Msg):
+class GroupPlanned(_Msg):
     """The scheduler's plan for a group asking total_gpus: `workers` of `gpus_per_worker`, or (0) why not."""
 
     kind: Literal["planned"] = "planned"
@@ -238,7 +238,7 @@ Event = Annotated[
     | TaskReady
     | TaskHealth
     | StopConfirmed
-    | WorkersPlanned
+    | GroupPlanned
     | TaskProgress
     | TaskSetupFailed
     | TaskRunning
@@ -262,7 +262,7 @@ class Place(_Msg):
     requests: list[TaskRequest]
 
 
-class PlanWorkers(_Msg):
+class PlanGroup(_Msg):
     """Ask the scheduler how many workers a group asking `total_gpus` becomes (`request`: one of its workers)."""
 
     kind: Literal["plan"] = "plan"
@@ -318,4 +318,4 @@ class ArmTimer(_Msg):
     at: datetime
 
 
-Command = Annotated[Place | PlanWorkers | Release | Start | Supervise | Stop | ArmTimer, Field(discriminator="kind")]
+Command = Annotated[Place | PlanGroup | Release | Start | Supervise | Stop | ArmTimer, Field(discriminator="kind")]

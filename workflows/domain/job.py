@@ -16,10 +16,11 @@ from workflows.domain.events import (
     Created,
     Event,
     ExitedWhileLost,
+    GroupPlanned,
     HeartbeatLate,
     MachineLost,
     PlacementUpdate,
-    PlanWorkers,
+    PlanGroup,
     Preempt,
     Release,
     StopConfirmed,
@@ -33,7 +34,6 @@ from workflows.domain.events import (
     TaskStarted,
     Timer,
     TimerFired,
-    WorkersPlanned,
 )
 from workflows.domain.lifecycle import RunShape, TaskEvent, derive_run, failed_for_good
 from workflows.domain.reasons import R, Reason, duration
@@ -256,13 +256,13 @@ def _gang_waiting(step: Step, reason: Reason) -> list[TaskRecord]:
     return waiting
 
 
-def _plan(job: JobRecord, group: GroupSpec) -> PlanWorkers:
+def _plan(job: JobRecord, group: GroupSpec) -> PlanGroup:
     assert group.total_gpus is not None
     request = plan_request(job, group)
-    return PlanWorkers(group=group.name, request=request, total_gpus=group.total_gpus, machines=group.machines)
+    return PlanGroup(group=group.name, request=request, total_gpus=group.total_gpus, machines=group.machines)
 
 
-def _create_workers(step: Step) -> None:
+def _create_tasks(step: Step) -> None:
     """Once every group is planned: the workers, asking for machines (those held by depends_on show why not)."""
     job = step.job
     if job.tasks or unplanned(job):
@@ -272,7 +272,7 @@ def _create_workers(step: Step) -> None:
     step.place(*groups.hold(job, job.tasks))
 
 
-def _planned(step: Step, event: WorkersPlanned) -> None:
+def _planned(step: Step, event: GroupPlanned) -> None:
     """A group of total_gpus split into workers, or "Cannot plan workers: <why>" and a look again later."""
     job, now = step.job, step.now
     group = next((g for g in unplanned(job) if g.name == event.group), None)
@@ -280,7 +280,7 @@ def _planned(step: Step, event: WorkersPlanned) -> None:
         return
     if event.workers:
         job.planned[group.name] = split(group, event.workers, event.gpus_per_worker)
-        _create_workers(step)
+        _create_tasks(step)
         return
     record(job.status, job.history, RunState.PENDING, Reason(R.CannotPlanWorkers.code, event.reason), now)
     at = now + timedelta(seconds=job.settings.replan_interval_seconds)
@@ -336,8 +336,8 @@ def _apply(step: Step, event: Event) -> None:
             record(job.status, job.history, RunState.PENDING, R.WaitingForWorkersToBeCreated(), now)
             for group in unplanned(job):
                 step.commands.append(_plan(job, group))
-            _create_workers(step)
-        case WorkersPlanned():
+            _create_tasks(step)
+        case GroupPlanned():
             _planned(step, event)
         case PlacementUpdate():
             _placed(step, event)

@@ -28,7 +28,7 @@ class Free:
 
 
 @dataclass(eq=False)
-class Machine:
+class CompiledNode:
     """One machine, compiled from its NodeView: the facts every check reads, looked up once."""
 
     name: str
@@ -86,7 +86,7 @@ def gpu_matches(gpu: GpuInfo, wanted: GpuRequest) -> bool:
     return not (wanted.min_memory_bytes and gpu.memory_bytes < wanted.min_memory_bytes)
 
 
-def compile_node(view: NodeView) -> Machine:
+def compile_node(view: NodeView) -> CompiledNode:
     inv = view.inventory
     not_ready = None
     if inv is None:  # its agent never registered: "Down" is only the placeholder state of a machine not yet heard
@@ -99,10 +99,10 @@ def compile_node(view: NodeView) -> Machine:
     elif inv is not None and inv.refuses_runs is not None:
         closed = R.NotAcceptingRuns(why=inv.refuses_runs or "no reason given")
     if inv is None:
-        return Machine(view.name, not_ready, None, closed, {}, frozenset(), (), None, (), frozenset(), {}, None,
+        return CompiledNode(view.name, not_ready, None, closed, {}, frozenset(), (), None, (), frozenset(), {}, None,
                        0.0, 0, (), ())  # fmt: skip
     gpus = tuple(sorted(inv.gpus, key=lambda g: g.index))
-    return Machine(
+    return CompiledNode(
         name=view.name,
         not_ready=not_ready,
         pressure=R.UnderPressure(condition=", ".join(inv.pressure)) if inv.pressure else None,
@@ -138,11 +138,11 @@ class Compiled:
     object means the same facts. In a burst a pass runs every few milliseconds over machines that rarely change."""
 
     def __init__(self) -> None:
-        self._kept: dict[str, tuple[NodeView, Machine]] = {}
+        self._kept: dict[str, tuple[NodeView, CompiledNode]] = {}
 
-    def __call__(self, views: Iterable[NodeView]) -> dict[str, Machine]:
+    def __call__(self, views: Iterable[NodeView]) -> dict[str, CompiledNode]:
         """Every view's machine, by name in name order."""
-        kept: dict[str, tuple[NodeView, Machine]] = {}
+        kept: dict[str, tuple[NodeView, CompiledNode]] = {}
         for view in sorted(views, key=lambda v: v.name):
             old = self._kept.get(view.name)
             kept[view.name] = old if old is not None and old[0] is view else (view, compile_node(view))
@@ -162,7 +162,7 @@ class Cluster:
         compiled: Compiled | None = None,
     ) -> None:
         self.now = now
-        self.machines: dict[str, Machine] = (compiled or Compiled())(views)
+        self.machines: dict[str, CompiledNode] = (compiled or Compiled())(views)
         self.names: list[str] = list(self.machines)
         self.free: dict[str, Free] = {m.name: Free(m.cpus, m.memory_bytes, len(m.gpus)) for m in self.machines.values()}
         self.held: dict[str, dict[tuple[str, str], Allocation]] = {name: {} for name in self.names}

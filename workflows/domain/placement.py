@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from workflows.domain.constraints import POOL_LABEL, Drive
-from workflows.domain.machines import EPSILON, Cluster, Free, Machine, free_capacity, size_text
+from workflows.domain.machines import EPSILON, Cluster, CompiledNode, Free, free_capacity, size_text
 from workflows.domain.reasons import R, Reason, Template, number
 from workflows.domain.requests import Allocation, TaskRequest
 
@@ -50,7 +50,7 @@ def where(ask: Ask) -> tuple[object, ...]:
     return tuple(sorted(ask.run_nodes.items())), tuple(sorted(ask.group_nodes.items()))
 
 
-Check = Callable[[Machine, Free, Ask], Reason | None]
+Check = Callable[[CompiledNode, Free, Ask], Reason | None]
 
 
 @lru_cache(maxsize=1 << 16)
@@ -66,16 +66,16 @@ def fill(template: Template, **values: object) -> Reason:
 # ---- the machine's own state -----------------------------------------------------------------------------------
 
 
-def check_ready(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_ready(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     """A machine that is Down, or has not reported what it has, takes nothing (and has nothing else to say)."""
     return node.not_ready
 
 
-def check_pressure(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_pressure(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     return node.pressure
 
 
-def check_open(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_open(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     """Cordoned by an admin, or its agent takes no new runs."""
     return node.closed
 
@@ -83,7 +83,7 @@ def check_open(node: Machine, free: Free, ask: Ask) -> Reason | None:
 # ---- which machines the worker may use --------------------------------------------------------------------------
 
 
-def check_accepted_labels(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_accepted_labels(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     """A machine with accepted labels takes only workers whose selection names one of them."""
     if not node.accepts:
         return None
@@ -94,14 +94,14 @@ def check_accepted_labels(node: Machine, free: Free, ask: Ask) -> Reason | None:
     return fill(R.NoAcceptedLabel)
 
 
-def check_names(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_names(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     selection = ask.request.selection
     if selection and selection.names and node.name not in selection.names:
         return fill(R.NotSelectedName)
     return None
 
 
-def check_labels(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_labels(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     """Labels, then pools (shown as the label pool.astraeus.io/name): the first one missing."""
     selection = ask.request.selection
     if selection is None:
@@ -115,7 +115,7 @@ def check_labels(node: Machine, free: Free, ask: Ask) -> Reason | None:
     return None
 
 
-def check_network(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_network(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     network = ask.request.network
     if network is None:
         return None
@@ -131,7 +131,7 @@ def check_network(node: Machine, free: Free, ask: Ask) -> Reason | None:
     return None
 
 
-def check_one_per_machine(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_one_per_machine(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     """topology.one_per_machine: one worker of the run per machine; a group of total_gpus (`spread`): one worker
     of the group per machine, as it was planned."""
     topology = ask.request.topology
@@ -145,19 +145,19 @@ def check_one_per_machine(node: Machine, free: Free, ask: Ask) -> Reason | None:
 # ---- room -------------------------------------------------------------------------------------------------------
 
 
-def check_cpu(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_cpu(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     if ask.request.cpu > free.cpu + EPSILON:
         return fill(R.InsufficientCpu, need=number(ask.request.cpu), free=number(max(free.cpu, 0)))
     return None
 
 
-def check_memory(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_memory(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     if ask.request.memory_bytes > free.memory_bytes:
         return fill(R.InsufficientMemory, need=ask.request.memory_bytes, free=max(free.memory_bytes, 0))
     return None
 
 
-def check_gpu_model(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_gpu_model(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     """gpu_requests: no GPU of the machine is one the worker accepts."""
     request = ask.request
     if not (request.gpus and request.gpu_requests) or len(node.faults) == len(node.gpus):
@@ -167,7 +167,7 @@ def check_gpu_model(node: Machine, free: Free, ask: Ask) -> Reason | None:
     return None
 
 
-def check_gpu_fault(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_gpu_fault(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     """A GPU with a fatal fault (Xid 79: fallen off the bus, ...) keeps every GPU worker off the machine."""
     if ask.request.gpus and node.faults:
         gpu = node.faults[0]
@@ -175,7 +175,7 @@ def check_gpu_fault(node: Machine, free: Free, ask: Ask) -> Reason | None:
     return None
 
 
-def usable_gpus(node: Machine, free: Free, request: TaskRequest) -> tuple[int, int]:
+def usable_gpus(node: CompiledNode, free: Free, request: TaskRequest) -> tuple[int, int]:
     """(free GPUs the worker may use, of which at risk). Counted conservatively: GPUs that are held are taken to
     be the usable ones, and GPUs at risk to be free."""
     matching, at_risk = node.matching(request.gpu_requests)
@@ -183,7 +183,7 @@ def usable_gpus(node: Machine, free: Free, request: TaskRequest) -> tuple[int, i
     return usable, min(at_risk, usable)
 
 
-def check_gpus(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_gpus(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     request = ask.request
     if not request.gpus or node.faults or check_gpu_model(node, free, ask):
         return None  # no GPU asked, or the fault or model reason already says why
@@ -198,7 +198,7 @@ def check_gpus(node: Machine, free: Free, ask: Ask) -> Reason | None:
 # ---- the run's shape --------------------------------------------------------------------------------------------
 
 
-def check_topology(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_topology(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     topology = ask.request.topology
     if topology is None:
         return None
@@ -217,7 +217,7 @@ def check_topology(node: Machine, free: Free, ask: Ask) -> Reason | None:
     return None
 
 
-def check_drives(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_drives(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     """Each drive exists and is usable; one held on another machine is copied to this one's data location, which
     must exist (else "Choose where to keep data on <machine>") and have room for every copy."""
     room = node.data_free
@@ -239,7 +239,7 @@ def check_drives(node: Machine, free: Free, ask: Ask) -> Reason | None:
     return None
 
 
-def check_capabilities(node: Machine, free: Free, ask: Ask) -> Reason | None:
+def check_capabilities(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     for capability in ask.request.capabilities:
         if capability not in node.capabilities:
             why = node.capability_notes.get(capability, "not reported by its agent")
@@ -271,11 +271,11 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
-def fits(node: Machine, free: Free, ask: Ask) -> bool:
+def fits(node: CompiledNode, free: Free, ask: Ask) -> bool:
     return all(check(node, free, ask) is None for check in CHECKS)
 
 
-def explain(node: Machine, free: Free, ask: Ask) -> list[Reason]:
+def explain(node: CompiledNode, free: Free, ask: Ask) -> list[Reason]:
     """Every reason the machine does not take the worker now; empty when it does. A machine that is not ready
     says only that."""
     if node.not_ready is not None:
@@ -334,7 +334,7 @@ def _less(free: Free, taken: TaskRequest | Allocation) -> Free:
     return Free(free.cpu - taken.cpu, free.memory_bytes - taken.memory_bytes, free.gpus - taken.gpus)
 
 
-def fits_empty(node: Machine, ask: Ask) -> bool:
+def fits_empty(node: CompiledNode, ask: Ask) -> bool:
     """Whether the machine would take the worker once everything on it ended."""
     empty = Free(node.cpus, node.memory_bytes, len(node.gpus))
     return fits(node, empty, ask)

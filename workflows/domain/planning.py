@@ -19,7 +19,7 @@ from workflows.domain.requests import Allocation, TaskRequest
 _ROOM_FOR_GPUS = frozenset({R.InsufficientGpus.code, R.HealthyGpus.code})
 
 
-class WorkerPlan(BaseModel):
+class TaskPlan(BaseModel):
     """`workers` workers of `gpus_per_worker` GPUs each, or (workers 0) why not: `reason` is the whole
     "Cannot plan workers: <why>" sentence."""
 
@@ -31,7 +31,7 @@ class WorkerPlan(BaseModel):
     reason: str = ""
 
     @classmethod
-    def cannot(cls, why: Reason) -> WorkerPlan:
+    def cannot(cls, why: Reason) -> TaskPlan:
         reason = R.CannotPlanWorkers(why=why.text)
         return cls(code=why.code, reason=reason.text)
 
@@ -52,7 +52,7 @@ def _room(cluster: Cluster, template: TaskRequest, names: Iterable[str]) -> list
     return room
 
 
-def plan_workers(
+def plan_group(
     template: TaskRequest,
     total_gpus: int,
     machines: int | None,
@@ -60,22 +60,22 @@ def plan_workers(
     allocations: Iterable[Allocation],
     now: datetime,
     pools: Sequence[str] = (),
-) -> WorkerPlan:
+) -> TaskPlan:
     """Split `total_gpus` of the group `template.group` into workers on the machines as they are now: across
     exactly `machines` machines when given, else across as few as will take them (at most the run's
     topology.max_machines). `template` is one worker of the group with everything but its GPU count."""
     if machines is not None:
         if total_gpus % machines:
-            return WorkerPlan.cannot(R.PlanUneven(gpus=total_gpus, machines=machines))
+            return TaskPlan.cannot(R.PlanUneven(gpus=total_gpus, machines=machines))
         per = total_gpus // machines
         if not power_of_two(per):
-            return WorkerPlan.cannot(R.PlanNotPowerOfTwo(gpus=total_gpus, machines=machines, per=per))
+            return TaskPlan.cannot(R.PlanNotPowerOfTwo(gpus=total_gpus, machines=machines, per=per))
     cluster = Cluster(nodes, allocations, now)
     allowed = set(pools)
     names = [n for n in cluster.names if not allowed or cluster.machines[n].pools & allowed]
     room = _room(cluster, template, names)
     if not room:
-        return WorkerPlan.cannot(R.PlanNoHost(group=template.group))
+        return TaskPlan.cannot(R.PlanNoHost(group=template.group))
     largest = max(room)
     if machines is not None:
         counts = [machines]
@@ -86,5 +86,5 @@ def plan_workers(
     for workers in counts:
         per = total_gpus // workers
         if power_of_two(per) and sum(r >= per for r in room) >= workers:
-            return WorkerPlan(workers=workers, gpus_per_worker=per)
-    return WorkerPlan.cannot(R.PlanNoWay(gpus=total_gpus, free=largest))
+            return TaskPlan(workers=workers, gpus_per_worker=per)
+    return TaskPlan.cannot(R.PlanNoWay(gpus=total_gpus, free=largest))

@@ -7,10 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from workflows.domain.reasons import Reason
-from workflows.domain.requests import TaskRequest
+from workflows.domain.requests import JobTaskKey, TaskRequest
 from workflows.domain.status import NodeReasons
-
-Key = tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -33,7 +31,7 @@ class Preemption:
     job_id: str
     task_ids: tuple[str, ...]
     by: str
-    head: Key
+    head: JobTaskKey
 
 
 @dataclass
@@ -41,7 +39,7 @@ class Plan:
     decisions: list[Decision] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
     wake_at: datetime | None = None  # decide again then, even if nothing happens (a patience window moves)
-    holds: dict[Key, tuple[str, datetime | None]] = field(default_factory=dict)  # head worker -> machine, start
+    holds: dict[JobTaskKey, tuple[str, datetime | None]] = field(default_factory=dict)  # head worker -> machine, start
 
-    def decision(self, key: Key) -> Decision:
+    def decision(self, key: JobTaskKey) -> Decision:
         return next(d for d in self.decisions if d.request.key == key)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from workflows.domain.machines import Cluster, Free, Machine
+from workflows.domain.machines import Cluster, CompiledNode, Free
 from workflows.domain.placement import Ask, ask_key, check_cpu, check_gpus, check_memory, fits, fits_empty
 from workflows.domain.requests import Allocation, TaskRequest
 
@@ -45,7 +45,7 @@ def cost_of(victims: Iterable[Allocation], cluster: Cluster) -> Cost:
     return (gpu, cpu, count, top)
 
 
-def _room_fits(machine: Machine, free: Free, ask: Ask) -> bool:
+def _room_fits(machine: CompiledNode, free: Free, ask: Ask) -> bool:
     return not (check_cpu(machine, free, ask) or check_memory(machine, free, ask) or check_gpus(machine, free, ask))
 
 
@@ -59,7 +59,7 @@ def freed(free: Free, victims: Iterable[Allocation]) -> Free:
     return result
 
 
-def _cheapest(machine: Machine, free: Free, ask: Ask, candidates: Sequence[Allocation], cluster: Cluster) -> (
+def _cheapest(machine: CompiledNode, free: Free, ask: Ask, candidates: Sequence[Allocation], cluster: Cluster) -> (
     tuple[Allocation, ...] | None
 ):  # fmt: skip
     if len(candidates) <= EXACT_UP_TO:

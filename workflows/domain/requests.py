@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict
 from workflows.domain.constraints import Capability, GpuRequest, Network, NodeSelection, Topology
 from workflows.domain.spec import GroupSpec, JobSpec
 
+# (job id, task id): one task of one run anywhere in the cluster, what its request and its allocation are keyed by.
+JobTaskKey = tuple[str, str]
+
 
 def run_name(job_id: str) -> str:
     """`job/<ns>/<name>` -> `<name>`: how reasons name a run."""
@@ -53,7 +56,7 @@ class TaskRequest(BaseModel):
     spread: bool = False  # a worker of a group of total_gpus: at most one worker of its group per machine
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> JobTaskKey:
         return (self.job_id, self.task_id)
 
     @property
@@ -116,7 +119,7 @@ class Allocation(BaseModel):
     time_limit_seconds: float | None = None
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> JobTaskKey:
         return (self.job_id, self.task_id)
 
     @property

@@ -21,13 +21,13 @@ from workflows.domain.explaining import Explainer, NamesKey
 from workflows.domain.machines import Cluster, Compiled
 from workflows.domain.nodes import NodeView
 from workflows.domain.placement import Ask, ask_for, fill, fits
-from workflows.domain.plans import Decision, Key, Plan, Preemption
+from workflows.domain.plans import Decision, Plan, Preemption
 
-__all__ = ["Decision", "Key", "Plan", "Preemption", "queue_order", "schedule", "shown_to"]
+__all__ = ["Decision", "JobTaskKey", "Plan", "Preemption", "queue_order", "schedule", "shown_to"]
 from workflows.domain.preemption import choose_victims, freed
 from workflows.domain.quotas import Quota, Usage, check_quota, usage_by_namespace
 from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Reason, error_text
-from workflows.domain.requests import Allocation, TaskRequest, namespace_of, run_name
+from workflows.domain.requests import Allocation, JobTaskKey, TaskRequest, namespace_of, run_name
 from workflows.domain.reservation import Reservation, Reservations, minutes_left, reserve, show_time
 
 _A = TypeVar("_A")
@@ -51,7 +51,7 @@ def schedule(
     *,
     quotas: Mapping[str, Quota] | None = None,
     drives: Mapping[str, Drive] | None = None,
-    preempting: Mapping[Key, Key] | None = None,
+    preempting: Mapping[JobTaskKey, JobTaskKey] | None = None,
     compiled: Compiled | None = None,
 ) -> Plan:
     """Decide for every waiting worker. `preempting` maps each worker already asked to stop (victim) to the head
@@ -72,7 +72,7 @@ class _Pass:
         now: datetime,
         quotas: Mapping[str, Quota],
         drives: Mapping[str, Drive],
-        preempting: dict[Key, Key],
+        preempting: dict[JobTaskKey, JobTaskKey],
         compiled: Compiled | None = None,
     ) -> None:
         self.now = now
@@ -80,7 +80,7 @@ class _Pass:
         self.quotas = quotas
         self.drives = drives
         self.preempting = preempting
-        self.kept: set[Key] = set()  # heads keeping their victims' room: waiting, so never victims themselves
+        self.kept: set[JobTaskKey] = set()  # heads keeping their victims' room: waiting, so never victims themselves
         self._used = usage_by_namespace(allocations)
         self.explainer = Explainer(self.cluster)
         self.reservations = Reservations()
@@ -123,16 +123,16 @@ class _Pass:
             reason = R.CannotBeScheduled(error=error_text(error))
             return [Decision(request, None, reason) for request in requests]
 
-    def _keep_promises(self, waiting: dict[Key, TaskRequest]) -> set[Key]:
+    def _keep_promises(self, waiting: dict[JobTaskKey, TaskRequest]) -> set[JobTaskKey]:
         """Heads whose victims are still stopping keep the room those victims free ("Starting: waiting for k
         preempted worker(s) to stop"); a head that no longer fits there queues as any other worker. A gang keeps
         room for every member it needs, or, when one of them no longer fits, for none."""
-        victims: dict[Key, list[Allocation]] = {}
+        victims: dict[JobTaskKey, list[Allocation]] = {}
         for victim, head in self.preempting.items():
             alloc = self.cluster.allocations.get(victim)
             if alloc is not None and head in waiting:
                 victims.setdefault(head, []).append(alloc)
-        promised: set[Key] = set()
+        promised: set[JobTaskKey] = set()
         for head in sorted(victims, key=lambda key: queue_order(waiting[key])):
             if head in promised:
                 continue  # a gang already kept with all its victims
@@ -283,7 +283,7 @@ class _Pass:
         assert reservation is not None, "a feasible worker has a machine to wait for"
         return self.hold(reservation)
 
-    def spared(self) -> set[Key]:
+    def spared(self) -> set[JobTaskKey]:
         """Workers that are not to be preempted: those already stopping, and heads keeping room (not running)."""
         return set(self.preempting) | self.kept
 
@@ -327,8 +327,8 @@ class _Promise(NamedTuple):
     """A head whose victims are still stopping, with what the pass knows of every waiting worker and victim."""
 
     request: TaskRequest
-    waiting: dict[Key, TaskRequest]
-    victims: dict[Key, list[Allocation]]
+    waiting: dict[JobTaskKey, TaskRequest]
+    victims: dict[JobTaskKey, list[Allocation]]
 
 
 @dataclass(frozen=True)
@@ -342,7 +342,7 @@ class _Savepoint:
     preemptions: int
     holds: int
     preempting: int
-    kept: frozenset[Key]
+    kept: frozenset[JobTaskKey]
     head: TaskRequest | None
     head_starts: int
     wake_at: datetime | None
