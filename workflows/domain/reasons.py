@@ -149,6 +149,7 @@ class R:
     RunFailed = _t("RunFailed", "Run failed")
     RunCompleted = _t("RunCompleted", "Run completed")
     RunCancelled = _t("RunCancelled", "Run cancelled")
+    RunDeleted = _t("RunDeleted", "Run deleted")  # an addition: the spec gives deleting no stop reason
     StoppedByScheduler = _t("StoppedByScheduler", "Stopped by scheduler")
 
     # --- Pending reasons -------------------------------------------------------------------------------------
