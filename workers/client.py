@@ -195,7 +195,6 @@ class AstraeusClient:
     def __init__(self, client: Client) -> None:
         self.temporal = client
         self._inputs: dict[tuple[str, str], _Given] = {}  # by workflow and run id
-        self._run_ids: list[str] = []  # of the runs `_listed` read last
 
     async def __aenter__(self) -> AstraeusClient:
         return self
@@ -536,14 +535,17 @@ class AstraeusClient:
                 raise AstraeusError(f"state {DELETED}: only with include_deleted")
             runs = [deleted_summary(t) for t in await tombstones(self.temporal, namespace)]
             return RunPage(runs=runs[:limit])
-        listed = await self._listed(namespace, state, limit, page)
+        listed, run_ids = await self._listed(namespace, state, limit, page)
         gone = {t.run_id for t in await tombstones(self.temporal, namespace)} if listed.runs else set()
-        runs = [r for r, run_id in zip(listed.runs, self._run_ids, strict=True) if run_id not in gone]
+        runs = [r for r, run_id in zip(listed.runs, run_ids, strict=True) if run_id not in gone]
         if include_deleted and listed.next_page is None and state is None:
             runs += [deleted_summary(t) for t in await tombstones(self.temporal, namespace)]
         return RunPage(runs=runs, next_page=listed.next_page)
 
-    async def _listed(self, namespace: str | None, state: str | None, limit: int, page: str | None) -> RunPage:
+    async def _listed(
+        self, namespace: str | None, state: str | None, limit: int, page: str | None
+    ) -> tuple[RunPage, list[str]]:
+        """A page of runs as visibility lists them (deleted ones among them), and each one's workflow run id."""
         query = f'WorkflowType="{contracts.JOB_WORKFLOW}"'
         if namespace:
             query += f' AND {SA_NAMESPACE}="{_quote(namespace)}"'
@@ -563,9 +565,9 @@ class AstraeusClient:
                 raise AstraeusError(f"--page {page}: not a page token that ls printed") from None
             raise
         runs = [await summary(wf) for wf in listed.current_page or []]
-        self._run_ids = [wf.run_id for wf in listed.current_page or []]
+        run_ids = [wf.run_id or "" for wf in listed.current_page or []]
         after = listed.next_page_token
-        return RunPage(runs=runs, next_page=base64.urlsafe_b64encode(after).decode() if after else None)
+        return RunPage(runs=runs, next_page=base64.urlsafe_b64encode(after).decode() if after else None), run_ids
 
     async def nodes(self) -> list[NodeView]:
         views = []
