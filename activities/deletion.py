@@ -67,7 +67,10 @@ async def end_run(client: Client, input: EndRunInput) -> EndedRun:
         raise ApplicationError(f"run {run} was deleted already", type=NO_SUCH_RUN, non_retryable=True)
     if info.status == WorkflowExecutionStatus.RUNNING:
         with contextlib.suppress(WorkflowUpdateFailedError, RPCError):  # it closed meanwhile: nothing to cancel
-            await contracts.update(handle, contracts.DELETE)
+            try:
+                await contracts.update(handle, contracts.DELETE)
+            except WorkflowUpdateFailedError:  # a control plane from before `delete`: a plain cancel, then
+                await contracts.update(handle, contracts.CANCEL)
     while (latest := await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
         activity.heartbeat()
         await asyncio.sleep(0.5)
