@@ -25,6 +25,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.deletion import tombstones
 from activities.gpus import GpuWatch
 from activities.machine import PressureWatch
 from activities.prepare import Preparer
@@ -41,6 +42,8 @@ from workflows.domain.spec import Readiness, job_id
 from workflows.messages import (
     AttemptsOnNode,
     AttemptsQuery,
+    DeletedFiles,
+    DeleteRunFilesInput,
     LeaseInput,
     LogText,
     ReadLogInput,
@@ -134,6 +137,7 @@ class AgentActivities:
             or (seen.exit_code == 0 and seen.ended_at is not None and now - seen.ended_at < RETURNED_KEPT_SECONDS)
         ]
         self._unwatched.update(adopted)
+        await self.remove_deleted_runs()
         await self._stop_orphans(tell=False)  # told at the first look once registered: that waits for nothing
         return len(adopted)
 
@@ -391,6 +395,61 @@ class AgentActivities:
             if isinstance(result, BaseException):
                 log.warning("%s: could not stop %s: %s", self._inventory.name, key.slug, result)
         return len(running)
+
+    @implements(contracts.delete_run_files)
+    async def delete_run_files(self, input: DeleteRunFilesInput) -> DeletedFiles:
+        """Remove every attempt of a deleted run here (stopping any that still runs): directory or container, log
+        and files. Called again, it finds nothing left."""
+        keys = await asyncio.to_thread(self._runtime.attempts)
+        mine = [key for key in keys if (key.namespace, key.job) == (input.namespace, input.job)]
+        for key in mine:
+            activity.heartbeat(key.slug)
+            await self._starter.delete(key, self._settings.stop_grace_seconds)
+            self._attempts.discard(key)
+            self._unwatched.discard(key)
+        return DeletedFiles(attempts=len(mine))
+
+    async def remove_deleted_runs(self) -> int:
+        """Before this machine takes work again (its agent started, or registers again after its lease expired),
+        remove the attempts of runs deleted while it was away: those of a run with a tombstone whose workflow is
+        gone, or is the deleted one; of a name used again by a new run, those the new run does not have here. A run
+        that cannot be read now is looked at again next time. Returns how many attempts it removed."""
+        try:
+            keys = await asyncio.to_thread(self._runtime.attempts)
+            runs = sorted({(key.namespace, key.job) for key in keys})
+            found = await tombstones(self._client, runs=runs) if runs else []
+        except Exception as err:  # the engine or Temporal does not answer: next time
+            log.warning("%s: could not look for deleted runs' files: %s", self.node_name, err)
+            return 0
+        removed = 0
+        for namespace, job in sorted({(t.namespace, t.name) for t in found}):
+            try:
+                gone = await self._deleted_attempts(namespace, job, {t.run_id for t in found if t.name == job
+                                                                     and t.namespace == namespace})  # fmt: skip
+                for key in [k for k in keys if (k.namespace, k.job) == (namespace, job) and gone(k)]:
+                    log.warning("%s: removing %s: its run was deleted", self.node_name, key.slug)
+                    await self._starter.delete(key, self._settings.stop_grace_seconds)
+                    removed += 1
+            except Exception as err:
+                log.warning("%s: could not remove the files of deleted run %s/%s: %s", self.node_name, namespace,
+                            job, err)  # fmt: skip
+        return removed
+
+    async def _deleted_attempts(self, namespace: str, job: str, deleted: set[str]) -> Callable[[TaskKey], bool]:
+        """Which attempts of a run named so are a deleted run's: all of them while its workflow is gone or is a
+        deleted one; none while it is a later run that ended; those it does not have here while it is open."""
+        try:
+            described = await self._client.get_workflow_handle(job_id(namespace, job)).describe()
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                return lambda key: True
+            raise
+        if described.run_id in deleted:
+            return lambda key: True
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            return lambda key: False
+        answer = await self._attempts_of(namespace, job)
+        return lambda key: _stale(answer, key.task, key.attempt) is not None
 
     @implements(contracts.read_log)
     async def read_log(self, input: ReadLogInput) -> LogText:

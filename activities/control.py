@@ -5,11 +5,12 @@ from __future__ import annotations
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities import deletion
 from workflows import contracts
 from workflows.contracts import SA_NODES, implements
 from workflows.domain.events import MachineLost
 from workflows.domain.settings import Settings
-from workflows.messages import PROTOCOL, CancelRunInput, LoadSettingsResult
+from workflows.messages import PROTOCOL, CancelRunInput, EndedRun, EndRunInput, ForgetRunInput, LoadSettingsResult
 
 
 class ControlActivities:
@@ -47,3 +48,13 @@ class ControlActivities:
         except RPCError as error:
             if error.status != RPCStatusCode.NOT_FOUND:  # it closed meanwhile: nothing left to cancel
                 raise
+
+    @implements(contracts.end_run)
+    async def end_run(self, input: EndRunInput) -> EndedRun:
+        """A run being deleted: cancelled (workers stopped with "Run deleted") and its workflow closed."""
+        return await deletion.end_run(self._client, input)
+
+    @implements(contracts.forget_run)
+    async def forget_run(self, input: ForgetRunInput) -> None:
+        """A deleted run's tombstone kept; its workflow runs and logs' workflows removed from Temporal."""
+        await deletion.forget_run(self._client, input)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import shutil
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -118,6 +119,14 @@ class Starter:
             self._reserved.pop(key.slug, None)  # a setup still in flight ends at its next step
             self._pulled.discard(key.slug)
         await asyncio.to_thread(self._runtime.stop, key, grace_seconds)
+
+    async def delete(self, key: TaskKey, grace_seconds: float) -> None:
+        """Stop the attempt if it runs, then remove it from the machine: its directory or container, its log, and
+        the files it was given (its run was deleted)."""
+        if (await asyncio.to_thread(self._runtime.observe, key)).running:
+            await self.stop(key, grace_seconds)
+        await asyncio.to_thread(self._runtime.delete, key)
+        await asyncio.to_thread(shutil.rmtree, self._preparer.config_root / key.slug, True)
 
     # ---- steps ------------------------------------------------------------------------------------------------
 

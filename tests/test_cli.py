@@ -129,7 +129,7 @@ def test_an_unknown_state_is_refused_naming_the_states() -> None:
     assert result.returncode == ExitCode.BAD_INPUT == 2
     assert result.stderr.splitlines()[-1] == (
         "astraeus ls: error: argument --state: invalid choice: 'Done' (choose from 'Pending', 'Starting', 'Running', "
-        "'Completed', 'Failed', 'Cancelled', 'Terminated')"
+        "'Completed', 'Failed', 'Cancelled', 'Terminated', 'Deleted')"
     )
     assert astraeus("wait", "hello", "--for", "Done").returncode == 2
     assert "argument --timeout: '-1': expected seconds, 0 or more" in astraeus("wait", "hello", "--timeout=-1").stderr

@@ -235,7 +235,7 @@ def test_the_processes_poll_the_queues_the_workflows_address() -> None:
     ]
     defined = [workflow._Definition.must_from_class(cls).name for cls in served["control"].workflows]
     names = [contracts.JOB_WORKFLOW, contracts.NODE_WORKFLOW, contracts.LOGS_WORKFLOW, contracts.QUOTAS_WORKFLOW]
-    names.append(contracts.TOKENS_WORKFLOW)
+    names += [contracts.TOKENS_WORKFLOW, contracts.DELETE_RUN_WORKFLOW, contracts.DELETED_RUNS_WORKFLOW]
     assert defined == names
 
 
@@ -243,9 +243,11 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
     """Changing one strands every run and machine that uses it: a new name is a new contract, behind a protocol."""
     served = processes()
     assert {k: sorted(_activity_name(fn) for fn in s.activities) for k, s in served.items()} == {
-        "control": ["cancel_run_workflow", "load_settings", "machine_lost", "place", "release"],
+        "control": [
+            *("cancel_run_workflow", "end_run", "forget_run", "load_settings", "machine_lost", "place", "release")
+        ],
         "scheduler": ["machine_lost", "node_changed", "place", "plan_workers", "quotas_changed", "release"],
-        "machine": ["read_log", "run_task", "start_task", "stop_task", "supervise_task"],
+        "machine": ["delete_run_files", "read_log", "run_task", "start_task", "stop_task", "supervise_task"],
         "lease": ["hold_lease"],
     }
     # Stubs renamed in Python keep the names histories recorded.

@@ -31,6 +31,7 @@ from workflows.domain.quotas import Quota
 from workflows.domain.spec import NAME_PATTERN, JobSpec, format_errors, parse_spec
 from workflows.domain.status import RunState, Status, StatusEntry
 from workflows.domain.tokens import Token, may_see
+from workflows.domain.tombstones import DELETED, Tombstone
 from workflows.domain.views import TERMINATED, JobDescription, TaskView
 
 DEFAULT_LISTEN = "127.0.0.1:7245"  # `astraeus api --listen` (the scheduler's door is 7244)
@@ -159,15 +160,17 @@ def api_app(client: AstraeusClient, book: TokenBook) -> FastAPI:
         state: str | None = Query(None, description=f"one of {', '.join(RUN_STATES)}"),
         limit: int = Query(100, ge=1, le=1000),
         page: str | None = Query(None, description="next_page of the page before"),
+        include_deleted: bool = Query(False, description="also deleted runs, as Deleted, after the others"),
     ) -> RunPage:
-        """Runs, open ones first, then the latest to end: a workspace token's of its workspace only."""
-        if state is not None and state not in RUN_STATES:
+        """Runs, open ones first, then the latest to end: a workspace token's of its workspace only. Deleted runs
+        only with include_deleted: who deleted each, when, and its last state."""
+        if state is not None and state not in RUN_STATES and not (include_deleted and state == DELETED):
             raise BadInput(f"state: expected one of {', '.join(RUN_STATES)}")
         if token.namespace is not None:
             if namespace not in (None, token.namespace):
                 return RunPage(runs=[])
             namespace = token.namespace
-        return await client.ls(namespace, state, limit=limit, page=page)
+        return await client.ls(namespace, state, limit=limit, page=page, include_deleted=include_deleted)
 
     @app.get("/jobs/{ns}/{name}", response_model=JobDescription, tags=["jobs"], responses=answers())
     async def describe(
@@ -176,6 +179,14 @@ def api_app(client: AstraeusClient, book: TokenBook) -> FastAPI:
         """The run, its tasks and why they wait, as `astraeus describe --json` (each history paged by after/limit)."""
         visible(token, ns, name)
         return await client.describe(ns, name, after=after, limit=limit)
+
+    @app.delete("/jobs/{ns}/{name}", response_model=Tombstone, tags=["jobs"], responses=answers())
+    async def delete(ns: str, name: str, token: Caller) -> Tombstone:
+        """Delete the run: an active one is cancelled first (its tasks stopped with "Run deleted"); its tasks' files
+        and logs are removed on their nodes, and nothing of it is served any more but its tombstone (GET
+        /jobs?include_deleted=true). Its name is free again. Answers once it is done."""
+        visible(token, ns, name)
+        return await client.delete(ns, name, by=f"token {token.id}")
 
     @app.post("/jobs/{ns}/{name}/cancel", response_model=Status, tags=["jobs"], responses=answers(409))
     async def cancel(ns: str, name: str, token: Caller) -> Status:

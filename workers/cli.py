@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from activities.runtime.base import RuntimeUnavailable
 from workers.client import AstraeusClient, AstraeusError, NotFound, Unreachable
 from workers.connect import ProfileError, Target, connect, ensure_search_attributes, target
 from workers.exits import ExitCode, exit_for_state
+from workers.http_client import HttpClient
 from workers.render import render_describe, render_events, render_history, render_nodes, render_runs, render_status
 from workers.telemetry import Telemetry, TelemetryError, set_up
 from workflows.domain.constraints import RACK_LABEL, Capability
@@ -32,12 +34,14 @@ from workflows.domain.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, format_errors, parse_spec
 from workflows.domain.status import RUN_TERMINAL, RunState, Status
+from workflows.domain.tombstones import DELETED
 from workflows.domain.views import TERMINATED
 
 DISTRIBUTION = "astraeus-orchestrator"  # whose metadata `--version` reads
 RUN_STATES = [*(s.value for s in RunState), TERMINATED]  # what `ls --state` and `wait --for` accept
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+Runs = AstraeusClient | HttpClient  # the verbs over Temporal, or over the HTTP API (--api)
 
 
 def given_path(value: str) -> Path:
@@ -241,7 +245,7 @@ async def cmd_api(args: argparse.Namespace) -> int:
         return 0
     load_settings(args.settings)
     sock = bind(args.listen or os.environ.get("ASTRAEUS_API") or DEFAULT_LISTEN)
-    client = await _client(args)
+    client = await _temporal_client(args)
     host, port = sock.getsockname()[:2]
     logging.getLogger("astraeus.api").info("serving the HTTP API on http://%s:%s", host, port)
     await serve(api_app(client, TokenBook(client.temporal)), sock)
@@ -347,7 +351,25 @@ async def _connect(args: argparse.Namespace, where: Target | None = None) -> Cli
     return await connect(where or _target(args), runtime=telemetry.runtime, interceptors=telemetry.interceptors)
 
 
-async def _client(args: argparse.Namespace) -> AstraeusClient:
+def _api(args: argparse.Namespace) -> str | None:
+    """The HTTP API to go through: `--api`, else $ASTRAEUS_API_URL, for the verbs that take it; None: Temporal."""
+    if "api_url" not in getattr(args, "takes", ()):
+        return None
+    given: str | None = getattr(args, "api_url", None) or os.environ.get("ASTRAEUS_API_URL") or None
+    if given is not None and getattr(args, "temporal", None):
+        raise AstraeusError("--api and --temporal: give one (the API reaches Temporal itself)")
+    return given
+
+
+async def _client(args: argparse.Namespace) -> Runs:
+    """The verbs over the HTTP API when one is given (`--api URL --token T`), else over Temporal."""
+    url = _api(args)
+    if url is not None:
+        return HttpClient(url, getattr(args, "token", None) or os.environ.get("ASTRAEUS_TOKEN"))
+    return await _temporal_client(args)
+
+
+async def _temporal_client(args: argparse.Namespace) -> AstraeusClient:
     where = _target(args)
     try:
         return AstraeusClient(await _connect(args, where))
@@ -358,21 +380,25 @@ async def _client(args: argparse.Namespace) -> AstraeusClient:
 async def cmd_submit(args: argparse.Namespace) -> int:
     spec = load_spec(args.file)
     client = await _client(args)
-    await client.submit(spec)
-    run = f"{spec.namespace}/{spec.name}"  # as the other verbs take it
-    value = {"run": run, "id": spec.job_id, "namespace": spec.namespace, "name": spec.name}
+    _, ns, name = (await client.submit(spec)).split("/", 2)  # through the API, a workspace token's namespace
+    run = f"{ns}/{name}"  # as the other verbs take it
+    value = {"run": run, "id": f"job/{run}", "namespace": ns, "name": name}
     if args.follow:
         print(json.dumps(value) if args.json else f"submitted {run}", flush=True)  # then one event a line
-        return await _follow(args, client, spec.namespace, spec.name)
+        return await _follow(args, client, ns, name)
     if args.wait:
         print(f"submitted {run}", file=sys.stderr, flush=True)  # stdout has the run's end, as `wait` prints it
-        return await _wait(args, client, spec.namespace, spec.name)
+        return await _wait(args, client, ns, name)
     emit(args, value, lambda: f"submitted {run}")
     return ExitCode.OK
 
 
 async def cmd_ls(args: argparse.Namespace) -> int:
-    page = await (await _client(args)).ls(args.namespace, args.state, limit=args.limit, page=args.page)
+    if args.state == DELETED and not args.include_deleted:
+        raise AstraeusError(f"--state {DELETED}: only with --include-deleted")
+    client = await _client(args)
+    page = await client.ls(args.namespace, args.state, limit=args.limit, page=args.page,
+                           include_deleted=args.include_deleted)  # fmt: skip
     emit(args, page, lambda: render_runs(page.runs, datetime.now(UTC)))
     if page.next_page and not args.json:
         print(f"more runs: astraeus ls --page {page.next_page}", file=sys.stderr)
@@ -391,7 +417,7 @@ async def cmd_wait(args: argparse.Namespace) -> int:
     return await _wait(args, await _client(args), ns, name)
 
 
-async def _wait(args: argparse.Namespace, client: AstraeusClient, ns: str, name: str) -> int:
+async def _wait(args: argparse.Namespace, client: Runs, ns: str, name: str) -> int:
     """Wait until the run reaches `--for` (default: until it ends), or `--timeout` passes; print its status and exit
     by it (a run that ended without reaching the state awaited exits by the state it ended in)."""
     until = getattr(args, "for_state", None)
@@ -406,7 +432,7 @@ async def _wait(args: argparse.Namespace, client: AstraeusClient, ns: str, name:
     return exit_for_state(status.state)
 
 
-async def _reached(client: AstraeusClient, ns: str, name: str, until: str | None, poll: float = 0.5) -> Status:
+async def _reached(client: Runs, ns: str, name: str, until: str | None, poll: float = 0.5) -> Status:
     """The run's status once it is in (or has been in) the state `until`, or has ended."""
     if until is None or until in RUN_TERMINAL:
         return await client.result(ns, name)
@@ -456,7 +482,7 @@ def _next_page(args: argparse.Namespace, run: str, sizes: list[int]) -> None:
         print(f"more may follow: {command}", file=sys.stderr)
 
 
-async def _follow(args: argparse.Namespace, client: AstraeusClient, ns: str, name: str) -> int:
+async def _follow(args: argparse.Namespace, client: Runs, ns: str, name: str) -> int:
     """Print every event as it comes until the run ends; exit by the state it ended in."""
     async for event in client.follow(ns, name):
         print(json.dumps(event.model_dump(mode="json")) if args.json else render_events([event], args.utc), flush=True)
@@ -467,6 +493,13 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
     ns, name = split_run(args.run, args.namespace)
     status = await (await _client(args)).cancel(ns, name)
     emit(args, status, lambda: f"cancelling {ns}/{name}")
+    return 0
+
+
+async def cmd_delete(args: argparse.Namespace) -> int:
+    ns, name = split_run(args.run, args.namespace)
+    tombstone = await (await _client(args)).delete(ns, name, by=f"{getpass.getuser()} (astraeus delete)")
+    emit(args, tombstone, lambda: f"deleted {ns}/{name} (it was {tombstone.last_state})")
     return 0
 
 
@@ -510,7 +543,7 @@ async def cmd_node_verb(args: argparse.Namespace) -> int:
 
     if not args.name:
         raise AstraeusError(f"nodes {args.verb}: name the machine")
-    view = await node_verb((await _client(args)).temporal, args.name, args.verb, args.reason)
+    view = await node_verb((await _temporal_client(args)).temporal, args.name, args.verb, args.reason)
     done = {"cordon": "cordoned", "uncordon": "uncordoned", "remove": "removed"}[args.verb]
     emit(args, view, lambda: f"{done} {args.name}")
     return 0
@@ -519,7 +552,7 @@ async def cmd_node_verb(args: argparse.Namespace) -> int:
 async def cmd_quota(args: argparse.Namespace) -> int:
     from workers.admin import quotas, remove_quota, render_quotas, set_quota
 
-    temporal = (await _client(args)).temporal
+    temporal = (await _temporal_client(args)).temporal
     if args.verb != "ls" and not args.namespace:
         raise AstraeusError(f"quota {args.verb}: name the namespace")
     if args.verb == "set":
@@ -540,7 +573,7 @@ async def cmd_quota(args: argparse.Namespace) -> int:
 async def cmd_token(args: argparse.Namespace) -> int:
     from workers.admin import create_token, render_tokens, revoke_token, tokens
 
-    temporal = (await _client(args)).temporal
+    temporal = (await _temporal_client(args)).temporal
     if args.verb == "create":
         if (args.namespace is None) == (not args.admin):
             raise AstraeusError("token create: name the workspace (NAMESPACE), or give --admin")
@@ -592,7 +625,12 @@ GLOBAL_HELP = {
     "settings": "YAML file overriding the spec's timers and defaults",
     "json": "print JSON",
     "utc": "show times in UTC (default: this machine's zone, marked)",
+    "api_url": "go through the HTTP API at this URL instead of Temporal, e.g. http://127.0.0.1:7245 (default "
+    "$ASTRAEUS_API_URL)",
+    "token": "the API token (default $ASTRAEUS_TOKEN); with --api",
 }
+THROUGH_API = {"submit", "ls", "status", "wait", "describe", "history", "events", "cancel", "delete", "stop", "logs",
+               "nodes"}  # fmt: skip  # the verbs the HTTP API serves
 
 
 def _global_options(p: argparse.ArgumentParser, names: Sequence[str], *, top: bool) -> None:
@@ -601,7 +639,9 @@ def _global_options(p: argparse.ArgumentParser, names: Sequence[str], *, top: bo
         if name in ("json", "utc"):
             p.add_argument(f"--{name}", action="store_true", default=default, help=GLOBAL_HELP[name])
         else:
-            action = p.add_argument(f"--{name}", default=default, help=GLOBAL_HELP[name])
+            flag = "--api" if name == "api_url" else f"--{name}"  # `dev --api` is where it serves one: its own dest
+            metavar = "URL" if name == "api_url" else None
+            action = p.add_argument(flag, dest=name, default=default, metavar=metavar, help=GLOBAL_HELP[name])
             if name == "settings":
                 action.complete = shtab.FILE  # type: ignore[attr-defined]  # shtab reads it
 
@@ -619,6 +659,7 @@ def parser() -> argparse.ArgumentParser:
             *(["profile"] if name not in ("schema", "completion", "dev") else []),  # dev starts its own Temporal
             *(["settings"] if process else []),
             *(["json", "utc"] if read else []),
+            *(["api_url", "token"] if name in THROUGH_API else []),
         ]
         _global_options(p, takes, top=False)
         p.set_defaults(handler=handler, takes=takes)
@@ -706,9 +747,10 @@ def parser() -> argparse.ArgumentParser:
     wait_flags(submit)
     ls = command("ls", cmd_ls, "list runs: open ones first, then the latest to end", read=True)
     ls.add_argument("-n", "--namespace", help="only this namespace")
-    ls.add_argument("--state", choices=RUN_STATES, help="only runs in this state")
+    ls.add_argument("--state", choices=[*RUN_STATES, DELETED], help="only runs in this state")
     ls.add_argument("--limit", type=positive, default=100, help="at most this many runs (default 100)")
     ls.add_argument("--page", help="the next page: the token a previous ls printed")
+    ls.add_argument("--include-deleted", action="store_true", help="also deleted runs, as Deleted, after the others")
     wait = command("wait", cmd_wait, "wait until a run ends (or reaches --for STATE); exit by its state", read=True)
     run_arg(wait)
     wait.add_argument("--for", dest="for_state", choices=RUN_STATES, help="the state to wait for (default: its end)")
@@ -719,6 +761,7 @@ def parser() -> argparse.ArgumentParser:
         ("history", cmd_history, "every change of a run and of its workers"),
         ("events", cmd_events, "a run's events, oldest first"),
         ("cancel", cmd_cancel, "cancel a run: stop every worker"),
+        ("delete", cmd_delete, "delete a run: cancel it, remove its workers' files and logs, free its name"),
     ):
         p = command(name, handler, help, read=True)
         run_arg(p)
@@ -779,7 +822,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     args = top.parse_args(argv)
     for name in GLOBAL_HELP:
         if getattr(args, name) not in (None, False) and name not in args.takes:
-            top.error(f"--{name} does not apply to {args.command}")
+            top.error(f"--{'api' if name == 'api_url' else name} does not apply to {args.command}")
     level = logging.INFO if args.command in ("dev", "control", "scheduler", "agent", "api") else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args.telemetry = Telemetry()

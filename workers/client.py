@@ -21,7 +21,7 @@ from temporalio.client import (
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDReusePolicy
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -32,11 +32,14 @@ from temporalio.exceptions import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.deletion import deleted, tombstones
 from workflows import contracts
 from workflows.contracts import CONTROL_TASK_QUEUE, PRIORITY_KEY, SA_NAMESPACE, SA_STATE, STATE_KEY, In, Out
+from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.nodes import NodeView
 from workflows.domain.spec import JobSpec, job_id
 from workflows.domain.status import TASK_ENDED, Folded, JobRecord, RunState, Status
+from workflows.domain.tombstones import DELETED, Tombstone
 from workflows.domain.views import (
     TERMINATED,
     Event,
@@ -54,7 +57,15 @@ from workflows.domain.views import (
 from workflows.domain.views import events as events_of
 from workflows.job import JobWorkflow, search_attributes
 from workflows.logs import LogsWorkflow
-from workflows.messages import RUN_FAILED, JobInput, LogsInput, ReadLogInput, StopTaskRequest, TaskRef
+from workflows.messages import (
+    RUN_FAILED,
+    DeleteRunInput,
+    JobInput,
+    LogsInput,
+    ReadLogInput,
+    StopTaskRequest,
+    TaskRef,
+)
 
 _LET_GO_SECONDS = 0.1  # AstraeusClient.close: time for the SDK's threads to let go of a dropped connection
 
@@ -125,6 +136,9 @@ class RunSummary(BaseModel):
     priority: int | None = None
     workers: int | None = None  # as its spec asks (a group of total_gpus: its machines, else 1)
     gpus: int | None = None  # GPUs its spec asks for in all
+    deleted_by: str | None = None  # a deleted run (state Deleted, listed with include_deleted): who deleted it
+    deleted_at: datetime | None = None
+    last_state: str | None = None  # ... and the state it was in then
 
 
 class RunPage(BaseModel):
@@ -151,6 +165,19 @@ async def summary(wf: WorkflowExecution) -> RunSummary:
     created = datetime.fromisoformat(memo["created_at"]) if "created_at" in memo else wf.start_time
     return RunSummary(namespace=ns, name=name, state=state, created_at=created, priority=attrs.get(PRIORITY_KEY),
                       workers=memo.get("workers"), gpus=memo.get("gpus"))  # fmt: skip
+
+
+def deleted_summary(tombstone: Tombstone) -> RunSummary:
+    """A deleted run's line of `ls --include-deleted`, from its tombstone."""
+    return RunSummary(
+        namespace=tombstone.namespace,
+        name=tombstone.name,
+        state=DELETED,
+        created_at=tombstone.created_at or tombstone.deleted_at,
+        deleted_by=tombstone.deleted_by,
+        deleted_at=tombstone.deleted_at,
+        last_state=tombstone.last_state,
+    )
 
 
 class _Given(NamedTuple):
@@ -189,21 +216,84 @@ class AstraeusClient:
         return self.temporal.get_workflow_handle(job_id(namespace, name))
 
     async def submit(self, spec: JobSpec) -> str:
-        """Start the run's workflow; a name already used in the namespace is refused."""
+        """Start the run's workflow; a name already used in the namespace is refused, unless that run was deleted
+        (Temporal may still hold its closed workflow for a while: the name is free once its tombstone is kept)."""
         try:
-            await self.temporal.start_workflow(
-                JobWorkflow.run,
-                JobInput(spec=spec),
-                id=spec.job_id,
-                task_queue=CONTROL_TASK_QUEUE,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                search_attributes=search_attributes(spec, RunState.PENDING),
-                memo=run_memo(spec, datetime.now(UTC)),
-                static_summary=f"run {spec.namespace}/{spec.name}",
-            )
+            await self._start(spec, WorkflowIDReusePolicy.REJECT_DUPLICATE)
         except WorkflowAlreadyStartedError:
-            raise AstraeusError(f"a run named {spec.name} already exists in namespace {spec.namespace}") from None
+            taken = AstraeusError(f"a run named {spec.name} already exists in namespace {spec.namespace}")
+            try:
+                info = await self._handle(spec.namespace, spec.name).describe()
+            except RPCError as error:
+                if error.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                info = None  # removed meanwhile: the name is free
+            if info is not None and (
+                info.status == WorkflowExecutionStatus.RUNNING
+                or await deleted(self.temporal, spec.namespace, spec.name, info.run_id) is None
+            ):
+                raise taken from None
+            try:  # only a closed workflow is replaced; a run started meanwhile by another submit wins
+                await self._start(spec, WorkflowIDReusePolicy.ALLOW_DUPLICATE)
+            except WorkflowAlreadyStartedError:
+                raise taken from None
         return spec.job_id
+
+    async def _start(self, spec: JobSpec, reuse: WorkflowIDReusePolicy) -> None:
+        await self.temporal.start_workflow(
+            JobWorkflow.run,
+            JobInput(spec=spec),
+            id=spec.job_id,
+            task_queue=CONTROL_TASK_QUEUE,
+            id_reuse_policy=reuse,
+            search_attributes=search_attributes(spec, RunState.PENDING),
+            memo=run_memo(spec, datetime.now(UTC)),
+            static_summary=f"run {spec.namespace}/{spec.name}",
+        )
+
+    async def delete(self, namespace: str, name: str, by: str = "") -> Tombstone:
+        """Delete the run: cancel it if it is active (its workers stopped with "Run deleted"), remove its workers'
+        files and logs on their machines, and forget it; its name is free again, and `ls` with `include_deleted`
+        shows its tombstone. Waits until it is done; a second delete of the same run meanwhile waits with it."""
+        await self._served(namespace, name)  # "no run named ..." for one that does not exist, or was deleted
+        try:
+            return await self.temporal.execute_workflow(
+                DeleteRunWorkflow.run,
+                DeleteRunInput(namespace=namespace, name=name, by=by or "unknown"),
+                id=contracts.delete_id(namespace, name),
+                task_queue=CONTROL_TASK_QUEUE,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                static_summary=f"delete run {namespace}/{name}",
+            )
+        except WorkflowFailureError as error:
+            cause = error.cause.cause if isinstance(error.cause, ActivityError) else error.cause
+            if isinstance(cause, ApplicationError) and cause.type == "NoSuchRun":
+                raise NotFound(cause.message) from None
+            raise AstraeusError(f"cannot delete run {namespace}/{name}: {cause}") from None
+
+    async def _served(self, namespace: str, name: str) -> None:
+        """Raise NotFound unless the run exists and was not deleted."""
+        try:
+            info = await self._handle(namespace, name).describe()
+        except RPCError as error:
+            if error.status == RPCStatusCode.NOT_FOUND:
+                raise NotFound(f"no run named {name} in namespace {namespace}") from None
+            raise
+        await self._not_deleted(namespace, name, info.status, info.run_id)
+
+    async def _not_deleted(
+        self, namespace: str, name: str, status: WorkflowExecutionStatus | None, run_id: str | None
+    ) -> None:
+        """A closed workflow run may be a deleted run's that Temporal has not removed yet: it is not served."""
+        if status == WorkflowExecutionStatus.RUNNING or run_id is None:
+            return
+        if await deleted(self.temporal, namespace, name, run_id) is not None:
+            raise NotFound(f"no run named {name} in namespace {namespace}")
+
+    async def deleted_runs(self, namespace: str | None = None) -> list[Tombstone]:
+        """The tombstones of deleted runs, newest first (of one namespace when given)."""
+        return await tombstones(self.temporal, namespace)
 
     async def _query(self, namespace: str, name: str, query: contracts.Query[None, Out]) -> Out:
         return await self._ask(self._handle(namespace, name), namespace, name, query)
@@ -221,12 +311,17 @@ class AstraeusClient:
             raise AstraeusError(f"run {namespace}/{name}: {error}") from None
 
     async def _terminated(self, namespace: str, name: str) -> Terminated | None:
+        handle = self._handle(namespace, name)
         try:
-            return await terminated(self._handle(namespace, name))
+            described = await handle.describe()
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
                 raise NotFound(f"no run named {name} in namespace {namespace}") from None
             raise
+        await self._not_deleted(namespace, name, described.status, described.run_id)
+        if described.status != WorkflowExecutionStatus.TERMINATED:
+            return None
+        return await _termination(handle, described.close_time)
 
     async def status(self, namespace: str, name: str) -> Status:
         """The run's status; Terminated (with Temporal's reason) when its workflow was terminated."""
@@ -263,6 +358,7 @@ class AstraeusClient:
             if error.status == RPCStatusCode.NOT_FOUND:
                 raise NotFound(f"no run named {name} in namespace {namespace}") from None
             raise
+        await self._not_deleted(namespace, name, info.status, info.run_id)
         latest = self.temporal.get_workflow_handle(handle.id, run_id=info.run_id)  # one run answers every question
         described = await self._ask(latest, namespace, name, contracts.DESCRIBE)
         if summarised(described):
@@ -314,12 +410,15 @@ class AstraeusClient:
 
     async def result(self, namespace: str, name: str) -> Status:
         """Wait until the run ends; its final Status (Completed, Failed, Cancelled, or Terminated)."""
+        await self._served(namespace, name)
         try:
-            return await run_result(self._handle(namespace, name))
+            status = await run_result(self._handle(namespace, name))
         except RPCError as error:
             if error.status == RPCStatusCode.NOT_FOUND:
                 raise NotFound(f"no run named {name} in namespace {namespace}") from None
             raise
+        await self._served(namespace, name)  # deleted while it was awaited
+        return status
 
     async def follow(self, namespace: str, name: str, poll_seconds: float = 0.5) -> AsyncIterator[Event]:
         """Every event, then new ones as they come, until the run's workflow closes."""
@@ -327,7 +426,8 @@ class AstraeusClient:
         handle = self._handle(namespace, name)
         while True:
             try:
-                closed = (await handle.describe()).status != WorkflowExecutionStatus.RUNNING
+                info = await handle.describe()
+                closed = info.status != WorkflowExecutionStatus.RUNNING
             except RPCError as error:
                 if error.status == RPCStatusCode.NOT_FOUND:
                     raise NotFound(f"no run named {name} in namespace {namespace}") from None
@@ -420,11 +520,34 @@ class AstraeusClient:
         return result.text
 
     async def ls(
-        self, namespace: str | None = None, state: str | None = None, *, limit: int = 100, page: str | None = None
+        self,
+        namespace: str | None = None,
+        state: str | None = None,
+        *,
+        limit: int = 100,
+        page: str | None = None,
+        include_deleted: bool = False,
     ) -> RunPage:
         """Runs, newest first, filtered by namespace and state, `limit` at most, from one visibility query (search
         attributes and memo); `page` is the token a previous page gave. A run whose workflow was terminated is
-        Terminated, whatever state it last recorded (its AstraeusState stays that one)."""
+        Terminated, whatever state it last recorded (its AstraeusState stays that one). Deleted runs are left out;
+        with `include_deleted` they follow on the last page, as Deleted (state Deleted: only they)."""
+        if state == DELETED:
+            if not include_deleted:
+                raise AstraeusError(f"state {DELETED}: only with include_deleted")
+            runs = [deleted_summary(t) for t in await tombstones(self.temporal, namespace)]
+            return RunPage(runs=runs[:limit])
+        listed, run_ids = await self._listed(namespace, state, limit, page)
+        gone = {t.run_id for t in await tombstones(self.temporal, namespace)} if listed.runs else set()
+        runs = [r for r, run_id in zip(listed.runs, run_ids, strict=True) if run_id not in gone]
+        if include_deleted and listed.next_page is None and state is None:
+            runs += [deleted_summary(t) for t in await tombstones(self.temporal, namespace)]
+        return RunPage(runs=runs, next_page=listed.next_page)
+
+    async def _listed(
+        self, namespace: str | None, state: str | None, limit: int, page: str | None
+    ) -> tuple[RunPage, list[str]]:
+        """A page of runs as visibility lists them (deleted ones among them), and each one's workflow run id."""
         query = f'WorkflowType="{contracts.JOB_WORKFLOW}"'
         if namespace:
             query += f' AND {SA_NAMESPACE}="{_quote(namespace)}"'
@@ -444,8 +567,9 @@ class AstraeusClient:
                 raise AstraeusError(f"--page {page}: not a page token that ls printed") from None
             raise
         runs = [await summary(wf) for wf in listed.current_page or []]
+        run_ids = [wf.run_id or "" for wf in listed.current_page or []]
         after = listed.next_page_token
-        return RunPage(runs=runs, next_page=base64.urlsafe_b64encode(after).decode() if after else None)
+        return RunPage(runs=runs, next_page=base64.urlsafe_b64encode(after).decode() if after else None), run_ids
 
     async def nodes(self) -> list[NodeView]:
         views = []

@@ -33,6 +33,8 @@ from activities.runtime.process import ProcessRuntime
 from activities.scheduler import SchedulerService
 from activities.scheduler_link import DEFAULT_ADDRESS, SchedulerDoor, SchedulerLink
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id, node_task_queue
+from workflows.deleted_runs import DeletedRunsWorkflow
+from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.node import Registered
 from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView
 from workflows.domain.settings import Settings
@@ -94,8 +96,24 @@ def control_serves(control: ControlActivities, link: SchedulerLink) -> Serves:
     called it here (the scheduler tells runs now)."""
     return Serves(
         CONTROL_TASK_QUEUE,
-        [JobWorkflow, NodeWorkflow, LogsWorkflow, QuotasWorkflow, TokensWorkflow],
-        [control.load_settings, control.tell_runs_machine_lost, control.cancel_run_workflow, link.place, link.release],
+        [
+            JobWorkflow,
+            NodeWorkflow,
+            LogsWorkflow,
+            QuotasWorkflow,
+            TokensWorkflow,
+            DeleteRunWorkflow,
+            DeletedRunsWorkflow,
+        ],
+        [
+            control.load_settings,
+            control.tell_runs_machine_lost,
+            control.cancel_run_workflow,
+            link.place,
+            link.release,
+            control.end_run,
+            control.forget_run,
+        ],
     )
 
 
@@ -124,6 +142,7 @@ def machine_serves(activities: AgentActivities) -> Serves:
             activities.supervise_task,
             activities.stop_task,
             activities.read_log,
+            activities.delete_run_files,
         ],
     )
 
@@ -452,6 +471,7 @@ class Agent:
         while not any(run.done() for run in runs):
             try:
                 inventory, instance = self.activities.inventory(), self.activities.instance
+                await self.activities.remove_deleted_runs()  # runs deleted while it was away: before it takes work
                 view = await register(self._client, inventory, self._settings, instance)
             except RegistrationRefused as refused:
                 log.warning("%s: could not take its lease again: %s", self.name, refused)

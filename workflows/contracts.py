@@ -37,12 +37,18 @@ from workflows.domain.quotas import Quota
 from workflows.domain.spec import job_id as job_id
 from workflows.domain.status import Folded, Status
 from workflows.domain.tokens import Token
+from workflows.domain.tombstones import Tombstone
 from workflows.domain.views import Event, JobDescription
 from workflows.messages import (
     AttemptsOnNode,
     AttemptsQuery,
     CancelRunInput,
     CordonRequest,
+    DeletedFiles,
+    DeleteRunFilesInput,
+    EndedRun,
+    EndRunInput,
+    ForgetRunInput,
     LeaseInput,
     LoadSettingsResult,
     LogText,
@@ -63,6 +69,7 @@ from workflows.messages import (
     StopTaskRequest,
     SuperviseInput,
     TaskExit,
+    TombstonesQuery,
 )
 
 if TYPE_CHECKING:
@@ -92,9 +99,12 @@ NODE_WORKFLOW = "NodeWorkflow"
 LOGS_WORKFLOW = "LogsWorkflow"
 QUOTAS_WORKFLOW = "QuotasWorkflow"
 TOKENS_WORKFLOW = "TokensWorkflow"
+DELETE_RUN_WORKFLOW = "DeleteRunWorkflow"
+DELETED_RUNS_WORKFLOW = "DeletedRunsWorkflow"
 
 QUOTAS_WORKFLOW_ID = "quotas"
 TOKENS_WORKFLOW_ID = "tokens"  # the HTTP API's tokens (their digests), for every API process alike
+DELETED_RUNS_WORKFLOW_ID = "deleted-runs"  # the tombstones of deleted runs
 
 # Visibility queries of the open runs and machines.
 OPEN_JOBS = f'WorkflowType="{JOB_WORKFLOW}" AND ExecutionStatus="Running"'
@@ -102,6 +112,16 @@ OPEN_NODES = f'WorkflowType="{NODE_WORKFLOW}" AND ExecutionStatus="Running"'
 
 # `job_id(namespace, name)` is "job/<namespace>/<name>": it lives in the core (workflows/domain/spec.py), which keys
 # runs by it and reads a run's namespace and name back from it; imported here with the other addresses.
+
+
+def delete_id(namespace: str, name: str) -> str:
+    """The workflow that deletes run `namespace/name` (one at a time per name; a name reused can be deleted again)."""
+    return f"delete/{namespace}/{name}"
+
+
+def logs_id_prefix(namespace: str, name: str) -> str:
+    """The ids of the run's LogsWorkflows begin so (`logs/<ns>/<name>/<worker>/<uuid>`)."""
+    return f"logs/{namespace}/{name}/"
 
 
 def node_id(name: str) -> str:
@@ -172,6 +192,18 @@ async def release(input: ReleaseInput) -> None:
     raise NotImplementedError
 
 
+@activity.defn
+async def end_run(input: EndRunInput) -> EndedRun:
+    """A run being deleted: cancel it (its workers stopped with "Run deleted") and wait until its workflow closed."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def forget_run(input: ForgetRunInput) -> None:
+    """Keep a deleted run's tombstone, then remove its workflow runs and its logs' workflows from Temporal."""
+    raise NotImplementedError
+
+
 # The scheduler service (SCHEDULER_TASK_QUEUE).
 
 
@@ -233,6 +265,12 @@ async def read_log(input: ReadLogInput) -> LogText:
     raise NotImplementedError
 
 
+@activity.defn
+async def delete_run_files(input: DeleteRunFilesInput) -> DeletedFiles:
+    """Remove every attempt of a deleted run from this machine: its directory or container, its log, its files."""
+    raise NotImplementedError
+
+
 # The agent holding a machine's lease (lease_task_queue(name, holder)).
 
 
@@ -291,6 +329,7 @@ TASK_EXITED_WHILE_LOST = Signal(JOB_WORKFLOW, "task_exited_while_lost", ExitedWh
 CANCEL: Update[None, Status] = Update(JOB_WORKFLOW, "cancel", None, Status)
 # A person's (the API's) request to stop a task; `stop_task`, the activity, is its machine's stop.
 REQUEST_STOP: Update[StopTaskRequest, Status] = Update(JOB_WORKFLOW, "stop_task", StopTaskRequest, Status)
+DELETE: Update[None, Status] = Update(JOB_WORKFLOW, "delete", None, Status)  # cancel for a delete
 STATUS: Query[None, Status] = Query(JOB_WORKFLOW, "status", None, Status)
 DESCRIBE: Query[None, JobDescription] = Query(JOB_WORKFLOW, "describe", None, JobDescription)
 EVENTS: Query[None, list[Event]] = Query(JOB_WORKFLOW, "events", None, list[Event])
@@ -327,8 +366,14 @@ REVOKE_TOKEN: Update[RevokeTokenRequest, list[Token]] = Update(
 )
 TOKENS: Query[None, list[Token]] = Query(TOKENS_WORKFLOW, "tokens", None, list[Token])
 
+# DeletedRunsWorkflow's update (a delete's last step) and query (the runs list, clients, returning machines).
+ADD_TOMBSTONE: Update[Tombstone, Tombstone] = Update(DELETED_RUNS_WORKFLOW, "add_tombstone", Tombstone, Tombstone)
+TOMBSTONES: Query[TombstonesQuery, list[Tombstone]] = Query(
+    DELETED_RUNS_WORKFLOW, "tombstones", TombstonesQuery, list[Tombstone]
+)
+
 SIGNALS = [PLACEMENT, PREEMPT, TASK_PROGRESS, TASK_RUNNING, TASK_HEALTH, MACHINE_LOST, TASK_EXITED_WHILE_LOST]
-QUERIES = [STATUS, DESCRIBE, EVENTS, FOLDED, ATTEMPTS_ON, SCHEDULER_VIEW, VIEW, QUOTAS, TOKENS]
+QUERIES = [STATUS, DESCRIBE, EVENTS, FOLDED, ATTEMPTS_ON, SCHEDULER_VIEW, VIEW, QUOTAS, TOKENS, TOMBSTONES]
 UPDATES = [
     CANCEL,
     REQUEST_STOP,
@@ -340,7 +385,7 @@ UPDATES = [
     UNCORDON,
     REMOVE,
 ]
-UPDATES += [SET_QUOTA, REMOVE_QUOTA, ADD_TOKEN, REVOKE_TOKEN]
+UPDATES += [SET_QUOTA, REMOVE_QUOTA, ADD_TOKEN, REVOKE_TOKEN, DELETE, ADD_TOMBSTONE]
 
 
 async def signal(handle: WorkflowHandle[Any, Any], sent: Signal[In], message: In) -> None:

@@ -497,6 +497,13 @@ class JobWorkflow:
         if job.cancel_requested:
             raise ApplicationError(f"run {job.spec.namespace}/{job.spec.name} is already being cancelled")
 
+    @workflow.update(name=contracts.DELETE.name)
+    def delete(self) -> Status:
+        """The run is being deleted: cancelled as `cancel` does, its workers stopped with "Run deleted". A run that
+        ended or is being cancelled already is left as it is (nothing refused: the delete goes on)."""
+        self._inbox.append(ev.CancelRequested(deleting=True))
+        return self._record().status
+
     @workflow.update(name=contracts.REQUEST_STOP.name)
     def request_stop(self, request: StopTaskRequest) -> Status:
         reason = request.reason or R.StoppedByScheduler.template

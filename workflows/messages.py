@@ -18,6 +18,7 @@ from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec, Readiness
 from workflows.domain.status import JobRecord
 from workflows.domain.tokens import Token
+from workflows.domain.tombstones import Tombstone
 
 
 class _Msg(BaseModel):
@@ -148,6 +149,59 @@ class TokensInput(_Msg):
 
 class RevokeTokenRequest(_Msg):
     id: str
+
+
+# ---- Deleting a run (DeleteRunWorkflow, DeletedRunsWorkflow) ----------------------------------------------------
+
+
+class DeleteRunInput(_Msg):
+    """Delete run `namespace/name`, as `by` asked (a token's id, or the CLI's user)."""
+
+    namespace: str
+    name: str
+    by: str = Field(max_length=256)
+
+
+class EndRunInput(_Msg):
+    namespace: str
+    name: str
+
+
+class EndedRun(_Msg):
+    """A run ended for its delete: the workflow run it is, what it ended as, and the machines that may hold its
+    workers' files (every machine not Down; a Down one removes them when it comes back)."""
+
+    run_id: str
+    state: str
+    reason: str = ""
+    created_at: datetime | None = None
+    machines: list[str] = Field(default_factory=list)
+
+
+class DeleteRunFilesInput(_Msg):
+    namespace: str
+    job: str
+
+
+class DeletedFiles(_Msg):
+    attempts: int  # how many attempts' files (directories, containers, logs) were removed
+
+
+class ForgetRunInput(_Msg):
+    """Keep the run's tombstone, then remove its workflow runs (and its logs' workflows) from Temporal."""
+
+    tombstone: Tombstone
+
+
+class DeletedRunsInput(_Msg):
+    tombstones: list[Tombstone] = Field(default_factory=list)
+
+
+class TombstonesQuery(_Msg):
+    """The tombstones of a namespace (None: all), of these runs (namespace, name) when given."""
+
+    namespace: str | None = None
+    runs: list[tuple[str, str]] | None = None
 
 
 # ---- Node agent activities --------------------------------------------------------------------------------------

@@ -404,6 +404,23 @@ def test_cancel_stops_the_running_and_cancels_the_waiting() -> None:
     assert is_settled(story.job)
 
 
+def test_a_cancel_for_a_delete_stops_the_workers_with_run_deleted_and_ends_the_run_cancelled() -> None:
+    story = Story(hello())
+    story.step(1, Created())
+    story.start(2, "w-0", "n0")
+    story.step(3, TaskStarted(task_id="w-0", attempt=0))
+    story.step(4, TaskRunning(task_id="w-0", attempt=0))
+    assert story.step(5, CancelRequested(deleting=True)) == [
+        Stop(task_id="w-0", attempt=0, node="n0"),
+        Release(task_id="w-1", attempt=0),
+    ]
+    assert story.history("w-0")[-1] == ("Stopping", "Run deleted")
+    assert story.history("w-1")[-1] == ("Cancelled", "Run deleted")
+    story.step(6, TaskEnded(task_id="w-0", attempt=0, exit_code=143))
+    assert story.status() == ("Cancelled", "All workers ended; some were cancelled")
+    assert story.step(7, CancelRequested(deleting=True)) == []  # a run that ended: nothing more
+
+
 def test_a_placement_that_arrives_after_a_cancel_gives_its_room_back() -> None:
     story = Story(hello(1))
     story.step(1, Created())

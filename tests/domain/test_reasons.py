@@ -309,6 +309,7 @@ ADDITIONS: list[Row] = [
     ),
     ("CannotBeDecided", {"error": "KeyError: 'w-9'"}, "Cannot be decided: KeyError: 'w-9'"),
     ("WorkerFailedNowhere", {"task": "w-0", "reason": "Exited with code 3"}, "Worker w-0 failed: Exited with code 3"),
+    ("RunDeleted", {}, "Run deleted"),
 ]
 
 ALL_ROWS = [row for rows in SPEC_TABLES.values() for row in rows] + ADDITIONS

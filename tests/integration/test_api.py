@@ -1,7 +1,8 @@
 """The HTTP API (`astraeus api`) against a real cluster, through httpx as any client calls it: a run submitted,
 described, its logs read, a worker stopped, the run cancelled, its events followed as Server-Sent Events until it
 ends; workspace tokens that see only their own workspace (404 for every other run, 401 without a token); the
-admin's verbs; the OpenAPI document it serves; and the README's curl walk-through, run as written."""
+admin's verbs; the OpenAPI document it serves; and the README's curl walk-through, run as written (it ends with a
+delete). Deleting a run is tests/integration/test_delete.py."""
 
 from __future__ import annotations
 
@@ -192,6 +193,7 @@ def test_a_bad_spec_is_refused_naming_the_field_and_a_taken_name_is_a_conflict(a
 ROUTES = [
     ("GET", "/jobs/{run}", None),
     ("POST", "/jobs/{run}/cancel", None),
+    ("DELETE", "/jobs/{run}", None),
     ("GET", "/jobs/{run}/history", None),
     ("GET", "/jobs/{run}/events", None),
     ("GET", "/jobs/{run}/tasks/w-0", None),
@@ -281,7 +283,12 @@ def test_the_readmes_curl_walk_through_runs_as_written(api: Api) -> None:
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert '"run":"team-a/hello"' in ran.stdout.replace(" ", "")
     assert "event: end" in ran.stdout
-    assert api.cluster.describe("team-a/hello")["status"]["state"] == "Cancelled"
+    gone = api.cluster.cli("describe", "team-a/hello", check=False)  # deleted, as the walk-through ends
+    assert (gone.returncode, gone.stderr) == (3, "astraeus: no run named hello in namespace team-a\n")
+    (tombstone,) = [
+        r for r in api.cluster.json("ls", "--include-deleted", "-n", "team-a")["runs"] if r["name"] == "hello"
+    ]
+    assert (tombstone["state"], tombstone["last_state"]) == ("Deleted", "Cancelled")
 
 
 def test_dev_with_api_serves_it_and_prints_an_admin_token(tmp_path: Path) -> None:

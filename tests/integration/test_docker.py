@@ -191,3 +191,17 @@ def test_logs_of_a_worker_not_on_a_machine_say_so(cluster: Cluster, tmp_path: Pa
     unknown = cluster.cli("logs", "dk-big/w-9", check=False)
     assert (unknown.returncode, unknown.stderr.strip()) == (3, "astraeus: run default/dk-big has no worker w-9")
     cluster.cli("cancel", "dk-big")
+
+
+def test_a_deleted_runs_container_and_its_log_leave_the_engine(
+    cluster: Cluster, tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    submit(cluster, tmp_path, "dk-gone", command=["sh", "-c", "echo bye; sleep 60"])
+    cluster.wait_state("dk-gone", "Running")
+    assert container(docker_engine, "dk-gone")["State"]["Running"]
+
+    assert cluster.cli("delete", "dk-gone").stdout == "deleted default/dk-gone (it was Cancelled)\n"
+
+    with pytest.raises(RuntimeError, match="No such object"):
+        container(docker_engine, "dk-gone")
+    assert cluster.cli("describe", "dk-gone", check=False).returncode == 3

@@ -214,6 +214,7 @@ class MachineLost(_Msg):
 
 class CancelRequested(_Msg):
     kind: Literal["cancel"] = "cancel"
+    deleting: bool = False  # the run is being deleted: its workers are stopped with "Run deleted"
 
 
 class StopRequested(_Msg):

@@ -422,10 +422,10 @@ def _apply(step: Step, event: Event) -> None:
             _machine_lost(step, event)
         case CancelRequested() if job.cancel_requested or job.state in RUN_TERMINAL:
             pass  # Temporal's cancellation after `astraeus cancel`, or one that reached a run that just ended
-        case CancelRequested():
+        case CancelRequested(deleting=deleting):
             job.cancel_requested = True
             for task in job.tasks:
-                step.stop(task, R.RunCancelled())
+                step.stop(task, R.RunDeleted() if deleting else R.RunCancelled())
         case StopRequested(task_id=task_id):
             step.stop(job.task(task_id), Reason(R.StoppedByScheduler.code, event.reason))
         case Preempt(by=by) if step.gang:

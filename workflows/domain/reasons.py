@@ -213,6 +213,7 @@ class R:
     NoToolGateway = _t("NoToolGateway", "machine serves no tool gateway to its workers ({why})")
 
     # --- Astraeus additions (not in the spec's tables; documented in workflows/README.md) -----------------------
+    RunDeleted = _t("RunDeleted", "Run deleted")  # the stop reason of a run being deleted: the spec gives none
     # The spec names no reason for a worker placed on a machine that has not picked it up yet (Pending; since
     # protocol 5, before which a placed worker was Preparing with it).
     Placed = _t("Placed", "Placed on {node}")
