@@ -25,7 +25,7 @@ from workflows import contracts
 from workflows.domain.settings import Settings
 from workflows.messages import PlaceInput, PlaceResult
 
-WORKFLOW_MODULES = ["job", "node", "quotas", "logs", "tokens"]
+WORKFLOW_MODULES = ["job", "node", "quotas", "logs", "tokens", "deletion", "deleted_runs"]
 SOURCE = Path(contracts.__file__).parent
 MACHINE, INSTANCE = "m1", "host:42:cafe"
 
@@ -272,6 +272,7 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "view",
         "quotas",
         "tokens",
+        "tombstones",
     ]
     assert [m.name for m in contracts.UPDATES] == [
         "cancel",
@@ -287,6 +288,8 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "remove_quota",
         "add_token",
         "revoke_token",
+        "delete",
+        "add_tombstone",
     ]
     assert (contracts.CONTROL_TASK_QUEUE, contracts.SCHEDULER_TASK_QUEUE) == ("astraeus-control", "astraeus-scheduler")
     assert (contracts.node_task_queue("m1"), contracts.lease_task_queue("m1", "h:1:t")) == (
