@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: demo test lint typecheck unit integration bench bench-burst chaos bench-containers dev clean engine
+.PHONY: screenshots demo test lint typecheck unit integration bench bench-burst chaos bench-containers dev clean engine
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -69,6 +69,10 @@ chaos: $(STAMP)
 
 bench-containers: $(STAMP) engine
 	$(BIN)/python -m bench.containers
+
+# PNGs of the console's main pages in docs/ (README "The console"), taken in headless chromium on a small cluster.
+screenshots: $(STAMP) engine
+	$(BIN)/python -m tests.integration.screenshots
 
 dev: $(RUN_STAMP)
 	$(BIN)/astraeus dev

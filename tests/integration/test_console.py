@@ -5,6 +5,7 @@ worker stopped with a reason from the page; Include deleted; a workspace token t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -80,28 +81,34 @@ class Console:
         return WebDriverWait(self.browser, timeout, poll_frequency=0.2).until(shown, f"{css} with {contains!r}")
 
 
+@contextlib.contextmanager
+def browser(profile: Path) -> Iterator[WebDriver]:
+    """Debian's chromium, headless, with a profile of its own (removed after), driven by Debian's chromedriver."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (*FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     # A back-off long enough to watch its countdown.
     c = Cluster(tmp_path_factory.mktemp("cluster"), backoff_base_seconds=6, backoff_cap_seconds=6)
-    profile = Path(tempfile.mkdtemp(prefix="astraeus-chromium-"))
-    browser = None
     try:
         c.start({"a0": ["--gpus", "2xL4-24GB", "--cpus", "4", "--memory-bytes", "16GiB"]})
         url = f"http://127.0.0.1:{free_port()}"
         c.spawn("api", "api", "--listen", url.removeprefix("http://"))
         c.wait_for(lambda: _answers(f"{url}/healthz"), "the API to answer")
-        options = webdriver.ChromeOptions()
-        options.binary_location = str(CHROMIUM)
-        for flag in (*FLAGS, f"--user-data-dir={profile}"):
-            options.add_argument(flag)
-        browser = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
-        yield Console(c, url, browser)
+        with browser(Path(tempfile.mkdtemp(prefix="astraeus-chromium-"))) as driver:
+            yield Console(c, url, driver)
     finally:
-        if browser is not None:
-            browser.quit()
         c.stop()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _answers(url: str) -> bool:
@@ -155,6 +162,7 @@ def test_a_failing_worker_counts_down_its_restart_then_shows_its_failure_and_log
     console.submit({"name": "flaky", "groups": [{"name": "w", "command": ["sh", "-c", "echo boom; exit 3"]}]})
     console.browser.get(f"{console.url}/console/#/runs/research/flaky")
     countdown = console.text('tr[data-task="w-0"] .restarting', contains="Restarting in")
+    assert console.text("#headline") == "Restarting after a failure"
     assert 0 < int(countdown.removeprefix("Restarting in ").removesuffix("s")) <= 6
     failure = console.text('tr[data-task="w-0"] .failure', contains="exit 3")
     assert failure.startswith("exit 3: Exited with code 3")

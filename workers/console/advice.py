@@ -121,6 +121,17 @@ RUN_PENDING: dict[str, Advice] = {
 }
 
 
+# A run waiting because a worker waits out its back-off (spec: Restarts): its reason is the worker's failure.
+RESTARTING = Advice(
+    "Restarting after a failure",
+    "A worker failed and is started again after its back-off (10 s, doubling each time, at most 5 min), at most 10 "
+    "times. Read its last failure and log tail below.",
+)
+
+
 def table() -> dict[str, Any]:
-    """The advice as the console reads it (`GET /console/advice.json`): by reason code."""
-    return {code: asdict(advice) for code, advice in {**RUN_PENDING, **PENDING}.items()}
+    """The advice as the console reads it (`GET /console/advice.json`): by reason code, and `restarting`."""
+    return {
+        "reasons": {code: asdict(advice) for code, advice in {**RUN_PENDING, **PENDING}.items()},
+        "restarting": asdict(RESTARTING),
+    }

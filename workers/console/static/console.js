@@ -7,7 +7,7 @@ const RUN_STATES = ["Pending", "Starting", "Running", "Completed", "Failed", "Ca
 const ENDED = new Set(["Completed", "Failed", "Cancelled", "Terminated", "Deleted"]);
 const WORKER_ENDED = new Set(["Completed", "Failed", "Cancelled", "Down"]);
 const ui = { state: "", workspace: "", search: "", sort: "age", desc: false, includeDeleted: false };
-let advice = {};
+let advice = { reasons: {}, restarting: null };
 let timer = null;
 let shown = "";
 const described = new Map(); // "ns/name" -> describe of an ended run (it changes no more)
@@ -284,7 +284,9 @@ function runPage(page, ns, name) {
     const s = d.status;
     cancel.disabled = ENDED.has(s.state);
     const waitingTask = d.tasks.find((t) => t.status.state === "Pending");
-    const help = s.state === "Pending" ? (advice[s.code] || (waitingTask && advice[waitingTask.status.code])) : null;
+    const restarting = d.tasks.some((t) => isRestarting(t, d));
+    const help = s.state !== "Pending" ? null : advice.reasons[s.code]
+      || (waitingTask && advice.reasons[waitingTask.status.code]) || (restarting ? advice.restarting : null);
     const parts = [
       h("p", {}, stateBadge(s.state), " ", h("span", { class: "exact", id: "run-reason" }, s.reason)),
       help && h("div", { class: "headline", id: "advice" }, h("h2", { id: "headline" }, help.headline),
@@ -296,13 +298,18 @@ function runPage(page, ns, name) {
     ];
     if (d.placement && d.placement.nodes && d.placement.nodes.length) parts.push(keepsOut(d.placement));
     parts.push(h("h2", {}, "History"), timeline(d));
-    body.replaceChildren(...parts);
+    body.replaceChildren(...parts.filter(Boolean));
+  }
+
+  // A worker waiting out its back-off: it shows when it restarts (restart_at), and the console counts down to it.
+  function isRestarting(t, d) {
+    return !!t.restart_at && new Date(t.restart_at).getTime() > Date.now() - 1000 && !ENDED.has(d.status.state);
   }
 
   function workersTable(d) {
     if (!d.tasks.length) return h("p", { class: "empty" }, "No workers yet: the scheduler is creating them.");
     const rows = d.tasks.map((t) => {
-      const restarting = t.restart_at && new Date(t.restart_at).getTime() > Date.now() - 1000 && !ENDED.has(d.status.state);
+      const restarting = isRestarting(t, d);
       const f = t.last_failure;
       return h("tr", { "data-task": t.id },
         h("th", { scope: "row" }, t.id),
