@@ -193,3 +193,23 @@ def test_include_deleted_and_a_workspace_token_that_sees_only_its_own_runs(conso
     assert json.loads(console.browser.execute_script("return JSON.stringify(Object.keys(sessionStorage))")) == [
         "astraeus.token"
     ]
+
+
+def test_an_admin_cordons_and_uncordons_a_machine_and_a_workspace_token_may_not(console: Console) -> None:
+    console.login(console.other)
+    console.browser.get(f"{console.url}/console/#/machines")
+    console.see(By.CSS_SELECTOR, 'tr[data-node="a0"] button').click()
+    console.see(By.ID, "dialog-yes").click()
+    assert console.text("#status.error", contains="only an admin") == "only an admin token may change machines"
+
+    console.login(console.admin)
+    console.browser.get(f"{console.url}/console/#/machines")
+    console.see(By.CSS_SELECTOR, 'tr[data-node="a0"] button').click()
+    reason = console.see(By.ID, "dialog-reason")
+    reason.clear()
+    reason.send_keys("disk swap")
+    console.browser.find_element(By.ID, "dialog-yes").click()
+    assert "disk swap" in console.text('tr[data-node="a0"]', contains="Uncordon")
+    console.browser.find_element(By.CSS_SELECTOR, 'tr[data-node="a0"] button').click()
+    console.text('tr[data-node="a0"]', contains="Cordon")
+    assert "disk swap" not in console.text('tr[data-node="a0"]', contains="Cordon")
