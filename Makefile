@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: demo test lint typecheck unit integration bench bench-burst chaos bench-containers dev clean engine
+.PHONY: screenshots demo test lint typecheck unit integration bench bench-burst chaos bench-containers dev clean engine
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,13 +32,15 @@ test: $(STAMP) lint typecheck engine
 	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q
 
 # The tests start their own Docker engine, build a fake NVML and check deploy/compose.yaml: Debian's docker.io,
-# busybox-static (the rootfs of the test image), gcc and docker-compose, installed when missing (as root, like CI).
+# busybox-static (the rootfs of the test image), gcc and docker-compose, and Debian's chromium and chromium-driver
+# (tests/integration/test_console.py drives the console in it with Selenium), installed when missing (as root, like CI).
 # Skipped when all are there.
 engine:
 	@if command -v dockerd >/dev/null && command -v docker >/dev/null && test -x /bin/busybox \
-		&& command -v gcc >/dev/null && command -v docker-compose >/dev/null; then :; else \
+		&& command -v gcc >/dev/null && command -v docker-compose >/dev/null \
+		&& command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; else \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-			docker.io busybox-static gcc libc6-dev docker-compose; fi
+			docker.io busybox-static gcc libc6-dev docker-compose chromium chromium-driver; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -67,6 +69,10 @@ chaos: $(STAMP)
 
 bench-containers: $(STAMP) engine
 	$(BIN)/python -m bench.containers
+
+# PNGs of the console's main pages in docs/ (README "The console"), taken in headless chromium on a small cluster.
+screenshots: $(STAMP) engine
+	$(BIN)/python -m tests.integration.screenshots
 
 dev: $(RUN_STAMP)
 	$(BIN)/astraeus dev

@@ -23,7 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, ValidationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from workers import admin
+from workers import admin, console
 from workers.api_auth import TokenBook
 from workers.client import AstraeusClient, AstraeusError, NotFound, RunPage
 from workflows.domain.nodes import NodeView
@@ -297,6 +297,7 @@ def api_app(client: AstraeusClient, book: TokenBook) -> FastAPI:
         admin_only(token, "quotas")
         return await admin.remove_quota(client.temporal, ns)
 
+    console.mount(app)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -51,6 +51,10 @@ def test_the_wheel_is_ours_by_name_and_asks_only_what_running_needs(wheel: Path)
     needs = [line for line in metadata.get_all("Requires-Dist") if "extra ==" not in line]
     assert not [line for line in needs if line.split("==")[0] in TEST_TOOLS], needs
     assert "astraeus = workers.cli:main" in entry_points
+    with zipfile.ZipFile(wheel) as archive:  # the console's page is package data: `astraeus api` serves it
+        assert {f"workers/console/static/{f}" for f in ("index.html", "console.js", "console.css")} <= set(
+            archive.namelist()
+        )
 
 
 def test_make_demo_installs_no_test_tool() -> None:

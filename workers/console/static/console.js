@@ -1,0 +1,406 @@
+// The Astraeus console: every run, and why it waits. It reads the HTTP API's JSON routes with the bearer token kept
+// in this tab's sessionStorage, and polls them every POLL_MS, so that the page follows the cluster without reload.
+"use strict";
+
+const POLL_MS = 2000;
+const RUN_STATES = ["Pending", "Starting", "Running", "Completed", "Failed", "Cancelled", "Terminated"];
+const ENDED = new Set(["Completed", "Failed", "Cancelled", "Terminated", "Deleted"]);
+const WORKER_ENDED = new Set(["Completed", "Failed", "Cancelled", "Down"]);
+const ui = { state: "", workspace: "", search: "", sort: "age", desc: false, includeDeleted: false };
+let advice = { reasons: {}, restarting: null };
+let timer = null;
+let shown = "";
+const described = new Map(); // "ns/name" -> describe of an ended run (it changes no more)
+
+// ---- small helpers ------------------------------------------------------------------------------------------
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "text") el.textContent = v;
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+function stateBadge(state) {
+  return h("span", { class: `state s-${state}`, "data-state": state }, state);
+}
+
+// A time in the viewer's zone, and in UTC on hover.
+function when(iso) {
+  if (!iso) return h("span", { class: "muted" }, "—");
+  const d = new Date(iso);
+  return h("time", { datetime: d.toISOString(), title: d.toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC") },
+    d.toLocaleString());
+}
+
+function age(iso) {
+  const s = Math.max(0, Math.round((Date.now() - new Date(iso).getTime()) / 1000));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h${Math.floor((s % 3600) / 60)}m`;
+  return `${Math.floor(s / 86400)}d`;
+}
+
+function token() { return sessionStorage.getItem("astraeus.token"); }
+
+async function api(path, options = {}) {
+  const headers = { authorization: `Bearer ${token()}`, ...(options.headers || {}) };
+  const response = await fetch(path, { ...options, headers });
+  if (response.status === 401) { sessionStorage.removeItem("astraeus.token"); showLogin("That token is not valid (any more)."); throw new Error("401"); }
+  const text = await response.text();
+  if (!response.ok) {
+    let message = text;
+    try { message = JSON.parse(text).error; } catch (e) { /* plain text */ }
+    throw new Error(message || `HTTP ${response.status}`);
+  }
+  return (response.headers.get("content-type") || "").includes("json") ? JSON.parse(text) : text;
+}
+
+function say(message, isError) {
+  const status = document.getElementById("status");
+  status.textContent = message;
+  status.classList.toggle("error", !!isError);
+}
+
+// A confirmation (and optionally a reason) in a modal dialog: resolves to the reason given, or null.
+function confirmDialog(title, body, withReason) {
+  return new Promise((resolve) => {
+    const input = withReason ? h("input", { id: "dialog-reason", type: "text", value: "Stopped by scheduler" }) : null;
+    const dialog = h("dialog", { "aria-labelledby": "dialog-title" },
+      h("form", { method: "dialog" },
+        h("h2", { id: "dialog-title" }, title), h("p", {}, body),
+        input && h("label", { for: "dialog-reason" }, "Reason "), input,
+        h("div", { class: "actions" },
+          h("button", { value: "yes", class: "danger", id: "dialog-yes" }, "Confirm"),
+          h("button", { value: "no", id: "dialog-no" }, "Keep it"))));
+    dialog.addEventListener("close", () => {
+      resolve(dialog.returnValue === "yes" ? (input ? input.value : "") : null);
+      dialog.remove();
+    });
+    document.body.append(dialog);
+    dialog.showModal();
+  });
+}
+
+// ---- login and routing --------------------------------------------------------------------------------------
+
+function showLogin(error) {
+  clearInterval(timer);
+  document.getElementById("page").replaceChildren();
+  document.getElementById("login").hidden = false;
+  document.getElementById("logout").hidden = true;
+  document.getElementById("login-error").textContent = error || "";
+  document.getElementById("token").focus();
+}
+
+document.getElementById("login").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const given = document.getElementById("token").value.trim();
+  const answer = await fetch("/jobs?limit=1", { headers: { authorization: `Bearer ${given}` } });
+  if (answer.status === 401) { showLogin("That token is not valid."); return; }
+  sessionStorage.setItem("astraeus.token", given);
+  document.getElementById("token").value = "";
+  route();
+});
+
+document.getElementById("logout").addEventListener("click", () => {
+  sessionStorage.removeItem("astraeus.token");
+  showLogin();
+});
+
+window.addEventListener("hashchange", route);
+
+function route() {
+  if (!token()) { showLogin(); return; }
+  document.getElementById("login").hidden = true;
+  document.getElementById("logout").hidden = false;
+  clearInterval(timer);
+  const hash = location.hash || "#/runs";
+  const parts = hash.slice(2).split("/").map(decodeURIComponent);
+  const page = document.getElementById("page");
+  let refresh;
+  if (parts[0] === "runs" && parts.length === 3) refresh = runPage(page, parts[1], parts[2]);
+  else if (parts[0] === "machines") refresh = machinesPage(page);
+  else if (parts[0] === "quotas") refresh = quotasPage(page);
+  else refresh = runsPage(page);
+  shown = hash;
+  const tick = async () => {
+    try { await refresh(); say(`Updated ${new Date().toLocaleTimeString()}`); }
+    catch (e) { if (e.message !== "401") say(e.message, true); }
+  };
+  tick();
+  timer = setInterval(() => { if (!document.querySelector("dialog[open]")) tick(); }, POLL_MS);
+}
+
+// Countdowns ("Restarting in 7s") tick every second between polls.
+setInterval(() => {
+  for (const el of document.querySelectorAll("[data-until]")) {
+    const left = Math.max(0, Math.ceil((new Date(el.dataset.until).getTime() - Date.now()) / 1000));
+    el.textContent = left > 0 ? `Restarting in ${left}s` : "Restarting now";
+  }
+}, 1000);
+
+// ---- the runs list ------------------------------------------------------------------------------------------
+
+function runsPage(page) {
+  const stateSelect = h("select", { id: "filter-state", onchange: (e) => { ui.state = e.target.value; refresh(); } },
+    h("option", { value: "" }, "All states"), [...RUN_STATES, "Deleted"].map((s) => h("option", { value: s }, s)));
+  stateSelect.value = ui.state;
+  const wsSelect = h("select", { id: "filter-workspace", onchange: (e) => { ui.workspace = e.target.value; draw(); } },
+    h("option", { value: "" }, "All workspaces"));
+  const search = h("input", { id: "search", type: "search", value: ui.search, placeholder: "name contains…",
+    oninput: (e) => { ui.search = e.target.value; draw(); } });
+  const deleted = h("input", { id: "include-deleted", type: "checkbox", checked: ui.includeDeleted,
+    onchange: (e) => { ui.includeDeleted = e.target.checked; refresh(); } });
+  const body = h("div", { id: "runs" });
+  page.replaceChildren(h("h1", {}, "Runs"),
+    h("div", { class: "filters", role: "search" },
+      h("label", { for: "filter-state" }, "State", stateSelect),
+      h("label", { for: "filter-workspace" }, "Workspace", wsSelect),
+      h("label", { for: "search" }, "Search by name", search),
+      h("label", { class: "inline", for: "include-deleted" }, deleted, "Include deleted")),
+    body);
+  let rows = [];
+
+  async function refresh() {
+    const query = new URLSearchParams({ limit: "1000" });
+    if (ui.includeDeleted) query.set("include_deleted", "true");
+    if (ui.state && !(ui.state === "Deleted" && !ui.includeDeleted)) query.set("state", ui.state);
+    if (ui.state === "Deleted" && !ui.includeDeleted) { ui.includeDeleted = true; deleted.checked = true; query.set("include_deleted", "true"); query.set("state", "Deleted"); }
+    const listed = (await api(`/jobs?${query}`)).runs;
+    rows = await Promise.all(listed.map(async (run) => {
+      const key = `${run.namespace}/${run.name}`;
+      if (run.state === "Deleted") return { run };
+      let d = described.get(key);
+      if (!d) {
+        try { d = await api(`/jobs/${key}?limit=1`); } catch (e) { return { run }; }
+        if (ENDED.has(d.status.state)) described.set(key, d);
+      }
+      return { run, d };
+    }));
+    const spaces = [...new Set(rows.map((r) => r.run.namespace))].sort();
+    const chosen = ui.workspace;
+    wsSelect.replaceChildren(h("option", { value: "" }, "All workspaces"), spaces.map((s) => h("option", { value: s }, s)));
+    wsSelect.value = spaces.includes(chosen) ? chosen : "";
+    draw();
+  }
+
+  const columns = [
+    ["name", "Name", (r) => r.run.name], ["workspace", "Workspace", (r) => r.run.namespace],
+    ["state", "State", (r) => r.run.state], ["reason", "Reason", (r) => reasonOf(r)],
+    ["workers", "Workers running / total", (r) => running(r)], ["gpus", "GPUs", (r) => r.run.gpus ?? -1],
+    ["priority", "Priority", (r) => r.run.priority ?? 0], ["age", "Age", (r) => -new Date(r.run.created_at).getTime()],
+  ];
+
+  function reasonOf(r) {
+    if (r.run.state === "Deleted") return `Deleted by ${r.run.deleted_by} (was ${r.run.last_state})`;
+    return r.d ? r.d.status.reason : "";
+  }
+  function running(r) { return r.d ? r.d.tasks.filter((t) => t.status.state === "Running").length : -1; }
+
+  function draw() {
+    const needle = ui.search.toLowerCase();
+    const shownRows = rows.filter((r) => (!ui.workspace || r.run.namespace === ui.workspace)
+      && (!needle || r.run.name.toLowerCase().includes(needle)));
+    const key = columns.find((c) => c[0] === ui.sort)[2];
+    shownRows.sort((a, b) => { const x = key(a), y = key(b); return (x < y ? -1 : x > y ? 1 : 0) * (ui.desc ? -1 : 1); });
+    if (!shownRows.length) {
+      body.replaceChildren(h("p", { class: "empty" }, rows.length
+        ? "No run matches these filters: clear the search or choose another state or workspace."
+        : "No runs yet. Submit one: astraeus submit examples/hello.yaml, or POST a spec to /jobs."));
+      return;
+    }
+    const head = h("tr", {}, columns.map(([id, label]) => h("th", { scope: "col",
+      "aria-sort": ui.sort === id ? (ui.desc ? "descending" : "ascending") : null },
+      h("button", { type: "button", onclick: () => { ui.desc = ui.sort === id ? !ui.desc : false; ui.sort = id; draw(); } },
+        label, ui.sort === id ? (ui.desc ? " ▼" : " ▲") : ""))));
+    const lines = shownRows.map((r) => {
+      const key = `${r.run.namespace}/${r.run.name}`;
+      const total = r.d ? r.d.tasks.length : r.run.workers;
+      return h("tr", { "data-run": key },
+        h("td", {}, r.run.state === "Deleted" ? r.run.name
+          : h("a", { href: `#/runs/${encodeURIComponent(r.run.namespace)}/${encodeURIComponent(r.run.name)}` }, r.run.name)),
+        h("td", {}, r.run.namespace), h("td", {}, stateBadge(r.run.state)),
+        h("td", { class: "reason" }, reasonOf(r)),
+        h("td", { class: "workers" }, r.d ? `${running(r)} / ${total}` : `— / ${total ?? "—"}`),
+        h("td", {}, r.run.gpus ?? "—"), h("td", {}, r.run.priority ?? 0),
+        h("td", {}, h("span", { title: new Date(r.run.created_at).toISOString() }, age(r.run.created_at))));
+    });
+    body.replaceChildren(h("table", { id: "runs-table" }, h("caption", { class: "muted" },
+      `${shownRows.length} of ${rows.length} runs`), h("thead", {}, head), h("tbody", {}, lines)));
+  }
+  return refresh;
+}
+
+// ---- a run's page -------------------------------------------------------------------------------------------
+
+function runPage(page, ns, name) {
+  const path = `/jobs/${encodeURIComponent(ns)}/${encodeURIComponent(name)}`;
+  const body = h("div", { id: "run" });
+  const logs = h("section", { id: "logs", "aria-live": "polite" });
+  const act = async (what, call) => {
+    try { await call(); say(what); } catch (e) { say(e.message, true); }
+    refresh();
+  };
+  const cancel = h("button", { type: "button", id: "cancel", class: "danger", onclick: async () => {
+    if (await confirmDialog(`Cancel ${ns}/${name}?`, "Every worker is stopped and the run ends Cancelled.") !== null)
+      act("Cancelled", () => api(`${path}/cancel`, { method: "POST" }));
+  } }, "Cancel run");
+  const del = h("button", { type: "button", id: "delete", class: "danger", onclick: async () => {
+    if (await confirmDialog(`Delete ${ns}/${name}?`, "An active run is cancelled first; its files and logs are removed on its machines.") !== null) {
+      try { await api(path, { method: "DELETE" }); location.hash = "#/runs"; } catch (e) { say(e.message, true); }
+    }
+  } }, "Delete run");
+  page.replaceChildren(h("p", {}, h("a", { href: "#/runs" }, "← All runs")),
+    h("h1", {}, `${ns}/${name}`), h("div", { class: "actions" }, cancel, del), body, logs);
+
+  async function showLogs(task) {
+    const text = await api(`${path}/tasks/${encodeURIComponent(task)}/logs?tail=200`);
+    logs.replaceChildren(h("h2", {}, `Logs of ${task} (last 200 lines)`),
+      text ? h("pre", { id: "log-text" }, text) : h("p", { class: "empty" }, "No output yet."));
+    logs.querySelector("h2").scrollIntoView();
+  }
+
+  async function stopTask(task) {
+    const reason = await confirmDialog(`Stop worker ${task}?`, "Its machine stops it; say why (it is kept in its history).", true);
+    if (reason !== null) act(`Stopped ${task}`, () => api(`${path}/tasks/${encodeURIComponent(task)}/stop`, {
+      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ reason: reason || null }) }));
+  }
+
+  async function refresh() {
+    let d;
+    try { d = await api(path); } catch (e) {
+      body.replaceChildren(h("p", { class: "empty" }, `${e.message}. It may have been deleted: see the runs list with Include deleted.`));
+      return;
+    }
+    const s = d.status;
+    cancel.disabled = ENDED.has(s.state);
+    const waitingTask = d.tasks.find((t) => t.status.state === "Pending");
+    const restarting = d.tasks.some((t) => isRestarting(t, d));
+    const help = s.state !== "Pending" ? null : advice.reasons[s.code]
+      || (waitingTask && advice.reasons[waitingTask.status.code]) || (restarting ? advice.restarting : null);
+    const parts = [
+      h("p", {}, stateBadge(s.state), " ", h("span", { class: "exact", id: "run-reason" }, s.reason)),
+      help && h("div", { class: "headline", id: "advice" }, h("h2", { id: "headline" }, help.headline),
+        h("p", { id: "advice-text" }, help.advice),
+        h("p", { class: "muted" }, "Exact reason: ", h("span", { class: "exact" }, s.reason))),
+      h("p", { class: "muted" }, "Created ", when(s.created_at), s.started_at ? [" · started ", when(s.started_at)] : "",
+        s.finished_at ? [" · finished ", when(s.finished_at)] : ""),
+      h("h2", {}, "Workers"), workersTable(d),
+    ];
+    if (d.placement && d.placement.nodes && d.placement.nodes.length) parts.push(keepsOut(d.placement));
+    parts.push(h("h2", {}, "History"), timeline(d));
+    body.replaceChildren(...parts.filter(Boolean));
+  }
+
+  // A worker waiting out its back-off: it shows when it restarts (restart_at), and the console counts down to it.
+  function isRestarting(t, d) {
+    return !!t.restart_at && new Date(t.restart_at).getTime() > Date.now() - 1000 && !ENDED.has(d.status.state);
+  }
+
+  function workersTable(d) {
+    if (!d.tasks.length) return h("p", { class: "empty" }, "No workers yet: the scheduler is creating them.");
+    const rows = d.tasks.map((t) => {
+      const restarting = isRestarting(t, d);
+      const f = t.last_failure;
+      return h("tr", { "data-task": t.id },
+        h("th", { scope: "row" }, t.id),
+        h("td", {}, stateBadge(t.status.state), restarting ? [" ", h("span", { class: "state s-Restarting restarting",
+          "data-until": t.restart_at }, "Restarting")] : ""),
+        h("td", { class: "exact" }, t.status.reason), h("td", {}, t.node || "—"), h("td", {}, t.restarts),
+        h("td", {}, when(t.restart_at)), h("td", {}, t.healthy === null || t.healthy === undefined ? "—" : t.healthy ? "yes" : "no"),
+        h("td", { class: "failure" }, f ? h("details", {}, h("summary", {},
+          `${f.exit_code === null ? "" : `exit ${f.exit_code}: `}${f.reason}`), h("pre", { class: "log-tail" }, f.log_tail || "(no output)")) : "—"),
+        h("td", {}, h("div", { class: "actions" },
+          h("button", { type: "button", class: "logs", onclick: () => showLogs(t.id).catch((e) => say(e.message, true)) }, "Logs"),
+          !WORKER_ENDED.has(t.status.state) && t.status.state !== "Stopping"
+            ? h("button", { type: "button", class: "stop danger", onclick: () => stopTask(t.id) }, "Stop") : "")));
+    });
+    return h("table", { id: "workers" }, h("thead", {}, h("tr", {}, ["Worker", "State", "Reason", "Machine", "Restarts",
+      "Restarts at", "Healthy", "Last failure", "Actions"].map((c) => h("th", { scope: "col" }, c)))), h("tbody", {}, rows));
+  }
+
+  // What keeps it out: each machine's reasons, grouped by reason, with how many machines say it.
+  function keepsOut(placement) {
+    const groups = new Map();
+    for (const node of placement.nodes) for (const reason of node.reasons) {
+      if (!groups.has(reason)) groups.set(reason, []);
+      groups.get(reason).push(node.name);
+    }
+    const rows = [...groups.entries()].sort((a, b) => b[1].length - a[1].length)
+      .map(([reason, machines]) => h("tr", {}, h("td", { class: "exact" }, reason), h("td", {}, machines.length),
+        h("td", {}, machines.join(", "))));
+    return h("section", { id: "keeps-out" }, h("h2", {}, "What keeps it out"),
+      h("p", { class: "muted" }, `Why each of ${placement.nodes.length} machine(s) does not take its first waiting worker.`),
+      h("table", {}, h("thead", {}, h("tr", {}, ["Reason", "Machines", "Which"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, rows)));
+  }
+
+  function timeline(d) {
+    const entries = [...d.history.map((e) => ({ ...e, who: "run" })),
+      ...d.tasks.flatMap((t) => t.history.map((e) => ({ ...e, who: t.id })))];
+    entries.sort((a, b) => new Date(a.at) - new Date(b.at));
+    return h("ol", { class: "timeline", id: "history" }, entries.map((e) => h("li", {}, when(e.at), " ",
+      h("strong", {}, e.who), " ", stateBadge(e.state), " ", h("span", { class: "exact" }, e.reason))));
+  }
+  return refresh;
+}
+
+// ---- machines and quotas ------------------------------------------------------------------------------------
+
+function gib(bytes) { return `${(bytes / 2 ** 30).toFixed(1)} GiB`; }
+
+function machinesPage(page) {
+  const body = h("div", { id: "machines" });
+  page.replaceChildren(h("h1", {}, "Machines"), body);
+  async function verb(node, v) {
+    let reason = "";
+    if (v === "cordon") { reason = await confirmDialog(`Cordon ${node}?`, "No new work is placed there; running work stays.", true); if (reason === null) return; }
+    try { await api(`/nodes/${encodeURIComponent(node)}/${v}`, { method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ reason }) }); say(`${v} ${node}`); } catch (e) { say(e.message, true); }
+    refresh();
+  }
+  async function refresh() {
+    const nodes = await api("/nodes");
+    if (!nodes.length) { body.replaceChildren(h("p", { class: "empty" }, "No machines yet. Start an agent on each: astraeus agent --name NAME.")); return; }
+    body.replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, ["Machine", "State", "Reason", "GPUs", "CPUs / memory",
+      "Labels", "Pools", "Cordon", "Admin"].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, nodes.map((n) => {
+        const inv = n.inventory || {}; const last = n.history.length ? n.history[n.history.length - 1] : null;
+        const gpus = inv.gpus || [];
+        return h("tr", { "data-node": n.name }, h("th", { scope: "row" }, n.name), h("td", {}, stateBadge(n.state)),
+          h("td", { class: "exact" }, last ? last.reason : "—"),
+          h("td", {}, gpus.length ? `${gpus.length} × ${gpus[0].model}${gpus.some((g) => g.fault) ? " (fault)" : ""}` : "0"),
+          h("td", {}, inv.cpus !== undefined ? `${inv.cpus} / ${gib(inv.memory_bytes)}` : "—"),
+          h("td", {}, Object.entries(inv.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "—"),
+          h("td", {}, (inv.pools || []).join(", ") || "—"), h("td", {}, n.cordon === null ? "—" : n.cordon || "(cordoned)"),
+          h("td", {}, n.cordon === null ? h("button", { type: "button", onclick: () => verb(n.name, "cordon") }, "Cordon")
+            : h("button", { type: "button", onclick: () => verb(n.name, "uncordon") }, "Uncordon")));
+      }))));
+  }
+  return refresh;
+}
+
+function quotasPage(page) {
+  const body = h("div", { id: "quotas" });
+  page.replaceChildren(h("h1", {}, "Quotas"), body);
+  async function refresh() {
+    const quotas = await api("/quotas");
+    if (!quotas.length) { body.replaceChildren(h("p", { class: "empty" }, "No quotas: every workspace may use the whole cluster. An admin sets one with astraeus quota set.")); return; }
+    body.replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, ["Workspace", "GPUs", "CPUs", "Memory", "Pools"]
+      .map((c) => h("th", { scope: "col" }, c)))), h("tbody", {}, quotas.map((q) => h("tr", {},
+      h("th", { scope: "row" }, q.namespace), h("td", {}, q.gpus ?? "no limit"), h("td", {}, q.cpu ?? "no limit"),
+      h("td", {}, q.memory_bytes === null ? "no limit" : gib(q.memory_bytes)), h("td", {}, q.pools.join(", ") || "all"))))));
+  }
+  return refresh;
+}
+
+fetch("/console/advice.json").then((r) => r.json()).then((table) => { advice = table; }).finally(route);
