@@ -23,7 +23,7 @@ from workers.cli import load_settings, parser
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 KUBERNETES = "1.32.0"
-SERVER_COMMANDS = {"control", "scheduler", "agent"}
+SERVER_COMMANDS = {"control", "scheduler", "agent", "api"}
 SOURCES = [path for top in ("workflows", "activities", "workers") for path in (ROOT / top).rglob("*.py")]
 CODE = "\n".join(path.read_text() for path in SOURCES)
 
@@ -89,11 +89,11 @@ def test_the_compose_file_passes_docker_compose_config_and_needs_a_scheduler_tok
 
 def test_the_compose_services_are_the_cluster_and_their_commands_are_the_clis() -> None:
     services = compose()["services"]
-    assert {"postgresql", "temporal", "temporal-ui", "scheduler", "control", "agent"} <= set(services)
+    assert {"postgresql", "temporal", "temporal-ui", "scheduler", "control", "api", "agent"} <= set(services)
     assert services["temporal"]["environment"]["DB"] == "postgres12"
     env = {"ASTRAEUS_SCHEDULER_TOKEN": "s3cret"}
     parts = {}
-    for name in ("scheduler", "control", "agent"):
+    for name in ("scheduler", "control", "api", "agent"):
         service = services[name]
         assert service["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
         parts[name] = parses([interpolate(word, env) for word in service["command"]], f"compose service {name}")
@@ -104,6 +104,8 @@ def test_the_compose_services_are_the_cluster_and_their_commands_are_the_clis() 
     assert parts["control"].scheduler == f"scheduler:{door}"
     assert services["control"]["deploy"]["replicas"] >= 2
     assert "replicas" not in services["scheduler"].get("deploy", {})  # exactly one
+    api = parts["api"].listen.split(":")[1]
+    assert f"{api}:{api}" in services["api"]["ports"]  # published: people and their scripts reach it
     agent = services["agent"]
     assert agent["user"] == "root" and "/var/run/docker.sock:/var/run/docker.sock" in agent["volumes"]
     assert parts["agent"].runtime == "docker" and parts["agent"].address
@@ -150,13 +152,14 @@ def test_the_manifests_run_one_scheduler_a_scaled_control_plane_and_an_agent_per
     scheduler = documents[("Deployment", "astraeus-scheduler")]
     control = documents[("Deployment", "astraeus-control")]
     agents = documents[("DaemonSet", "astraeus-agent")]
+    api = documents[("Deployment", "astraeus-api")]
     assert scheduler["spec"]["replicas"] == 1 and scheduler["spec"]["strategy"]["type"] == "Recreate"
     assert control["spec"]["replicas"] >= 2
     pod = agents["spec"]["template"]["spec"]
     assert pod["runtimeClassName"] == "nvidia" and pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["hostNetwork"] is True  # a gang's MASTER_ADDR is the node's address
     parts = {}
-    for name, document in (("scheduler", scheduler), ("control", control), ("agent", agents)):
+    for name, document in (("scheduler", scheduler), ("control", control), ("api", api), ("agent", agents)):
         parts[name] = parses(arguments(document), f"k8s {name}")
         read_variables([item["name"] for item in container(document)["env"]], f"k8s {name}")
         assert container(document)["image"] == compose()["x-astraeus"]["image"]
@@ -165,8 +168,12 @@ def test_the_manifests_run_one_scheduler_a_scaled_control_plane_and_an_agent_per
     assert [port["port"] for port in service["spec"]["ports"]] == [int(door)]
     assert parts["control"].scheduler == f"astraeus-scheduler:{door}"
     assert (parts["agent"].name, parts["agent"].address) == ("<node_name>", "<node_ip>")
+    api_port = parts["api"].listen.split(":")[1]
+    ports = documents[("Service", "astraeus-api")]["spec"]["ports"]
+    assert [port["port"] for port in ports] == [int(api_port)]
+    assert container(api)["readinessProbe"]["httpGet"]["path"] == "/healthz"
     settings = documents[("ConfigMap", "astraeus-settings")]["data"]["settings.yaml"]
-    for name, document in (("scheduler", scheduler), ("control", control), ("agent", agents)):
+    for name, document in (("scheduler", scheduler), ("control", control), ("api", api), ("agent", agents)):
         mounts = {mount["mountPath"] for mount in container(document)["volumeMounts"]}
         assert str(Path(parts[name].settings).parent) in mounts
     (tmp_path / "settings.yaml").write_text(settings)
@@ -185,7 +192,14 @@ def unit(name: str) -> dict[str, list[str]]:
     return values
 
 
-@pytest.mark.parametrize("name", ["astraeus-control.service", "astraeus-scheduler.service", "astraeus-agent.service"])
+UNITS = ["astraeus-control.service", "astraeus-scheduler.service", "astraeus-api.service", "astraeus-agent.service"]
+
+
+def test_every_unit_in_deploy_is_tested() -> None:
+    assert sorted(path.name for path in DEPLOY.glob("*.service")) == sorted(UNITS)
+
+
+@pytest.mark.parametrize("name", UNITS)
 def test_each_systemd_unit_runs_a_command_the_cli_takes(name: str) -> None:
     values = unit(name)
     (start,) = values["ExecStart"]
