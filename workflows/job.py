@@ -261,8 +261,9 @@ class JobWorkflow:
         """Protocol 6: make what is in flight what the record needs (`effects`), by identity. What is no longer
         needed leaves the table: a timer is cancelled; a supervisor is cancelled once its worker left its machine
         (`_forget_gone_tasks`, as before); other calls finish, their answers decided as they come. A call that ended
-        stays while still needed (a place the scheduler holds, a stop under way on the machine) unless `decide`
-        issues it anew (a replan); a timer that fired leaves at once. Then what is needed and not in flight starts,
+        or a timer that fired stays while the record still needs it, unless `decide` issues it anew (a replan): the
+        scheduler holds a place it answered "wait", a stop goes on on the machine, and a back-off that ran out while
+        its gang was still leaving must not fire again and again. Then what is needed and not in flight starts,
         after what `decide` issued to be done once (a release), which is no effect."""
         assert self._job is not None
         needed = effects(self._job, workflow.now())
@@ -273,7 +274,7 @@ class JobWorkflow:
                 del self._in_flight[effect]
                 if effect.kind == "timer":
                     call.cancel()  # a no-op for one that fired
-            elif call.done() and (effect.kind == "timer" or effect in reissued):
+            elif call.done() and effect in reissued:
                 del self._in_flight[effect]
         for command in one_offs(commands, wanted):
             self._carry_out(command)
