@@ -23,7 +23,15 @@ with workflow.unsafe.imports_passed_through():
         node_task_queue,
     )
     from workflows.domain import events as ev
-    from workflows.domain.effects import effects
+    from workflows.domain.effects import (
+        Effect,
+        covered_in_a_live_run,
+        difference,
+        effects,
+        identities,
+        identity,
+        one_offs,
+    )
     from workflows.domain.job import decide, fail_undecided, is_settled
     from workflows.domain.reasons import R, Reason, error_text
     from workflows.domain.spec import JobSpec
@@ -95,6 +103,7 @@ class JobWorkflow:
         self._starting: set[AttemptKey] = set()  # start calls in flight
         self._reported_running: set[AttemptKey] = set()  # workers their machine reported running (run_task: started)
         self._timers: set[asyncio.Task[None]] = set()  # cancelled when the run closes or continues as new
+        self._in_flight: dict[Effect, asyncio.Future[None]] = {}  # protocol 6: what is in flight, by identity
         self._nodes: list[str] = []
         self._state = RunState.PENDING.value  # the AstraeusState the run was started with
 
@@ -106,9 +115,13 @@ class JobWorkflow:
             # What the run before folded stays in this run's input, where clients read it (workers/client.py).
             self._job = input.record.model_copy(update={"folded": Folded()})
             # Nothing is in flight in a new workflow run: it carries out what the record needs (the difference from
-            # nothing). Afterwards each decision's commands carry the run on, as they did in the run before.
-            for command in effects(self._job, workflow.now()):
-                self._carry_out(command)
+            # nothing). Afterwards each decision's commands carry the run on, as they did in the run before (since
+            # protocol 6, the difference from what is in flight after each decision).
+            if self._job.protocol >= 6:
+                self._run_difference([])
+            else:
+                for command in effects(self._job, workflow.now()):
+                    self._carry_out(command)
         else:
             loaded = await self._despite_cancel(
                 lambda: workflow.execute_local_activity(
@@ -132,8 +145,11 @@ class JobWorkflow:
                 except Exception as error:  # a bug of the core fails this run, never its workflow task for ever
                     workflow.logger.exception("cannot decide %s", [type(event).__name__ for event in batch])
                     self._job, commands = fail_undecided(self._job, error_text(error), workflow.now())
-                for command in commands:
-                    self._carry_out(command)
+                if self._job.protocol >= 6:
+                    self._run_difference(commands)
+                else:
+                    for command in commands:
+                        self._carry_out(command)
                 self._forget_gone_tasks()
                 self._publish()
             elif self._settled():
@@ -241,29 +257,60 @@ class JobWorkflow:
 
     # ---- commands ---------------------------------------------------------------------------------------------
 
-    def _carry_out(self, command: ev.Command) -> None:
+    def _run_difference(self, commands: list[ev.Command]) -> None:
+        """Protocol 6: make what is in flight what the record needs (`effects`), by identity. What is no longer
+        needed leaves the table: a timer is cancelled; a supervisor is cancelled once its worker left its machine
+        (`_forget_gone_tasks`, as before); other calls finish, their answers decided as they come. A call that ended
+        or a timer that fired stays while the record still needs it, unless `decide` issues it anew (a replan): the
+        scheduler holds a place it answered "wait", a stop goes on on the machine, and a back-off that ran out while
+        its gang was still leaving must not fire again and again. Then what is needed and not in flight starts,
+        after what `decide` issued to be done once (a release), which is no effect."""
+        assert self._job is not None
+        needed = effects(self._job, workflow.now())
+        wanted = identities(needed)
+        reissued = identities(commands)
+        for effect, call in list(self._in_flight.items()):
+            if effect not in wanted:
+                del self._in_flight[effect]
+                if effect.kind == "timer":
+                    call.cancel()  # a no-op for one that fired
+            elif call.done() and effect in reissued:
+                del self._in_flight[effect]
+        for command in one_offs(commands, wanted):
+            self._carry_out(command)
+        covered = set(self._in_flight) | covered_in_a_live_run(self._job)
+        for command in difference(needed, covered):
+            call = self._carry_out(command)
+            for effect in identity(command):
+                self._in_flight[effect] = call
+
+    def _carry_out(self, command: ev.Command) -> asyncio.Future[None]:
+        """Set `command` going; the call (or the supervisor) that does it."""
         match command:
             case ev.Place():
-                self._spawn(self._place(command))
+                return self._spawn(self._place(command))
             case ev.PlanGroup():
-                self._spawn(self._plan(command))
+                return self._spawn(self._plan(command))
             case ev.Release():
-                self._spawn(self._release(command))
+                return self._spawn(self._release(command))
             case ev.Start():
-                self._spawn(self._start(command))
+                return self._spawn(self._start(command))
             case ev.Supervise():
-                self._supervise(command.task_id, command.attempt, command.node)
+                return self._supervise(command.task_id, command.attempt, command.node)
             case ev.Stop():
-                self._spawn(self._stop(command))
+                return self._spawn(self._stop(command))
             case ev.ArmTimer():
                 timer = asyncio.ensure_future(self._timer(command))
                 self._timers.add(timer)
                 timer.add_done_callback(self._timers.discard)
+                return timer
+        raise AssertionError(f"a command the workflow cannot carry out: {command!r}")
 
-    def _spawn(self, effect: Awaitable[None]) -> None:
+    def _spawn(self, effect: Awaitable[None]) -> asyncio.Future[None]:
         task = asyncio.ensure_future(effect)
         self._busy.add(task)
         task.add_done_callback(self._busy.discard)
+        return task
 
     def _ref(self, task_id: str, attempt: int) -> TaskRef:
         assert self._job is not None
@@ -364,10 +411,11 @@ class JobWorkflow:
             host_network=command.host_network,
         )
 
-    def _supervise(self, task_id: str, attempt: int, node: str, start: ev.Start | None = None) -> None:
+    def _supervise(self, task_id: str, attempt: int, node: str, start: ev.Start | None = None) -> asyncio.Task[None]:
         if (task_id, attempt) not in self._supervisors:
             watch = self._watch(task_id, attempt, node, start)
             self._supervisors[(task_id, attempt)] = asyncio.ensure_future(watch)
+        return self._supervisors[(task_id, attempt)]
 
     async def _watch(self, task_id: str, attempt: int, node: str, start: ev.Start | None) -> None:
         """Supervise until the worker ends; with `start`, start it first in the same activity (run_task), which
@@ -429,6 +477,7 @@ class JobWorkflow:
         self._supervisors.clear()
         for timer in list(self._timers):
             timer.cancel()
+        self._in_flight.clear()
 
     async def _stop(self, command: ev.Stop) -> None:
         assert self._job is not None

@@ -36,8 +36,10 @@ class _Msg(BaseModel):
 # folded out of a long history are kept (JobRecord.folded) and passed on at continue-as-new, which comes once one
 # history has `history_keep` of them: clients serve the whole history from the runs of the workflow. 5: a placed
 # worker stays Pending ("Placed on <machine>") until its machine picks it up, which the machine's reports say (with
-# when): Preparing "Picked up by <machine>", or its first wait or pull.
-PROTOCOL = 5
+# when): Preparing "Picked up by <machine>", or its first wait or pull. 6: the workflow keeps what is in flight by
+# identity and, after each decision, runs the difference from what the record needs (workflows/domain/effects.py):
+# it cancels the timers no longer needed (a time limit of an attempt that ended) and never arms a moot one.
+PROTOCOL = 6
 
 
 class LoadSettingsResult(_Msg):

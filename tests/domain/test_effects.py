@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.domain.test_job_properties import SHRUNK, World, choices
-from workflows.domain.effects import Effect, difference, effects, identities, identity
+from workflows.domain.effects import (
+    Effect,
+    covered_in_a_live_run,
+    difference,
+    effects,
+    identities,
+    identity,
+    one_offs,
+)
 from workflows.domain.events import (
     ArmTimer,
     CancelRequested,
@@ -215,6 +223,25 @@ def test_the_difference_keeps_what_is_not_in_flight_and_the_difference_from_noth
     assert difference(needed, set()) == needed
     in_flight = {Effect("place", "w-1", 0), Effect("run", "w-0", 0)}
     assert said(difference(needed, in_flight)) == [("place", ("w-2", 0))]
+
+
+# ---- what a live run of protocol 6 carries out besides the difference ----------------------------------------------
+
+
+def test_a_release_is_done_once_beside_the_difference_and_a_timer_made_moot_in_the_same_decision_is_dropped() -> None:
+    job = then(run(time_limit_seconds=3600), 2, placed())
+    # Reported running and ended in one decision: the time limit armed as it ran is moot at once.
+    job, commands = decide(job, [started(), TaskEnded(task_id="w-0", attempt=0, exit_code=0)], at(3))
+    assert ("time_limit timer", "w-0", 0, 3603.0) in said(commands)
+    assert said(one_offs(commands, identities(effects(job, at(3))))) == [("release", "w-0", 0)]
+
+
+def test_a_live_run_needs_no_watcher_for_a_gang_member_stopped_at_the_barrier() -> None:
+    job = then(run(2, gang=True), 2, placed("w-0"), placed("w-1", "n1"))
+    job = then(job, 3, TaskReady(task_id="w-0", attempt=0), StopRequested(task_id="w-0"))
+    assert job.task("w-0").state is TaskState.STOPPING
+    assert Effect("run", "w-0", 0) in identities(effects(job, at(5)))  # a new run watches it
+    assert covered_in_a_live_run(job) == {Effect("run", "w-0", 0)}
 
 
 # ---- decide issues what each decision newly needs -------------------------------------------------------------------

@@ -74,9 +74,10 @@ class Script:
 
 
 class FakeCluster:
-    def __init__(self, client: Client, settings: Settings, script: Script) -> None:
+    def __init__(self, client: Client, settings: Settings, script: Script, protocol: int = PROTOCOL) -> None:
         self.client = client
         self.settings = settings
+        self.protocol = protocol  # the protocol new runs are created with
         self.script = script
         self.released: list[tuple[str, int]] = []
         self.stopped: dict[str, asyncio.Event] = {}
@@ -87,7 +88,7 @@ class FakeCluster:
 
     @activity.defn(name="load_settings")
     async def load_settings(self) -> LoadSettingsResult:
-        return LoadSettingsResult(settings=self.settings, protocol=PROTOCOL)
+        return LoadSettingsResult(settings=self.settings, protocol=self.protocol)
 
     @activity.defn(name="place")
     async def place(self, input: PlaceInput) -> PlaceResult:
@@ -182,9 +183,11 @@ class FakeCluster:
 
 
 @contextlib.asynccontextmanager
-async def fake_cluster(client: Client, script: Script, settings: Settings | None = None) -> AsyncIterator[FakeCluster]:
-    """Workers for the control, scheduler and n0 task queues, serving the fakes."""
-    cluster = FakeCluster(client, settings or Settings(), script)
+async def fake_cluster(
+    client: Client, script: Script, settings: Settings | None = None, protocol: int = PROTOCOL
+) -> AsyncIterator[FakeCluster]:
+    """Workers for the control, scheduler and n0 task queues, serving the fakes (new runs get `protocol`)."""
+    cluster = FakeCluster(client, settings or Settings(), script, protocol)
     control = ControlActivities(cluster.settings, client)  # the real one: it only asks Temporal to cancel a run
     workers = [
         Worker(

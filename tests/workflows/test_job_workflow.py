@@ -167,16 +167,18 @@ async def test_stop_one_worker_and_refuse_bad_stops(time_skipping: WorkflowEnvir
     assert (status.state, status.reason) == ("Cancelled", "All workers ended; some were cancelled")
 
 
+@pytest.mark.parametrize("protocol", [5, 6])
 async def test_a_one_worker_run_costs_one_activity_one_signal_and_at_most_20_events(
-    time_skipping: WorkflowEnvironment,
+    time_skipping: WorkflowEnvironment, protocol: int
 ) -> None:
-    """Protocol 3: the scheduler's `place` and `release` are local activities (one marker each, in a workflow task
-    the run has anyway); one activity (run_task) starts and watches the worker, telling the run once that it was
-    started and runs; only the state's search attribute is written, when it changes."""
+    """Protocol 3 on: the scheduler's `place` and `release` are local activities (one marker each, in a workflow
+    task the run has anyway); one activity (run_task) starts and watches the worker, telling the run once that it
+    was started and runs; only the state's search attribute is written, when it changes. Protocol 6, which runs
+    the difference from what is in flight after each decision, writes no more."""
     from temporalio.api.enums.v1 import EventType
 
-    job = spec(unique("cheap"))
-    async with fake_cluster(time_skipping.client, Script()) as cluster:
+    job = spec(unique(f"cheap{protocol}"))
+    async with fake_cluster(time_skipping.client, Script(), protocol=protocol) as cluster:
         handle = await start(time_skipping, job)
         await handle.result()
         history = await handle.fetch_history()

@@ -7,6 +7,10 @@ follows a transition once (a release, the stop of a worker placed but not picked
 the same decision made moot. A run that continues as new has nothing in flight: its new workflow run carries out
 the effects of the record it is given, the difference from nothing: it asks for room again, arms the timers again,
 re-attaches to the workers on machines (never starting one twice) and repeats the stops in progress.
+
+Since protocol 6 a running workflow does the same after each decision: it keeps what it set in flight by identity,
+starts the difference (`difference`), cancels the timers no longer needed, and carries out of `decide`'s commands
+only those done once (`one_offs`), which no record needs in flight.
 """
 
 from __future__ import annotations
@@ -67,6 +71,36 @@ def difference(needed: list[Command], in_flight: set[Effect]) -> list[Command]:
         elif not set(identity(command)) <= in_flight:
             missing.append(command)
     return missing
+
+
+def one_offs(commands: Iterable[Command], needed: set[Effect]) -> list[Command]:
+    """What `decide` issues that no record needs in flight, done once as it is issued: a release, the stop sent to
+    the machine of a worker that is not on it (placed, not picked up yet), a replan's timer (a new run asks for the
+    plan at once). The rest that is not `needed` (a timer a later move of the same decision made moot) is dropped."""
+    return [
+        command
+        for command in commands
+        if isinstance(command, Release)
+        or (isinstance(command, ArmTimer) and command.timer is Timer.REPLAN)
+        or (isinstance(command, Stop) and not set(identity(command)) <= needed)
+    ]
+
+
+def covered_in_a_live_run(job: JobRecord) -> set[Effect]:
+    """What the record needs that a live workflow run need not start, as what it has in flight does it (a new run,
+    which knows nothing of what the run before had in flight, starts them: `effects`):
+    - the watcher of a gang member stopped at the barrier: it was never started (nothing runs to watch), and the
+      stop sent to it, or its set-up in flight, tells its end (JobWorkflow._stop);
+    - the restart timer of a worker stopped for a gang restart: it carries the failed worker's back-off, whose own
+      timer, armed as it failed, queues them all (`job._gang_waiting`)."""
+    covered: set[Effect] = set()
+    for t in job.tasks:
+        n = t.attempt.number
+        if job.spec.gang and t.state is TaskState.STOPPING and t.on_node and not t.attempt.released:
+            covered.add(Effect("run", t.id, n))
+        if t.stop is not None and t.stop.cause == "gang_restart":
+            covered.add(Effect("timer", t.id, n, Timer.RESTART.value))
+    return covered
 
 
 def effects(job: JobRecord, now: datetime) -> list[Command]:
