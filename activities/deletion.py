@@ -11,13 +11,11 @@ from temporalio import activity
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from workflows import contracts
 from workflows.contracts import (
-    CONTROL_TASK_QUEUE,
     DELETED_RUNS_WORKFLOW_ID,
     OPEN_NODES,
     job_id,
@@ -92,13 +90,8 @@ async def forget_run(client: Client, input: ForgetRunInput) -> None:
         await _remove(client, wf.id, wf.run_id)
     async for wf in client.list_workflows(f'WorkflowId STARTS_WITH "{logs_id_prefix(t.namespace, t.name)}"'):
         await _remove(client, wf.id, wf.run_id)
-    handle = await client.start_workflow(
-        contracts.DELETED_RUNS_WORKFLOW,
-        DeletedRunsInput(),
-        id=DELETED_RUNS_WORKFLOW_ID,
-        task_queue=CONTROL_TASK_QUEUE,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        static_summary="deleted runs",
+    handle = await contracts.singleton(
+        client, contracts.DELETED_RUNS_WORKFLOW, DeletedRunsInput(), DELETED_RUNS_WORKFLOW_ID, "deleted runs"
     )
     await contracts.update(handle, contracts.ADD_TOMBSTONE, t)
 

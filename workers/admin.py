@@ -8,19 +8,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from workers.client import AstraeusError, NotFound
 from workflows import contracts
-from workflows.contracts import CONTROL_TASK_QUEUE, QUOTAS_WORKFLOW_ID, TOKENS_WORKFLOW_ID, In, Out, node_id
+from workflows.contracts import QUOTAS_WORKFLOW_ID, TOKENS_WORKFLOW_ID, In, Out, node_id
 from workflows.domain.nodes import NodeView
 from workflows.domain.quotas import Quota
 from workflows.domain.tokens import Token, digest
 from workflows.messages import CordonRequest, QuotasInput, RemoveQuotaRequest, RevokeTokenRequest, TokensInput
-from workflows.quotas import QuotasWorkflow
-from workflows.tokens import TokensWorkflow
 
 TOKEN_PREFIX = "astraeus_"  # a token's secret begins so: a secret scanner (or a person) can tell what it is
 
@@ -37,13 +34,8 @@ async def _update(handle: WorkflowHandle[Any, Any], update: contracts.Update[In,
 
 async def set_quota(client: Client, quota: Quota) -> list[Quota]:
     """Set a namespace's quota (replacing the one it had); returns every quota."""
-    handle = await client.start_workflow(
-        QuotasWorkflow.run,
-        QuotasInput(),
-        id=QUOTAS_WORKFLOW_ID,
-        task_queue=CONTROL_TASK_QUEUE,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        static_summary="namespace quotas",
+    handle = await contracts.singleton(
+        client, contracts.QUOTAS_WORKFLOW, QuotasInput(), QUOTAS_WORKFLOW_ID, "namespace quotas"
     )
     return await _update(handle, contracts.SET_QUOTA, quota)
 
@@ -88,13 +80,8 @@ async def create_token(client: Client, namespace: str | None, note: str = "") ->
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = Token(id=f"tok-{secrets.token_hex(4)}", namespace=namespace, sha256=digest(secret),
                   created_at=datetime.now(UTC), note=note)  # fmt: skip
-    handle = await client.start_workflow(
-        TokensWorkflow.run,
-        TokensInput(),
-        id=TOKENS_WORKFLOW_ID,
-        task_queue=CONTROL_TASK_QUEUE,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        static_summary="API tokens",
+    handle = await contracts.singleton(
+        client, contracts.TOKENS_WORKFLOW, TokensInput(), TOKENS_WORKFLOW_ID, "API tokens"
     )
     await _update(handle, contracts.ADD_TOKEN, token)
     return secret, token

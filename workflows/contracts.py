@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from temporalio import activity
-from temporalio.common import SearchAttributeKey
+from temporalio.common import SearchAttributeKey, WorkflowIDConflictPolicy
 
 from workflows.domain.events import (
     ExitedWhileLost,
@@ -73,7 +73,7 @@ from workflows.messages import (
 )
 
 if TYPE_CHECKING:
-    from temporalio.client import WorkflowHandle
+    from temporalio.client import Client, WorkflowHandle
 
 # ---- task queues ------------------------------------------------------------------------------------------------
 
@@ -400,3 +400,18 @@ async def query(handle: WorkflowHandle[Any, Any], asked: Query[In, Out], *args: 
 async def update(handle: WorkflowHandle[Any, Any], sent: Update[In, Out], *args: In) -> Out:
     result: Out = await handle.execute_update(sent.name, *args, result_type=sent.result)
     return result
+
+
+async def singleton(
+    client: Client, workflow_type: str, input: Any, workflow_id: str, summary: str
+) -> WorkflowHandle[Any, Any]:
+    """The cluster's one workflow of a kind (quotas, tokens, deleted runs): started on the control plane's queue the
+    first time it is needed, else the one that runs."""
+    return await client.start_workflow(
+        workflow_type,
+        input,
+        id=workflow_id,
+        task_queue=CONTROL_TASK_QUEUE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        static_summary=summary,
+    )

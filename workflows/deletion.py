@@ -5,8 +5,8 @@
 2. `delete_run_files` on each machine that is not Down (its own task queue): its attempts' directories or
    containers, logs and files are removed. A machine that does not pick it up in time (it went down meanwhile) is
    left: a machine removes the files of deleted runs when it registers again.
-3. `forget_run` (control plane): the run's tombstone is kept (DeletedRunsWorkflow), then its workflow runs and its
-   logs' workflows are removed from Temporal, which frees its name.
+3. `forget_run` (control plane): its workflow runs and its logs' workflows are removed from Temporal, then its
+   tombstone is kept (DeletedRunsWorkflow), which frees its name (see workers/client.py `submit`).
 Each step is idempotent, so a control plane that dies midway finishes the delete when the workflow resumes."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.domain.test_job_properties import SHRUNK, World, choices
+from tests.domain.test_job_properties import SHRUNK, choices, played
 from workflows.domain.effects import (
     Effect,
     covered_in_a_live_run,
@@ -306,23 +306,10 @@ def test_what_a_decision_issues_is_what_its_record_newly_needs_but_for_what_is_d
     only a new run carries out): so the running run and a run continued as new carry out the same effects."""
     job = new_job(parse_spec(_spec(policy, gang, limit)), SHRUNK, T0)
     job.protocol = 5
-    world, now = World(), T0
-    job, commands = decide(job, [Created()], now)
-    world.learn(commands)
-    for pick, seconds in picks:
-        options = world.options(job)
-        if not options:
-            break
-        event = options[pick % len(options)]
-        now += timedelta(seconds=seconds)
-        if isinstance(event, TimerFired):
-            now = max(now, world.timers[(event.task_id, event.attempt)])
-        world.consume(event)
-        before = job
-        job, commands = decide(job, [event], now)
-        world.learn(commands)
-        issued = {e for e in identities(commands) if not once(job, e)}
-        needed = newly_needed(before, job, now)
+    for step in played(job, picks):
+        after, event = step.after, step.event
+        issued = {e for e in identities(step.commands) if not once(after, e)}
+        needed = newly_needed(step.before, after, step.now)
         assert issued <= needed, f"after {event!r}: decide issued {sorted(issued - needed)}, needed by nothing"
-        missing = {e for e in needed - issued if not exempt(job, e)}
+        missing = {e for e in needed - issued if not exempt(after, e)}
         assert not missing, f"after {event!r}: the record needs {sorted(missing)}, which decide did not issue"

@@ -10,9 +10,10 @@ choices, so a failing sequence replays exactly.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -176,16 +177,24 @@ Choice = tuple[int, int]
 choices = st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 40)), max_size=40)
 
 
-def play(policy: str, picks: list[Choice], gang: bool = False) -> list[tuple[JobRecord, JobRecord]]:
-    """Play the choices; return every (before, after) pair of records.
+class Step(NamedTuple):
+    """One decision of a played run: the record before, the event, the record after, what decide issued, when."""
+
+    before: JobRecord
+    event: Event
+    after: JobRecord
+    commands: list[Command]
+    now: datetime
+
+
+def played(job: JobRecord, picks: list[Choice]) -> Iterator[Step]:
+    """Play the choices from a new run's record, each a decision.
 
     Along the way: decide never raises, and never changes the record it is given.
     """
-    job = new_job(spec(policy, gang), SHRUNK, T0)
     world, now = World(), T0
     job, commands = decide(job, [Created()], now)
     world.learn(commands)
-    steps = []
     for pick, seconds in picks:
         options = world.options(job)
         if not options:
@@ -199,8 +208,12 @@ def play(policy: str, picks: list[Choice], gang: bool = False) -> list[tuple[Job
         job, commands = decide(job, [event], now)
         assert before.model_dump() == dump
         world.learn(commands)
-        steps.append((before, job))
-    return steps
+        yield Step(before, event, job, commands, now)
+
+
+def play(policy: str, picks: list[Choice], gang: bool = False) -> list[tuple[JobRecord, JobRecord]]:
+    """Play the choices; return every (before, after) pair of records."""
+    return [(step.before, step.after) for step in played(new_job(spec(policy, gang), SHRUNK, T0), picks)]
 
 
 # Cancel while a worker waits out its back-off, then its restart timer fires.

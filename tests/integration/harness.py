@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from activities.runtime.process import ProcessRuntime
@@ -27,6 +28,26 @@ SETTINGS = {"backoff_base_seconds": 1, "backoff_cap_seconds": 2, "stop_grace_sec
 def pairs(entries: list[dict[str, str]]) -> list[tuple[str, str]]:
     """(state, reason) of each history entry, as `astraeus describe --json` shows them."""
     return [(e["state"], e["reason"]) for e in entries]
+
+
+def answers(url: str) -> bool:
+    """Whether a GET of `url` answers 200 now."""
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def end_group(process: subprocess.Popen[Any], grace: float = 30) -> None:
+    """End a process started in a session of its own, and its group, by its PID: SIGTERM, then SIGKILL after
+    `grace` seconds; then reap it."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 class Cluster:
@@ -61,6 +82,13 @@ class Cluster:
             start_new_session=True,
             env={**os.environ, "ASTRAEUS_SCHEDULER": self.scheduler, **(env or {})},
         )
+
+    def spawn_api(self, name: str = "api") -> str:
+        """`astraeus api` on a free port, once it answers `/healthz`: its base URL."""
+        url = f"http://127.0.0.1:{free_port()}"
+        self.spawn(name, "api", "--listen", url.removeprefix("http://"))
+        self.wait_for(lambda: answers(f"{url}/healthz"), "the API to answer")
+        return url
 
     def spawn_agent(self, name: str, *flags: str, env: dict[str, str] | None = None) -> None:
         self.spawn(name, "agent", "--name", name, "--data-dir", str(self.agent_dir(name)), *flags, env=env)
@@ -111,14 +139,7 @@ class Cluster:
     def stop(self) -> None:
         """End everything this cluster started, by PID: services, the workers' processes, the server."""
         for name in list(self.processes):
-            process = self.processes.pop(name)
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+            end_group(self.processes.pop(name), grace=10)
         for data in self.agent_dirs:
             runtime = ProcessRuntime(data / "tasks")
             for key in runtime.attempts():

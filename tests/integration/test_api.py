@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.harness import BIN, Cluster
+from tests.integration.harness import BIN, Cluster, end_group
 from workers.api import openapi_document
 from workers.devserver import free_port
 
@@ -54,19 +53,10 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     c = Cluster(tmp_path_factory.mktemp("cluster"))
     try:
         c.start({"a0": ["--gpus", "2xL4-24GB", "--cpus", "4", "--memory-bytes", "16GiB"]})
-        url = f"http://127.0.0.1:{free_port()}"
-        c.spawn("api", "api", "--listen", url.removeprefix("http://"))
-        c.wait_for(lambda: _answers(f"{url}/healthz"), "the API to answer")
+        url = c.spawn_api()
         yield Api(c, url)
     finally:
         c.stop()
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _running(api: Api, token: str, run: str) -> dict[str, Any]:
@@ -309,10 +299,5 @@ def test_dev_with_api_serves_it_and_prints_an_admin_token(tmp_path: Path) -> Non
         assert httpx.get(f"{url}/nodes", headers={"authorization": f"Bearer {token}"}).json()[0]["name"] == "local-0"
         assert httpx.get(f"{url}/nodes").status_code == 401
     finally:
-        os.killpg(dev.pid, signal.SIGTERM)
-        try:
-            dev.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(dev.pid, signal.SIGKILL)
-            dev.wait()
+        end_group(dev)
     assert dev.returncode == 0, log.read_text()

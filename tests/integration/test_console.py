@@ -17,7 +17,6 @@ import httpx
 import pytest
 
 from tests.integration.harness import Cluster
-from workers.devserver import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -102,20 +101,11 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     c = Cluster(tmp_path_factory.mktemp("cluster"), backoff_base_seconds=6, backoff_cap_seconds=6)
     try:
         c.start({"a0": ["--gpus", "2xL4-24GB", "--cpus", "4", "--memory-bytes", "16GiB"]})
-        url = f"http://127.0.0.1:{free_port()}"
-        c.spawn("api", "api", "--listen", url.removeprefix("http://"))
-        c.wait_for(lambda: _answers(f"{url}/healthz"), "the API to answer")
+        url = c.spawn_api()
         with browser(Path(tempfile.mkdtemp(prefix="astraeus-chromium-"))) as driver:
             yield Console(c, url, driver)
     finally:
         c.stop()
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _row(console: Console, run: str, contains: str = "") -> str:

@@ -17,7 +17,6 @@ import httpx
 import pytest
 
 from tests.integration.harness import ASTRAEUS, Cluster
-from workers.devserver import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -46,19 +45,10 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     c = Cluster(tmp_path_factory.mktemp("cluster"))
     try:
         c.start({"a0": MACHINE})
-        url = f"http://127.0.0.1:{free_port()}"
-        c.spawn("api", "api", "--listen", url.removeprefix("http://"))
-        c.wait_for(lambda: _answers(f"{url}/healthz"), "the API to answer")
+        url = c.spawn_api()
         yield Api(c, url)
     finally:
         c.stop()
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _submit_running(api: Api, http: httpx.Client, name: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.harness import end_group
 from workers.devserver import free_port
 
 pytestmark = pytest.mark.integration
@@ -117,11 +117,5 @@ def test_the_examples_run_from_the_installed_wheel_away_from_the_checkout(wheel:
             assert done.returncode == 0, (verb, done.stdout, done.stderr)
         assert (home / ".astraeus" / "temporal.db").is_file()
     finally:
-        if dev.poll() is None:
-            os.killpg(dev.pid, signal.SIGTERM)
-            try:
-                dev.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(dev.pid, signal.SIGKILL)
-                dev.wait()
+        end_group(dev)
         log.close()
