@@ -1,13 +1,12 @@
 """The HTTP API (`astraeus api`) against a real cluster, through httpx as any client calls it: a run submitted,
 described, its logs read, a worker stopped, the run cancelled, its events followed as Server-Sent Events until it
 ends; workspace tokens that see only their own workspace (404 for every other run, 401 without a token); the
-admin's verbs; the OpenAPI document it serves; and the README's curl walk-through, run as written (it ends with a
-delete). Deleting a run is tests/integration/test_delete.py."""
+admin's verbs; and the OpenAPI document it serves. Deleting a run is tests/integration/test_delete.py; the README's
+curl walk-through runs as written, with the default ports, in tests/integration/test_one_cluster.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import time
@@ -253,32 +252,6 @@ def test_machines_and_quotas_are_read_by_all_and_changed_by_admins_and_revoked_t
 def test_the_served_openapi_document_is_the_committed_one(api: Api) -> None:
     served = httpx.get(f"{api.url}/openapi.json").json()
     assert served == openapi_document() == json.loads((ROOT / "deploy" / "openapi.json").read_text())
-
-
-def test_the_readmes_curl_walk_through_runs_as_written(api: Api) -> None:
-    """The README's "The HTTP API" commands, in one shell, against this cluster: `astraeus` reaches its Temporal by
-    $ASTRAEUS_TEMPORAL, and $API is this API's address instead of the default the README sets."""
-    text = (ROOT / "README.md").read_text()
-    block = text.split("## The HTTP API", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
-    lines = [line.split("  #", 1)[0].strip() for line in block.strip().splitlines()]
-    assert lines[0].startswith("astraeus api")  # the fixture started it, on a free port
-    assert lines[1] == "API=http://127.0.0.1:7245"
-    # A person types the next command once the last one answered; a run's workflow may take a moment to begin
-    # answering, so each curl is tried again (for 10 s) until it succeeds.
-    tried = [f"ok=; for _ in $(seq 50); do {line} && {{ ok=1; break; }}; sleep 0.2; done; [ -n \"$ok\" ]"
-             if line.startswith("curl") else line for line in lines[2:]]  # fmt: skip
-    script = "\n".join(["set -e", f"API={api.url}", *tried])
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "ASTRAEUS_TEMPORAL": api.cluster.address}
-    ran = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    assert '"run":"team-a/hello"' in ran.stdout.replace(" ", "")
-    assert "event: end" in ran.stdout
-    gone = api.cluster.cli("describe", "team-a/hello", check=False)  # deleted, as the walk-through ends
-    assert (gone.returncode, gone.stderr) == (3, "astraeus: no run named hello in namespace team-a\n")
-    (tombstone,) = [
-        r for r in api.cluster.json("ls", "--include-deleted", "-n", "team-a")["runs"] if r["name"] == "hello"
-    ]
-    assert (tombstone["state"], tombstone["last_state"]) == ("Deleted", "Cancelled")
 
 
 def test_dev_with_api_serves_it_and_prints_an_admin_token(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ here and ended by its PID."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,7 +19,7 @@ import yaml
 
 from activities.runtime.base import TaskKey
 from activities.runtime.process import ProcessRuntime
-from tests.integration.harness import ASTRAEUS, SETTINGS, Cluster
+from tests.integration.harness import ASTRAEUS, SETTINGS, Cluster, answers, end_group
 from workers.devserver import free_port, port_free
 
 pytestmark = pytest.mark.integration
@@ -48,13 +49,7 @@ class Dev:
             time.sleep(0.25)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        end_group(self.process)
 
 
 def cli(*args: str, cwd: Path = ROOT, temporal: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -126,6 +121,12 @@ def test_the_readme_tour_runs_as_written_with_the_defaults(tmp_path: Path) -> No
             env=ENV,
         )
         assert (ran.returncode, ran.stdout) == (0, "Completed: All workers completed\n"), ran.stderr
+        deleting = readme_block("## Deleting a run")
+        assert deleting == ["astraeus delete hello", "astraeus ls --include-deleted --state Deleted"]
+        deleted, tombstones = (shell(command) for command in deleting)
+        assert (deleted.returncode, deleted.stdout) == (0, "deleted default/hello (it was Completed)\n"), deleted.stderr
+        assert tombstones.returncode == 0 and "hello" in tombstones.stdout, tombstones.stderr
+        assert cli("status", "hello").returncode == 3  # no run named hello any more
         assert (tmp_path / ".astraeus" / "temporal.db").is_file()
     finally:
         dev.stop()
@@ -177,6 +178,38 @@ def test_the_readmes_scripting_commands_run_as_written_with_the_defaults(tmp_pat
         assert (closed.stderr, len(closed.stdout.splitlines())) == ("", 1)
         assert closed.returncode in (0, 141)
     finally:
+        dev.stop()
+
+
+def test_the_readmes_http_api_walk_through_runs_as_written_with_the_defaults(tmp_path: Path) -> None:
+    """The README's "The HTTP API" commands with the defaults: `astraeus api &` on 7245 beside `astraeus dev` on
+    7233, then the rest of the block in one shell, as a person types it once the API answers."""
+    taken = [port for port in (7233, 8233, 7245) if not port_free(port)]
+    if taken:
+        pytest.fail(f"ports {taken} are in use on this machine: the README's commands need 7233, 8233 and 7245 free")
+    block = readme_block("## The HTTP API")
+    assert block[:2] == ["astraeus api &", "API=http://127.0.0.1:7245"]
+    dev = Dev(tmp_path, "--nodes", "2", "--gpus", "2xL4-24GB")
+    api = None
+    try:
+        dev.wait_ready()
+        env = {**ENV, "PATH": f"{ROOT / '.venv' / 'bin'}:{ENV.get('PATH', '')}"}
+        with (tmp_path / "api.log").open("wb") as out:  # the `&`: in the background, ended by its PID below
+            api = subprocess.Popen(["bash", "-c", f"exec {block[0].removesuffix('&')}"], cwd=ROOT, env=env,
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        wait_for(lambda: answers("http://127.0.0.1:7245/healthz"), "the API to answer on 7245")
+        ran = shell("\n".join(["set -e", *block[1:]]))
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert '"run":"team-a/hello"' in ran.stdout.replace(" ", "")
+        assert "event: end" in ran.stdout
+        gone = cli("describe", "team-a/hello")  # deleted, as the walk-through ends
+        assert (gone.returncode, gone.stderr) == (3, "astraeus: no run named hello in namespace team-a\n")
+        listed = shell("astraeus ls --include-deleted -n team-a --json")
+        (tombstone,) = [r for r in json.loads(listed.stdout)["runs"] if r["name"] == "hello"]
+        assert (tombstone["state"], tombstone["last_state"]) == ("Deleted", "Cancelled")
+    finally:
+        if api is not None:
+            end_group(api)
         dev.stop()
 
 

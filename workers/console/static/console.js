@@ -73,7 +73,7 @@ function say(message, isError) {
 // A confirmation (and optionally a reason) in a modal dialog: resolves to the reason given, or null.
 function confirmDialog(title, body, withReason) {
   return new Promise((resolve) => {
-    const input = withReason ? h("input", { id: "dialog-reason", type: "text", value: "Stopped by scheduler" }) : null;
+    const input = withReason ? h("input", { id: "dialog-reason", type: "text", placeholder: "empty: the default reason" }) : null;
     const dialog = h("dialog", { "aria-labelledby": "dialog-title" },
       h("form", { method: "dialog" },
         h("h2", { id: "dialog-title" }, title), h("p", {}, body),
