@@ -35,6 +35,7 @@ from bench.cluster import Cluster, Machines
 from bench.common import HistoryFigures, ms, now, read_history, run_and_exit
 from bench.floor import Floor, run_floor
 from bench.runs import spec_for
+from bench.server_metrics import ServerOps, between, settled
 from workers.client import AstraeusClient, AstraeusError, run_result
 from workflows.contracts import SA_NAMESPACE, SA_STATE
 from workflows.domain.spec import job_id
@@ -205,6 +206,7 @@ class Burst:
     machine_events: int  # history events the machines' workflows gained during the burst
     machine_histories: list[HistoryFigures]
     agent_processes: int
+    server: ServerOps  # the server's own counters during the burst
     floor: Floor | None = None
 
 
@@ -224,6 +226,9 @@ async def measure(options: Options, root: Path) -> Burst:
         print(f"idle runs done; submitting {options.runs} runs", file=sys.stderr)
         before_machines = await machine_workflows(client)
         runs = [Run(name=f"run-{i:04d}") for i in range(options.runs)]
+        metrics_port = cluster.server.metrics_port
+        assert metrics_port is not None
+        server_start = await settled(metrics_port)
         load_start, cpu_start, window = os.getloadavg()[0], cluster.cpu(), time.monotonic()
         gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
         submits = asyncio.gather(*(submit(client, r, options.sleep, gate) for r in runs))
@@ -231,6 +236,7 @@ async def measure(options: Options, root: Path) -> Burst:
         await submits
         cpu_end, window = cluster.cpu(), time.monotonic() - window
         cpu = {k: cpu_end[k] - cpu_start[k] for k in cpu_end}
+        server = between(server_start, await settled(metrics_port))
         workers_cpu, load_end = cluster.workers_cpu(), os.getloadavg()[0]
         print(f"{running} Running; reading back", file=sys.stderr)
         read_gate = asyncio.Semaphore(READ_CONCURRENCY)
@@ -255,6 +261,7 @@ async def measure(options: Options, root: Path) -> Burst:
         gained,
         histories,
         cluster.agent_processes,
+        server,
     )
 
 

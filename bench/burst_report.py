@@ -72,6 +72,7 @@ def figures(b: Burst) -> dict[str, Any]:
         "problems": _problems(b),
         "cpu_ms_per_run": cpu_per_run,
         "cpu_seconds": b.cpu,
+        "server": b.server.figures(len(submitted)),
         "workers_cpu_ms_per_worker": b.workers_cpu[0] * 1000 / max(b.workers_cpu[1], 1),
         "workers_alive": b.workers_cpu[1],
         "reasons_now": _reasons([[r.reason] for r in waiting if r.state not in ENDED]),
@@ -133,6 +134,7 @@ def lines(b: Burst) -> list[str]:
         ),
         ("cores busy during the burst", _cores(b)),
         ("load average (1 min), start / end", f"{b.load[0]:.2f} / {b.load[1]:.2f} (others' work counts)"),
+        *b.server.rows("server", f["submitted"]),
     ]
     if f["submitted"] > o.target:
         rows.append(

@@ -78,7 +78,7 @@ class Cluster:
         self.services_apart = services_apart or control_processes > 1
         self.control_processes = control_processes  # `astraeus control` processes (services apart)
         self.settings = settings  # a --settings YAML for every process (services apart only; None: the defaults)
-        self.server = DevServer(root / "temporal", port=free_port(), ui_port=None)
+        self.server = DevServer(root / "temporal", port=free_port(), ui_port=None, metrics_port=free_port())
         self.client: Client | None = None
         self.services: dict[str, subprocess.Popen[bytes]] = {}  # control, scheduler (--services-apart)
         self.agents: list[subprocess.Popen[bytes]] = []

@@ -18,6 +18,7 @@ from temporalio.worker import Worker
 
 from bench.common import HistoryFigures, latency_rows, ms, now, own_cpu_seconds, pid_cpu_seconds, read_history
 from bench.floor_workflow import ACTIVITIES, FLOOR_TASK_QUEUE, FloorWorkflow, noop
+from bench.server_metrics import ServerOps, between, settled
 from workers.connect import connect
 from workers.devserver import DevServer, free_port
 from workers.services import workflow_runner
@@ -38,6 +39,7 @@ class Bare:
 class Floor:
     workflows: list[Bare]
     cpu: dict[str, float] = field(default_factory=dict)  # seconds during the burst: this process, the server
+    server: ServerOps = field(default_factory=ServerOps)  # the server's own counters during the burst
 
     @property
     def completed(self) -> list[Bare]:
@@ -68,6 +70,7 @@ class Floor:
             "activity_retries": sum(len(h.activity_retries) for h in histories),
             "problems": dict(problems),
             "cpu_ms_per_workflow": {k: v * 1000 / max(len(done), 1) for k, v in self.cpu.items()},
+            "server": self.server.figures(len(self.workflows)),
             "errors": [f"{b.id}: {b.error}" for b in self.workflows if b.error][:5],
         }
 
@@ -86,6 +89,7 @@ class Floor:
             ),
             ("floor: CPU ms per workflow, this process / dev server", f"{cpu['this']:.0f} / {cpu['server']:.0f}"),
         ]
+        rows += self.server.rows("floor: server", len(self.workflows))
         rows += [("floor: problems", f"{count} x {problem}") for problem, count in f["problems"].items()]
         rows += [("floor: not completed", e) for e in f["errors"]]
         rows += latency_rows("floor: start -> complete", [("workflow", v) for v in _present(self.completed)])
@@ -98,7 +102,8 @@ async def run_floor(root: Path | None, count: int, concurrency: int, timeout: fl
     """Start a fresh dev server under `root` (a new temporary directory if None), run `count` bare workflows in
     one burst (at most `concurrency` starts in flight), read their histories, stop the server."""
     with tempfile.TemporaryDirectory(prefix="astraeus-floor-", dir=root) as data_dir:
-        server = DevServer(Path(data_dir), port=free_port(), ui_port=None)
+        server = DevServer(Path(data_dir), port=free_port(), ui_port=None, metrics_port=free_port())
+        assert server.metrics_port is not None
         await asyncio.to_thread(server.start)
         try:
             client = await connect(server.address, wait=timedelta(seconds=30))
@@ -115,6 +120,7 @@ async def run_floor(root: Path | None, count: int, concurrency: int, timeout: fl
             floor = Floor([Bare(id=f"floor-{i:05d}") for i in range(count)])
             server_pid = server.process.pid if server.process else None
             async with worker:
+                counters = await settled(server.metrics_port)
                 before = {"this": own_cpu_seconds(), "server": pid_cpu_seconds(server_pid)}
                 gate = asyncio.Semaphore(concurrency)
                 runs = asyncio.gather(*(_start_and_wait(client, b, gate) for b in floor.workflows))
@@ -122,6 +128,7 @@ async def run_floor(root: Path | None, count: int, concurrency: int, timeout: fl
                     await asyncio.wait_for(runs, timeout)
                 floor.cpu = {"this": own_cpu_seconds() - before["this"]}
                 floor.cpu["server"] = pid_cpu_seconds(server_pid) - before["server"]
+                floor.server = between(counters, await settled(server.metrics_port))
                 read_gate = asyncio.Semaphore(READ_CONCURRENCY)
                 await asyncio.gather(*(_read(client, b, read_gate) for b in floor.workflows))
         finally:

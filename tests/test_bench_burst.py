@@ -56,12 +56,19 @@ def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
         "reasons of the waiting runs now:",
         "floor: first start -> all complete",
         "burst all-Running / floor all-complete",
+        "server: requests, per run",
+        "server: persistence operations, per run",
+        "floor: server: requests, per run",
     ):
         assert label in result.stdout, result.stdout
     figures = json.loads(figures_file.read_text())
     assert (figures["submitted"], figures["running"]) == (6, 4)
     assert sum(item["runs"] for item in figures["reasons_now"]) == 2
     assert figures["floor"]["completed"] == 3
+    # The server's own counters cover the burst's window: every run started there, every bare workflow too.
+    assert figures["server"]["requests_per_run"]["StartWorkflowExecution"] >= 1
+    assert figures["server"]["persistence_per_run"]["UpdateWorkflowExecution"] > 1
+    assert figures["floor"]["server"]["requests_per_run"]["StartWorkflowExecution"] >= 1
 
 
 def test_a_local_activity_tried_again_counts_as_a_retry() -> None:
@@ -91,3 +98,35 @@ def test_the_phases_name_the_wait_for_a_workers_report_and_for_the_task_that_rea
     names = [name for name, _ in read_history(history.events).phases]
     assert "run_task scheduled -> task_running signal" in names
     assert "signal -> workflow task started" in names
+
+
+def test_the_servers_counters_are_told_between_two_scrapes() -> None:
+    """Requests at the frontend only, persistence operations and failures (not the lookups that find nothing), and
+    the bucket that holds a write's median and p99."""
+    from bench.server_metrics import between, parse
+
+    def scraped(starts: int, writes: list[int], failures: int) -> str:
+        buckets = "".join(
+            f'persistence_latency_bucket{{operation="UpdateWorkflowExecution",le="{le}"}} {n}\n'
+            for le, n in zip(("0.001", "0.01", "1", "+Inf"), writes, strict=True)
+        )
+        return (
+            "# TYPE service_requests counter\n"
+            f'service_requests{{operation="StartWorkflowExecution",service_name="frontend"}} {starts}\n'
+            f'service_requests{{operation="RecordWorkflowTaskStarted",service_name="history"}} {starts * 3}\n'
+            "# TYPE persistence_requests counter\n"
+            f'persistence_requests{{operation="UpdateWorkflowExecution",service_name="history"}} {writes[-1]}\n'
+            "# TYPE persistence_error_with_type counter\n"
+            'persistence_error_with_type{error_type="serviceerror_DeadlineExceeded",'
+            f'operation="UpdateWorkflowExecution"}} {failures}\n'
+            'persistence_error_with_type{error_type="serviceerror_NotFound",'
+            f'operation="GetTaskQueue"}} {failures * 7}\n'
+            "# TYPE persistence_latency histogram\n" + buckets
+        )
+
+    ops = between(parse(scraped(2, [0, 0, 0, 0], 1)), parse(scraped(12, [10, 60, 99, 100], 4)))
+    assert ops.requests == {"StartWorkflowExecution": 10}
+    assert ops.persistence == {"UpdateWorkflowExecution": 100}
+    assert ops.errors == {"UpdateWorkflowExecution: serviceerror_DeadlineExceeded": 3}
+    assert ops.write_ms == {"p50": 10.0, "p99": 1000.0}
+    assert ops.figures(10)["requests_per_run"] == {"StartWorkflowExecution": 1.0}

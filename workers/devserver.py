@@ -63,6 +63,7 @@ class DevServer:
         log: Path | None = None,
         sqlite_pragmas: tuple[str, ...] = SQLITE_PRAGMAS,
         namespaces: tuple[str, ...] = (),
+        metrics_port: int | None = None,
     ):
         self.data_dir = data_dir
         self.port = port
@@ -70,6 +71,7 @@ class DevServer:
         self.log = log or data_dir / "temporal.log"
         self.sqlite_pragmas = sqlite_pragmas
         self.namespaces = namespaces  # created at launch, beside "default"
+        self.metrics_port = metrics_port  # its Prometheus /metrics (None: a port of its choosing)
         self.process: subprocess.Popen[bytes] | None = None
         self._lock: IO[str] | None = None  # held while it runs: one server per database
 
@@ -101,6 +103,7 @@ class DevServer:
             "--log-level", "warn",
         ]  # fmt: skip
         args += ["--ui-port", str(self.ui_port)] if self.ui_port else ["--headless"]
+        args += ["--metrics-port", str(self.metrics_port)] if self.metrics_port else []
         for pragma in self.sqlite_pragmas:
             args += ["--sqlite-pragma", pragma]
         for namespace in self.namespaces:

@@ -1,0 +1,123 @@
+"""The Temporal server's own counters, from its Prometheus `/metrics`: the requests it served, the persistence
+operations it made and the ones that failed, and how long its workflow writes took, between two scrapes.
+
+They say what a run costs the server in its own units (a write per heartbeat, say), which the CPU figures cannot,
+and they show the server falling behind: a write that takes longer than the caller waits fails ("context deadline
+exceeded"), and a task the server recorded as started in such a write is never handed to a worker (bench/README.md,
+"Lost tasks").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+Labels = tuple[tuple[str, str], ...]
+Sample = dict[tuple[str, Labels], float]
+
+WRITE = "UpdateWorkflowExecution"  # a workflow's mutable state written: every task, signal and heartbeat
+SHOWN = 6  # operations listed by name; the rest are counted in the total
+QUIET_ERRORS = ("serviceerror_NotFound",)  # a task queue or record looked up before it exists: normal
+FLUSH_SECONDS = 1.5  # the server publishes its counters about every second: a scrape sees them that late
+
+
+def scrape(port: int, timeout: float = 10) -> Sample:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as answer:
+        return parse(answer.read().decode())
+
+
+async def settled(port: int) -> Sample:
+    """A scrape once what the server counted until now is published."""
+    await asyncio.sleep(FLUSH_SECONDS)
+    return await asyncio.to_thread(scrape, port)
+
+
+def parse(text: str) -> Sample:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+@dataclass
+class ServerOps:
+    requests: collections.Counter[str] = field(default_factory=collections.Counter)  # frontend, by operation
+    persistence: collections.Counter[str] = field(default_factory=collections.Counter)  # by operation
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)  # "operation: error type"
+    write_ms: dict[str, float | None] = field(default_factory=dict)  # UpdateWorkflowExecution: p50, p99 (bucket)
+
+    def figures(self, per: int) -> dict[str, Any]:
+        per = max(per, 1)
+        return {
+            "requests_per_run": {k: v / per for k, v in self.requests.most_common()},
+            "persistence_per_run": {k: v / per for k, v in self.persistence.most_common()},
+            "errors": dict(self.errors.most_common()),
+            "write_ms": self.write_ms,
+        }
+
+    def rows(self, title: str, per: int) -> list[tuple[str, str]]:
+        per = max(per, 1)
+        p50, p99 = self.write_ms.get("p50"), self.write_ms.get("p99")
+        errors = sum(self.errors.values())
+        rows = [
+            (f"{title}: requests, per run", _top(self.requests, per)),
+            (f"{title}: persistence operations, per run", _top(self.persistence, per)),
+            (
+                f"{title}: {WRITE}, p50 / p99 (ms, bucket bound)",
+                f"{_ms(p50)} / {_ms(p99)}",
+            ),
+            (f"{title}: persistence errors", f"{errors}" + (f" ({_list(self.errors)})" if errors else "")),
+        ]
+        return rows
+
+
+def between(before: Sample, after: Sample) -> ServerOps:
+    ops = ServerOps()
+    buckets: dict[float, float] = collections.defaultdict(float)
+    for (name, labels), value in after.items():
+        grown = value - before.get((name, labels), 0.0)
+        if grown <= 0:
+            continue
+        name, label = name.removesuffix("_total"), dict(labels)  # the parser names a counter's samples *_total
+        operation = label.get("operation", "?")
+        if name == "service_requests" and label.get("service_name") == "frontend":
+            ops.requests[operation] += round(grown)
+        elif name == "persistence_requests":
+            ops.persistence[operation] += round(grown)
+        elif name == "persistence_error_with_type" and label.get("error_type") not in QUIET_ERRORS:
+            ops.errors[f"{operation}: {label.get('error_type', '?')}"] += round(grown)
+        elif name == "persistence_latency_bucket" and operation == WRITE:
+            buckets[float(label["le"])] += grown
+    ops.write_ms = {"p50": _quantile(buckets, 0.5), "p99": _quantile(buckets, 0.99)}
+    return ops
+
+
+def _quantile(cumulative: dict[float, float], q: float) -> float | None:
+    """The upper bound (ms) of the histogram bucket holding the q-quantile; None without samples."""
+    bounds = sorted(cumulative)
+    if not bounds or cumulative[bounds[-1]] <= 0:
+        return None
+    total = cumulative[bounds[-1]]
+    return next(bound * 1000 for bound in bounds if cumulative[bound] >= q * total)
+
+
+def _top(counter: collections.Counter[str], per: int) -> str:
+    total = sum(counter.values()) / per
+    shown = ", ".join(f"{k} {v / per:.1f}" for k, v in counter.most_common(SHOWN))
+    return f"{total:.1f} ({shown})" if shown else "0"
+
+
+def _list(counter: collections.Counter[str]) -> str:
+    return ", ".join(f"{v:.0f} x {k}" for k, v in counter.most_common(SHOWN))
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return "> the largest bucket" if value == float("inf") else f"{value:g}"
