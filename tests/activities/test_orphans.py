@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import re
 import time
-from collections.abc import Callable, Iterator
-from contextlib import suppress
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -46,6 +47,23 @@ class Temporal:
         self.updates: list[tuple[str, str, Any]] = []
         self.refuse = False
         self.described: list[str] = []
+        self.listed: list[str] = []  # the visibility queries
+        self.unlisted: set[str] = set()  # open runs the visibility store does not list yet (it lags)
+        self.listed_open: set[str] = set()  # closed runs it still lists open
+
+    def list_workflows(self, query: str, page_size: int = 1000) -> AsyncIterator[SimpleNamespace]:
+        assert query.endswith("AND ExecutionStatus = 'Running'"), query
+        self.listed.append(query)
+        running = WorkflowExecutionStatus.RUNNING
+
+        async def executions() -> AsyncIterator[SimpleNamespace]:
+            for workflow_id in re.findall(r"'(job/[^']+)'", query):
+                if (self.runs.get(workflow_id) == running and workflow_id not in self.unlisted) or (
+                    workflow_id in self.listed_open
+                ):
+                    yield SimpleNamespace(id=workflow_id)
+
+        return executions()
 
     def get_workflow_handle(self, workflow_id: str) -> Temporal._Handle:
         return Temporal._Handle(self, workflow_id)
@@ -235,6 +253,41 @@ async def test_attempts_an_activity_of_the_agent_watches_are_not_asked_about(roo
         finally:
             await machine.release()
     assert machine.runs(watched) and temporal.queried == [] and temporal.updates == []
+    assert temporal.described == []  # listed open, and watched: nothing to read
+
+
+async def test_one_list_of_open_runs_spares_a_describe_for_each_run_whose_attempts_here_are_all_watched(
+    root: Path,
+) -> None:
+    # A describe of each run at every look cost the server a read per worker alive, every 5 s (bench/README.md).
+    # One visibility query answers for all; a run it does not list open is read exactly, since the list may lag.
+    running, terminated = WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.TERMINATED
+    temporal = Temporal(
+        {"job/default/a": running, "job/default/b": running, "job/default/late": running, "job/default/end": terminated}
+    )
+    temporal.unlisted = {"job/default/late"}  # started a moment ago: not listed yet
+    temporal.listed_open = {"job/default/end"}  # terminated a moment ago: still listed open
+    machine = Machine(root, temporal, Settings(orphan_check_seconds=0.05, stop_grace_seconds=0.5))
+    watched = [machine.run(key(job)) for job in ("a", "b", "late")]
+    ended = machine.run(key("end"))  # no activity watches it
+    with ExitStack() as stack:
+        for attempt in watched:
+            stack.enter_context(machine.agent._live_attempt(attempt))
+        machine.hold_lease()
+        try:
+            await until(lambda: not machine.runs(ended))
+            await asyncio.sleep(0.3)  # more looks
+        finally:
+            await machine.release()
+    assert all(machine.runs(attempt) for attempt in watched)
+    assert set(temporal.described) == {"job/default/late", "job/default/end"}
+    assert temporal.listed[0] == (
+        "WorkflowId IN ('job/default/a', 'job/default/b', 'job/default/end', 'job/default/late') "
+        "AND ExecutionStatus = 'Running'"
+    )
+    assert temporal.updates == [
+        ("node/n0", "report_orphan_stopped", OrphanStopped(task="w-0", run="default/end", status="terminated"))
+    ]
 
 
 async def test_a_worker_whose_watch_ended_before_it_did_and_that_exited_0_is_told_to_its_run(root: Path) -> None:
