@@ -35,7 +35,7 @@ from bench.cluster import Cluster, Machines
 from bench.common import HistoryFigures, ms, now, read_history, run_and_exit
 from bench.floor import Floor, run_floor
 from bench.runs import spec_for
-from bench.server_metrics import ServerOps, between, settled
+from bench.server_metrics import ServerOps, between, logged, settled
 from workers.client import AstraeusClient, AstraeusError, run_result
 from workflows.contracts import SA_NAMESPACE, SA_STATE
 from workflows.domain.spec import job_id
@@ -229,6 +229,7 @@ async def measure(options: Options, root: Path) -> Burst:
         metrics_port = cluster.server.metrics_port
         assert metrics_port is not None
         server_start = await settled(metrics_port)
+        _, log_start = logged(cluster.server.log, 0)
         load_start, cpu_start, window = os.getloadavg()[0], cluster.cpu(), time.monotonic()
         gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
         submits = asyncio.gather(*(submit(client, r, options.sleep, gate) for r in runs))
@@ -237,6 +238,7 @@ async def measure(options: Options, root: Path) -> Burst:
         cpu_end, window = cluster.cpu(), time.monotonic() - window
         cpu = {k: cpu_end[k] - cpu_start[k] for k in cpu_end}
         server = between(server_start, await settled(metrics_port))
+        server.logged, _ = logged(cluster.server.log, log_start)
         workers_cpu, load_end = cluster.workers_cpu(), os.getloadavg()[0]
         print(f"{running} Running; reading back", file=sys.stderr)
         read_gate = asyncio.Semaphore(READ_CONCURRENCY)

@@ -18,7 +18,7 @@ from temporalio.worker import Worker
 
 from bench.common import HistoryFigures, latency_rows, ms, now, own_cpu_seconds, pid_cpu_seconds, read_history
 from bench.floor_workflow import ACTIVITIES, FLOOR_TASK_QUEUE, FloorWorkflow, noop
-from bench.server_metrics import ServerOps, between, settled
+from bench.server_metrics import ServerOps, between, logged, settled
 from workers.connect import connect
 from workers.devserver import DevServer, free_port
 from workers.services import workflow_runner
@@ -121,6 +121,7 @@ async def run_floor(root: Path | None, count: int, concurrency: int, timeout: fl
             server_pid = server.process.pid if server.process else None
             async with worker:
                 counters = await settled(server.metrics_port)
+                _, log_start = logged(server.log, 0)
                 before = {"this": own_cpu_seconds(), "server": pid_cpu_seconds(server_pid)}
                 gate = asyncio.Semaphore(concurrency)
                 runs = asyncio.gather(*(_start_and_wait(client, b, gate) for b in floor.workflows))
@@ -129,6 +130,7 @@ async def run_floor(root: Path | None, count: int, concurrency: int, timeout: fl
                 floor.cpu = {"this": own_cpu_seconds() - before["this"]}
                 floor.cpu["server"] = pid_cpu_seconds(server_pid) - before["server"]
                 floor.server = between(counters, await settled(server.metrics_port))
+                floor.server.logged, _ = logged(server.log, log_start)
                 read_gate = asyncio.Semaphore(READ_CONCURRENCY)
                 await asyncio.gather(*(_read(client, b, read_gate) for b in floor.workflows))
         finally:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,6 +25,7 @@ Sample = dict[tuple[str, Labels], float]
 WRITE = "UpdateWorkflowExecution"  # a workflow's mutable state written: every task, signal and heartbeat
 SHOWN = 6  # operations listed by name; the rest are counted in the total
 QUIET_ERRORS = ("serviceerror_NotFound",)  # a task queue or record looked up before it exists: normal
+LOGGED = re.compile(r'level=(WARN|ERROR) msg="([^"]*)"(?:.*?error="([^"]{0,60}))?')
 FLUSH_SECONDS = 1.5  # the server publishes its counters about every second: a scrape sees them that late
 
 
@@ -51,6 +54,7 @@ class ServerOps:
     persistence: collections.Counter[str] = field(default_factory=collections.Counter)  # by operation
     errors: collections.Counter[str] = field(default_factory=collections.Counter)  # "operation: error type"
     write_ms: dict[str, float | None] = field(default_factory=dict)  # UpdateWorkflowExecution: p50, p99 (bucket)
+    logged: collections.Counter[str] = field(default_factory=collections.Counter)  # its log's warnings and errors
 
     def figures(self, per: int) -> dict[str, Any]:
         per = max(per, 1)
@@ -59,6 +63,7 @@ class ServerOps:
             "persistence_per_run": {k: v / per for k, v in self.persistence.most_common()},
             "errors": dict(self.errors.most_common()),
             "write_ms": self.write_ms,
+            "logged": dict(self.logged.most_common()),
         }
 
     def rows(self, title: str, per: int) -> list[tuple[str, str]]:
@@ -74,6 +79,7 @@ class ServerOps:
             ),
             (f"{title}: persistence errors", f"{errors}" + (f" ({_list(self.errors)})" if errors else "")),
         ]
+        rows += [(f"{title}: logged", f"{n} x {what}") for what, n in self.logged.most_common(SHOWN)]
         return rows
 
 
@@ -96,6 +102,20 @@ def between(before: Sample, after: Sample) -> ServerOps:
             buckets[float(label["le"])] += grown
     ops.write_ms = {"p50": _quantile(buckets, 0.5), "p99": _quantile(buckets, 0.99)}
     return ops
+
+
+def logged(log: Path, since: int) -> tuple[collections.Counter[str], int]:
+    """The warnings and errors the server wrote in its log from byte `since` on, by level, message and error (a
+    write that failed: "ERROR Update workflow execution operation failed. (context deadline exceeded)"); and
+    where the log ends now."""
+    with log.open("rb") as text:
+        text.seek(since)
+        lines = text.read().decode(errors="replace")
+    found: collections.Counter[str] = collections.Counter()
+    for match in LOGGED.finditer(lines):
+        level, message, error = match.groups()
+        found[f"{level} {message}" + (f" ({error})" if error else "")] += 1
+    return found, since + len(lines.encode())
 
 
 def _quantile(cumulative: dict[float, float], q: float) -> float | None:

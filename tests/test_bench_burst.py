@@ -130,3 +130,22 @@ def test_the_servers_counters_are_told_between_two_scrapes() -> None:
     assert ops.errors == {"UpdateWorkflowExecution: serviceerror_DeadlineExceeded": 3}
     assert ops.write_ms == {"p50": 10.0, "p99": 1000.0}
     assert ops.figures(10)["requests_per_run"] == {"StartWorkflowExecution": 1.0}
+
+
+def test_the_servers_log_is_counted_from_where_the_window_began(tmp_path: Path) -> None:
+    """A write that failed names its error; what came before the window, and what is not a warning, is not told."""
+    from bench.server_metrics import logged
+
+    log = tmp_path / "temporal.log"
+    before = 'time=2026-12-01T16:09:44.547 level=WARN msg="network dial error" service=client\n'
+    failed = (
+        'time=2026-12-01T16:10:20.213 level=ERROR msg="Update workflow execution operation failed." shard-id=1 '
+        'wf-id=job/burst/run-0150 store-operation=update-wf-execution error="context canceled"\n'
+    )
+    dropped = 'time=2026-12-01T16:10:35.036 level=DEBUG msg="Duplicated workflow task" component=matching-engine\n'
+    log.write_text(before)
+    _, start = logged(log, 0)
+    log.write_text(before + failed + failed + dropped)
+    found, end = logged(log, start)
+    assert found == {"ERROR Update workflow execution operation failed. (context canceled)": 2}
+    assert end == log.stat().st_size
