@@ -13,8 +13,7 @@ from pathlib import Path
 import httpx
 
 from tests.integration.harness import Cluster
-from tests.integration.test_console import Console, _answers, browser
-from workers.devserver import free_port
+from tests.integration.test_console import Console, browser
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -25,9 +24,7 @@ def main() -> int:
     try:
         cluster.start({"a0": ["--gpus", "2xL4-24GB", "--cpus", "4", "--memory-bytes", "16GiB"],
                        "a1": ["--gpus", "4xL4-24GB", "--cpus", "8", "--memory-bytes", "32GiB"]})  # fmt: skip
-        url = f"http://127.0.0.1:{free_port()}"
-        cluster.spawn("api", "api", "--listen", url.removeprefix("http://"))
-        cluster.wait_for(lambda: _answers(f"{url}/healthz"), "the API to answer")
+        url = cluster.spawn_api()
         with browser(root / "chromium") as driver:
             console = Console(cluster, url, driver)
             auth = {"authorization": f"Bearer {console.admin}"}
