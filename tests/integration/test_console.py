@@ -17,8 +17,10 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
@@ -46,6 +48,7 @@ from selenium_axe_python import Axe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
+VIEWER_ZONE = "Asia/Kolkata"  # UTC+05:30 all year
 
 
 class Page:
@@ -115,12 +118,14 @@ class Console(Page):
 
 @contextlib.contextmanager
 def browser(profile: Path) -> Iterator[WebDriver]:
-    """Debian's chromium, headless, with a profile of its own (removed after), driven by Debian's chromedriver."""
+    """Debian's chromium, headless, with a profile of its own (removed after), driven by Debian's chromedriver; in a
+    zone that is not UTC (VIEWER_ZONE), as a viewer elsewhere sees the page."""
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for flag in (*FLAGS, f"--user-data-dir={profile}"):
+    for flag in (*FLAGS, f"--user-data-dir={profile}", "--lang=en-US"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
+    service = Service(executable_path=str(CHROMEDRIVER), env={**os.environ, "TZ": VIEWER_ZONE})
+    driver = webdriver.Chrome(options=options, service=service)
     try:
         yield driver
     finally:
@@ -178,6 +183,13 @@ def test_a_waiting_run_says_why_what_to_do_and_what_keeps_it_out(console: Consol
     assert console.text("#run-reason") == "No machine fits: 1 of 1 machines ready"
     keeps_out = console.text("#keeps-out tbody tr", contains="insufficient gpus")
     assert keeps_out == "insufficient gpus: need 8, 2 free and usable 1 a0"
+    # Times in the viewer's zone, in UTC on hover.
+    first = console.see(By.CSS_SELECTOR, "#history time")
+    at = datetime.strptime(first.get_attribute("title"), "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=UTC)
+    local = at.astimezone(ZoneInfo(VIEWER_ZONE))
+    assert first.text == f"{local.month}/{local.day}/{local.year}, {local.strftime('%-I:%M:%S %p')}"
+    console.see(By.CSS_SELECTOR, "#how summary").click()  # how the per-machine reasons are read
+    assert console.text("#how p").startswith("The scheduler checks every machine in a fixed order, cheap checks first")
 
 
 def test_a_failing_worker_counts_down_its_restart_then_shows_its_failure_and_log_tail(console: Console) -> None:

@@ -35,12 +35,14 @@ function stateBadge(state) {
   return h("span", { class: `state s-${state}`, "data-state": state }, state);
 }
 
+// A time in UTC, as the hover of each time shows it: 2026-12-01 16:12:02 UTC.
+function utc(iso) { return new Date(iso).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC"); }
+
 // A time in the viewer's zone, and in UTC on hover.
 function when(iso) {
   if (!iso) return h("span", { class: "muted" }, "—");
   const d = new Date(iso);
-  return h("time", { datetime: d.toISOString(), title: d.toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC") },
-    d.toLocaleString());
+  return h("time", { datetime: d.toISOString(), title: utc(iso) }, d.toLocaleString());
 }
 
 function age(iso) {
@@ -244,7 +246,7 @@ function runsPage(page) {
         h("td", { class: "reason" }, reasonOf(r)),
         h("td", { class: "workers" }, r.d ? `${running(r)} / ${total}` : `— / ${total ?? "—"}`),
         h("td", {}, r.run.gpus ?? "—"), h("td", {}, r.run.priority ?? 0),
-        h("td", {}, h("span", { title: new Date(r.run.created_at).toISOString() }, age(r.run.created_at))));
+        h("td", {}, h("time", { datetime: r.run.created_at, title: `created ${new Date(r.run.created_at).toLocaleString()}, ${utc(r.run.created_at)}` }, age(r.run.created_at))));
     });
     body.replaceChildren(h("table", { id: "runs-table" }, h("caption", { class: "muted" },
       `${shownRows.length} of ${rows.length} runs`), h("thead", {}, head), h("tbody", {}, lines)));
