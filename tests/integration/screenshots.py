@@ -32,7 +32,8 @@ def main() -> int:
             console.submit(
                 {"name": "train", "groups": [{"name": "w", "replicas": 2, "gpus": 1, "command": ["sleep", "600"]}]}
             )
-            console.submit({"name": "big", "groups": [{"name": "w", "gpus": 8, "command": ["sleep", "60"]}]})
+            big = {"name": "big", "groups": [{"name": "w", "gpus": 8, "command": ["sleep", "60"]}]}
+            console.submit(big, token=console.other)  # a workspace without a quota: no machine fits it
             console.submit(
                 {"name": "flaky", "groups": [{"name": "w", "command": ["sh", "-c", "echo out of data; exit 3"]}]}
             )
@@ -40,7 +41,7 @@ def main() -> int:
             console.login(console.admin)
             _row = 'tr[data-run="research/train"]'
             console.text(_row, contains="2 / 2")
-            pages = {"runs": "#/runs", "waiting-run": "#/runs/research/big", "failing-run": "#/runs/research/flaky",
+            pages = {"runs": "#/runs", "waiting-run": "#/runs/other/big", "failing-run": "#/runs/research/flaky",
                      "machines": "#/machines", "quotas": "#/quotas"}  # fmt: skip
             DOCS.mkdir(exist_ok=True)
             for name, hash_ in pages.items():

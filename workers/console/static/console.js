@@ -365,8 +365,8 @@ function runPage(page, ns, name) {
         h("td", { class: "failure" }, f ? h("details", {}, h("summary", {},
           `${f.exit_code === null ? "" : `exit ${f.exit_code}: `}${f.reason}`), h("pre", { class: "log-tail" }, f.log_tail || "(no output)")) : "—"),
         h("td", {}, h("div", { class: "actions" },
-          h("button", { type: "button", class: "logs", "aria-label": `Logs of ${t.id}`, onclick: () => showLogs(t.id, false).catch((e) => say(e.message, true)) }, "Logs"),
-          !WORKER_ENDED.has(t.status.state) ? h("button", { type: "button", class: "follow", "aria-label": `Follow the logs of ${t.id}`,
+          t.node ? h("button", { type: "button", class: "logs", "aria-label": `Logs of ${t.id}`, onclick: () => showLogs(t.id, false).catch((e) => say(e.message, true)) }, "Logs") : "",
+          t.node && !WORKER_ENDED.has(t.status.state) ? h("button", { type: "button", class: "follow", "aria-label": `Follow the logs of ${t.id}`,
             onclick: () => showLogs(t.id, true).catch((e) => say(e.message, true)) }, "Follow") : "",
           !WORKER_ENDED.has(t.status.state) && t.status.state !== "Stopping"
             ? h("button", { type: "button", class: "stop danger", "aria-label": `Stop ${t.id}`, onclick: () => stopTask(t.id) }, "Stop") : "")));
