@@ -73,17 +73,10 @@ def cluster_use(nodes: Iterable[NodeView], allocations: Iterable[Allocation]) ->
         worker = PlacedWorker(namespace=a.namespace, run=a.job_id.split("/", 2)[2], task=a.task_id, gpus=a.gpus,
                               cpu=a.cpu, memory_bytes=a.memory_bytes)  # fmt: skip
         placed.setdefault(a.node, []).append(worker)
-    machines = [
-        MachineRoom(
-            name=name,
-            gpus=room.gpus,
-            cpu=room.cpu,
-            memory_bytes=room.memory_bytes,
-            workers=on_machine[name],
-            placed=placed.get(name, []),
-        )  # fmt: skip
-        for name, room in sorted(free_capacity(reported, allocations).items())
-    ]
+    machines = []
+    for name, room in sorted(free_capacity(reported, allocations).items()):
+        held = {"workers": on_machine[name], "placed": placed.get(name, [])}
+        machines.append(MachineRoom(name=name, gpus=room.gpus, cpu=room.cpu, memory_bytes=room.memory_bytes, **held))
     workspaces = [
         WorkspaceUse(
             namespace=ns, gpus=used.gpus, cpu=used.cpu, memory_bytes=used.memory_bytes, workers=of_workspace[ns]
