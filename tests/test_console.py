@@ -13,7 +13,7 @@ from tests.domain.test_reasons import PENDING_REASONS, RUN_REASONS
 from workers.api import api_app
 from workers.api_auth import TokenBook
 from workers.client import AstraeusClient
-from workers.console import STATIC
+from workers.console import STATIC, USED_LINK, SignIn
 from workers.console.advice import PENDING, RUN_PENDING, table
 from workflows.domain.reasons import R
 
@@ -51,3 +51,30 @@ def test_the_page_fetches_nothing_from_elsewhere() -> None:
         text = path.read_text()
         assert not re.search(r"(?:src|href)=\"(?:https?:)?//", text), path.name
         assert not re.search(r"(?:fetch|import)\(\s*[\"'`](?:https?:)?//", text), path.name
+
+
+def test_a_sign_in_link_signs_in_once_and_says_why_it_does_not_again() -> None:
+    sign_in = SignIn()
+    code = sign_in.link("astraeus_secret")
+    app = api_app(cast(AstraeusClient, None), cast(TokenBook, None), sign_in=sign_in, temporal_ui="http://ui:8233")
+    with TestClient(app) as http:
+        first = http.post("/console/sign-in", json={"code": code})
+        assert (first.status_code, first.json(), first.headers["cache-control"]) == (
+            200,
+            {"token": "astraeus_secret"},
+            "no-store",
+        )
+        again = http.post("/console/sign-in", json={"code": code})
+        assert (again.status_code, again.json()) == (401, {"error": USED_LINK})
+        assert http.post("/console/sign-in", json={"code": "made-up"}).status_code == 401
+        assert http.get("/console/config.json").json() == {
+            "temporal_ui": "http://ui:8233",
+            "temporal_namespace": "default",
+        }
+
+
+def test_without_sign_in_links_every_code_is_refused() -> None:
+    app = api_app(cast(AstraeusClient, None), cast(TokenBook, None))
+    with TestClient(app) as http:
+        assert http.post("/console/sign-in", json={"code": "anything"}).json() == {"error": USED_LINK}
+        assert http.get("/console/config.json").json() == {"temporal_ui": None, "temporal_namespace": "default"}

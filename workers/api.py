@@ -8,6 +8,7 @@ other run the answer is 404, word for word what a run that does not exist gets.
 
 import asyncio
 import contextlib
+import errno
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -26,12 +27,14 @@ from temporalio.service import RPCError, RPCStatusCode
 from workers import admin, console
 from workers.api_auth import TokenBook
 from workers.client import AstraeusClient, AstraeusError, NotFound, RunPage
+from workers.console import SignIn
 from workflows.domain.nodes import NodeView
 from workflows.domain.quotas import Quota
 from workflows.domain.spec import NAME_PATTERN, JobSpec, format_errors, parse_spec
 from workflows.domain.status import RunState, Status, StatusEntry
 from workflows.domain.tokens import Token, may_see
 from workflows.domain.tombstones import DELETED, Tombstone
+from workflows.domain.use import ClusterUse
 from workflows.domain.views import TERMINATED, JobDescription, TaskView
 
 DEFAULT_LISTEN = "127.0.0.1:7245"  # `astraeus api --listen` (the scheduler's door is 7244)
@@ -46,6 +49,10 @@ class BadInput(AstraeusError):
 
 class Forbidden(AstraeusError):
     """A workspace token asked to change what only an admin may change (machines, quotas)."""
+
+
+class PortInUse(AstraeusError):
+    """The API's port is taken (by another `astraeus api` or `astraeus dev`, say)."""
 
 
 class Unauthorized(Exception):
@@ -115,8 +122,11 @@ def answers(*codes: int, ok: str | None = None) -> dict[int | str, dict[str, Any
     return documented
 
 
-def api_app(client: AstraeusClient, book: TokenBook) -> FastAPI:
-    """The API over one client of Temporal; `book` says who each bearer token is."""
+def api_app(
+    client: AstraeusClient, book: TokenBook, *, sign_in: SignIn | None = None, temporal_ui: str | None = None
+) -> FastAPI:
+    """The API over one client of Temporal; `book` says who each bearer token is. The console it serves links to
+    `temporal_ui` (the Temporal UI's URL) when given, and takes `sign_in`'s one-time links (`astraeus dev`)."""
     app = FastAPI(title="Astraeus", version="1", summary="Runs (jobs) and their workers (tasks) on a GPU cluster.")
     bearer = HTTPBearer(auto_error=False, description="A workspace token, or an admin token (astraeus token create)")
 
@@ -260,6 +270,16 @@ def api_app(client: AstraeusClient, book: TokenBook) -> FastAPI:
         """Every machine: inventory, state and what keeps work off it."""
         return await client.nodes()
 
+    @app.get("/usage", response_model=ClusterUse, tags=["nodes"], responses=answers())
+    async def usage(token: Caller) -> ClusterUse:
+        """Each machine's free room (its capacity less what its placed workers hold, as the scheduler counts it)
+        and each workspace's use (as its quota counts it). A workspace token sees its own workers on each machine,
+        and only how many others there are."""
+        use = await client.usage()
+        if token.namespace is None:
+            return use
+        return use.model_copy(update={"machines": [m.seen_by(token.namespace) for m in use.machines]})
+
     @app.get("/nodes/{node}", response_model=NodeView, tags=["nodes"], responses=answers())
     async def node(node: str, token: Caller) -> NodeView:
         found = next((v for v in await client.nodes() if v.name == node), None)
@@ -297,7 +317,8 @@ def api_app(client: AstraeusClient, book: TokenBook) -> FastAPI:
         admin_only(token, "quotas")
         return await admin.remove_quota(client.temporal, ns)
 
-    console.mount(app)
+    namespace = client.temporal.namespace if client is not None else "default"
+    console.mount(app, sign_in=sign_in, temporal_ui=temporal_ui, temporal_namespace=namespace)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -459,5 +480,6 @@ def bind(address: str) -> socket.socket:
         sock.bind((host.strip("[]"), int(port)))
     except OSError as error:
         sock.close()
-        raise AstraeusError(f"the API cannot listen on {address}: {error.strerror}") from None
+        kind = PortInUse if error.errno == errno.EADDRINUSE else AstraeusError
+        raise kind(f"the API cannot listen on {address}: {error.strerror}") from None
     return sock

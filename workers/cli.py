@@ -141,6 +141,7 @@ def _jsonable(value: Any) -> Any:
 
 
 async def cmd_dev(args: argparse.Namespace) -> int:
+    from workers.api import DEFAULT_LISTEN
     from workers.devserver import DevServerError
     from workers.embedded import Embedded
     from workers.services import RegistrationRefused
@@ -159,38 +160,73 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         docker_host=args.docker_host,
         telemetry=args.telemetry,
     )
-    sock = None
-    if args.api:
-        from workers.api import bind
-
-        sock = bind(args.api)  # before anything starts: a port in use is said at once, and nothing runs
+    if args.api and args.no_api:
+        raise AstraeusError("dev: --api and --no-api: give one")
     try:
-        async with embedded:
-            print(f"Temporal frontend: {embedded.server.address}")
-            print(f"Temporal UI: {embedded.server.ui_address}")
-            print(f"{args.nodes} local machine(s) ready. Submit with: astraeus submit examples/hello.yaml", flush=True)
-            if sock is None:
-                await _until_signalled()
-            else:
-                await _serve_api(embedded, sock)
+        sock = _dev_ports(embedded, None if args.no_api else args.api or DEFAULT_LISTEN)
+        try:
+            async with embedded:
+                print(f"Temporal frontend: {embedded.server.address}")
+                print(f"Temporal UI: {embedded.server.ui_address}")
+                if sock is None:
+                    _say_ready(args.nodes)
+                    await _until_signalled()
+                else:
+                    await _serve_api(embedded, sock, args.nodes)
+        finally:
+            if sock is not None:
+                sock.close()
     except (DevServerError, RegistrationRefused) as error:  # nothing runs, nothing joined another cluster
         raise AstraeusError(f"dev: cannot start: {error}") from None
     return 0
 
 
-async def _serve_api(embedded: Any, sock: Any) -> None:
-    """`dev --api`: the HTTP API in the same process, and an admin token for whoever started it (made anew each
-    time; `astraeus token revoke` it when done)."""
+def _say_ready(nodes: int) -> None:
+    print(f"{nodes} local machine(s) ready. Submit with: astraeus submit examples/hello.yaml", flush=True)
+
+
+def _dev_ports(embedded: Any, listen: str | None) -> Any:
+    """`dev`'s ports, checked before anything starts: Temporal's, and the API's (bound here, so that it is ours);
+    every taken one is named at once, and nothing runs."""
+    from workers.api import PortInUse, bind
+    from workers.devserver import port_free, refuse_taken
+
+    taken = [(port, what) for port, what in embedded.server.ports() if not port_free(port)]
+    sock = None
+    if listen is not None:
+        try:
+            sock = bind(listen)
+        except PortInUse:
+            taken.append((int(listen.rpartition(":")[2]), "HTTP API and console"))
+    if taken:
+        if sock is not None:
+            sock.close()
+        if listen is None:
+            refuse_taken(taken)
+        refuse_taken(taken, "another `astraeus dev`, `astraeus api` or Temporal server",
+                     "--port, --ui-port and --api (or --no-api)")  # fmt: skip
+    return sock
+
+
+async def _serve_api(embedded: Any, sock: Any, nodes: int) -> None:
+    """`dev`'s HTTP API and console, in the same process: an admin token for whoever started it (made anew each
+    time; `astraeus token revoke` it when done), and the console's address with a one-time sign-in link for it."""
     from workers.admin import create_token
     from workers.api import api_app, serve
     from workers.api_auth import TokenBook
+    from workers.console import SignIn
 
     client = AstraeusClient(embedded.client)
     secret, _ = await create_token(client.temporal, None, "astraeus dev")
+    sign_in = SignIn()
     host, port = sock.getsockname()[:2]
-    print(f"HTTP API: http://{host}:{port} (admin token: {secret})", flush=True)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    app = api_app(client, TokenBook(client.temporal), sign_in=sign_in, temporal_ui=embedded.server.ui_address)
     stop = asyncio.Event()
-    serving = asyncio.ensure_future(serve(api_app(client, TokenBook(client.temporal)), sock, stop))
+    serving = asyncio.ensure_future(serve(app, sock, stop))
+    print(f"Console: {url}/console/#sign-in={sign_in.link(secret)}")
+    print(f"HTTP API: {url} (admin token: {secret})")
+    _say_ready(nodes)
     try:
         await _until_signalled()
     finally:
@@ -248,7 +284,8 @@ async def cmd_api(args: argparse.Namespace) -> int:
     client = await _temporal_client(args)
     host, port = sock.getsockname()[:2]
     logging.getLogger("astraeus.api").info("serving the HTTP API on http://%s:%s", host, port)
-    await serve(api_app(client, TokenBook(client.temporal)), sock)
+    temporal_ui = args.temporal_ui or os.environ.get("ASTRAEUS_TEMPORAL_UI") or None
+    await serve(api_app(client, TokenBook(client.temporal), temporal_ui=temporal_ui), sock)
     return 0
 
 
@@ -687,8 +724,13 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--ui-port", type=int, default=8233, help="Temporal UI port")
     dev.add_argument("--nodes", type=int, default=1, help="local machines to start")
     dev.add_argument("--runtime", choices=["process", "docker"], default="process", help="how workers run")
-    dev.add_argument("--api", metavar="HOST:PORT", help="also serve the HTTP API there, e.g. 127.0.0.1:7245, and print "
-                     "an admin token (default: off)")  # fmt: skip
+    dev.add_argument(
+        "--api",
+        metavar="HOST:PORT",
+        help="serve the HTTP API and the console there (default "
+        "127.0.0.1:7245); it prints the console's address, which signs you in once, and an admin token",
+    )
+    dev.add_argument("--no-api", action="store_true", help="serve neither the HTTP API nor the console")
     dev.add_argument("--docker-host", help="the Docker engine (default $DOCKER_HOST, else its socket)")
     machine_flags(dev)
 
@@ -702,6 +744,8 @@ def parser() -> argparse.ArgumentParser:
     api = command("api", cmd_api, "the HTTP API: runs, workers, machines and quotas, for bearer tokens", process=True)
     api.add_argument("--listen", help="HOST:PORT to serve it on (default $ASTRAEUS_API, else 127.0.0.1:7245)")
     api.add_argument("--openapi", action="store_true", help="print its OpenAPI document and exit")
+    api.add_argument("--temporal-ui", metavar="URL", help="the Temporal UI, for the console's links to each run's "
+                     "workflow, e.g. http://127.0.0.1:8233 (default $ASTRAEUS_TEMPORAL_UI; else no links)")  # fmt: skip
     agent = command("agent", cmd_agent, "a node agent: runs this machine's workers", process=True)
     agent.add_argument("--name", required=True, help="this machine's name")
     agent.add_argument("--data-dir", default=".astraeus/agent", help="where workers' files and logs live")

@@ -37,9 +37,11 @@ from workflows import contracts
 from workflows.contracts import CONTROL_TASK_QUEUE, PRIORITY_KEY, SA_NAMESPACE, SA_STATE, STATE_KEY, In, Out
 from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.nodes import NodeView
+from workflows.domain.requests import Allocation
 from workflows.domain.spec import JobSpec, job_id
 from workflows.domain.status import TASK_ENDED, Folded, JobRecord, RunState, Status
 from workflows.domain.tombstones import DELETED, Tombstone
+from workflows.domain.use import ClusterUse, cluster_use
 from workflows.domain.views import (
     TERMINATED,
     Event,
@@ -576,6 +578,18 @@ class AstraeusClient:
         async for wf in self.temporal.list_workflows(contracts.OPEN_NODES):
             views.append(await contracts.query(self.temporal.get_workflow_handle(wf.id), contracts.VIEW))
         return sorted(views, key=lambda v: v.name)
+
+    async def usage(self) -> ClusterUse:
+        """Each machine's free room and each workspace's use, from what every open run's placed workers hold: read
+        as the scheduler reads it when it rebuilds its view (a query of each open run, so it costs one per run)."""
+        placed: list[Allocation] = []
+        async for wf in self.temporal.list_workflows(contracts.OPEN_JOBS):
+            try:
+                seen = await contracts.query(self.temporal.get_workflow_handle(wf.id), contracts.SCHEDULER_VIEW)
+            except (RPCError, WorkflowQueryFailedError):
+                continue  # created a moment ago, or ended since it was listed: it holds nothing to count
+            placed.extend(seen.placed)
+        return cluster_use(await self.nodes(), placed)
 
 
 def new_output(shown: str, text: str) -> str:

@@ -87,12 +87,7 @@ class DevServer:
         return [(self.port, "Temporal frontend")] + ([(self.ui_port, "Temporal UI")] if self.ui_port else [])
 
     def start(self, timeout: float = 30) -> None:
-        taken = [f"{port} ({what})" for port, what in self.ports() if not port_free(port)]
-        if taken:
-            raise DevServerError(
-                f"port {' and '.join(taken)} on 127.0.0.1 {'is' if len(taken) == 1 else 'are'} in use, by another "
-                "`astraeus dev` or Temporal server perhaps: stop it, or choose other ports with --port and --ui-port"
-            )
+        refuse_taken([(port, what) for port, what in self.ports() if not port_free(port)])
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_data_dir()
         args = [
@@ -160,6 +155,21 @@ class DevServer:
         if self._lock is not None:
             self._lock.close()  # closing releases the lock
             self._lock = None
+
+
+def refuse_taken(
+    taken: list[tuple[int, str]],
+    who: str = "another `astraeus dev` or Temporal server",
+    flags: str = "--port and --ui-port",
+) -> None:
+    """Raise, naming each taken port and what it was for, when any is: before anything starts."""
+    if taken:
+        named = [f"{port} ({what})" for port, what in taken]
+        listed = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+        raise DevServerError(
+            f"port {listed} on 127.0.0.1 {'is' if len(named) == 1 else 'are'} in use, by {who} perhaps: stop it, or "
+            f"choose other ports with {flags}"
+        )
 
 
 def port_free(port: int) -> bool:

@@ -13,8 +13,7 @@ from pathlib import Path
 import httpx
 
 from tests.integration.harness import Cluster
-from tests.integration.test_console import Console, _answers, browser
-from workers.devserver import free_port
+from tests.integration.test_console import Console, browser
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -25,9 +24,7 @@ def main() -> int:
     try:
         cluster.start({"a0": ["--gpus", "2xL4-24GB", "--cpus", "4", "--memory-bytes", "16GiB"],
                        "a1": ["--gpus", "4xL4-24GB", "--cpus", "8", "--memory-bytes", "32GiB"]})  # fmt: skip
-        url = f"http://127.0.0.1:{free_port()}"
-        cluster.spawn("api", "api", "--listen", url.removeprefix("http://"))
-        cluster.wait_for(lambda: _answers(f"{url}/healthz"), "the API to answer")
+        url = cluster.spawn_api()
         with browser(root / "chromium") as driver:
             console = Console(cluster, url, driver)
             auth = {"authorization": f"Bearer {console.admin}"}
@@ -35,7 +32,8 @@ def main() -> int:
             console.submit(
                 {"name": "train", "groups": [{"name": "w", "replicas": 2, "gpus": 1, "command": ["sleep", "600"]}]}
             )
-            console.submit({"name": "big", "groups": [{"name": "w", "gpus": 8, "command": ["sleep", "60"]}]})
+            big = {"name": "big", "groups": [{"name": "w", "gpus": 8, "command": ["sleep", "60"]}]}
+            console.submit(big, token=console.other)  # a workspace without a quota: no machine fits it
             console.submit(
                 {"name": "flaky", "groups": [{"name": "w", "command": ["sh", "-c", "echo out of data; exit 3"]}]}
             )
@@ -43,7 +41,7 @@ def main() -> int:
             console.login(console.admin)
             _row = 'tr[data-run="research/train"]'
             console.text(_row, contains="2 / 2")
-            pages = {"runs": "#/runs", "waiting-run": "#/runs/research/big", "failing-run": "#/runs/research/flaky",
+            pages = {"runs": "#/runs", "waiting-run": "#/runs/other/big", "failing-run": "#/runs/research/flaky",
                      "machines": "#/machines", "quotas": "#/quotas"}  # fmt: skip
             DOCS.mkdir(exist_ok=True)
             for name, hash_ in pages.items():

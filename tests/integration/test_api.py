@@ -7,6 +7,7 @@ curl walk-through runs as written, with the default ports, in tests/integration/
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import threading
 import time
@@ -254,8 +255,9 @@ def test_the_served_openapi_document_is_the_committed_one(api: Api) -> None:
     assert served == openapi_document() == json.loads((ROOT / "deploy" / "openapi.json").read_text())
 
 
-def test_dev_with_api_serves_it_and_prints_an_admin_token(tmp_path: Path) -> None:
-    """`astraeus dev --api HOST:PORT`: the API in the same process, an admin token for whoever started it."""
+def test_dev_serves_the_api_and_prints_an_admin_token_and_a_console_link_that_signs_in_once(tmp_path: Path) -> None:
+    """`astraeus dev --api HOST:PORT`: the API and the console in the same process, an admin token for whoever
+    started it, and the console's address with a code that trades for that token once."""
     listen = f"127.0.0.1:{free_port()}"
     args = ["--port", str(free_port()), "--ui-port", str(free_port()), "--api", listen, "--data-dir", str(tmp_path)]
     log = tmp_path / "dev.log"
@@ -264,13 +266,44 @@ def test_dev_with_api_serves_it_and_prints_an_admin_token(tmp_path: Path) -> Non
                                start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 90
-        while not (line := next((t for t in log.read_text().splitlines() if "HTTP API" in t), "")):
+        while "local machine(s) ready" not in log.read_text():
             assert dev.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.25)
+        lines = log.read_text().splitlines()
+        line = next(t for t in lines if t.startswith("HTTP API: "))
         url, token = line.split("HTTP API: ", 1)[1].removesuffix(")").split(" (admin token: ")
         assert url == f"http://{listen}"
         assert httpx.get(f"{url}/nodes", headers={"authorization": f"Bearer {token}"}).json()[0]["name"] == "local-0"
         assert httpx.get(f"{url}/nodes").status_code == 401
+        link = next(t for t in lines if t.startswith("Console: ")).removeprefix("Console: ")
+        page, code = link.split("#sign-in=")
+        assert page == f"{url}/console/" and httpx.get(page).status_code == 200
+        assert httpx.post(f"{url}/console/sign-in", json={"code": code}).json() == {"token": token}
+        assert httpx.post(f"{url}/console/sign-in", json={"code": code}).status_code == 401  # once only
     finally:
         end_group(dev)
     assert dev.returncode == 0, log.read_text()
+
+
+def test_dev_names_a_taken_api_port_before_starting_anything_and_refuses_api_with_no_api(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        api = taken.getsockname()[1]
+        port, ui = free_port(), free_port()
+        refused = subprocess.run(
+            [str(BIN / "astraeus"), "dev", "--port", str(port), "--ui-port", str(ui), "--api", f"127.0.0.1:{api}",
+             "--data-dir", str(tmp_path / "refused")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert (refused.returncode, refused.stdout, refused.stderr) == (
+        2,
+        "",
+        f"astraeus: dev: cannot start: port {api} (HTTP API and console) on 127.0.0.1 is in use, by another "
+        "`astraeus dev`, `astraeus api` or Temporal server perhaps: stop it, or choose other ports with --port, "
+        "--ui-port and --api (or --no-api)\n",
+    )
+    assert not (tmp_path / "refused").exists()
+    both = subprocess.run([str(BIN / "astraeus"), "dev", "--api", "127.0.0.1:1", "--no-api"], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert (both.returncode, both.stderr) == (2, "astraeus: dev: --api and --no-api: give one\n")

@@ -1,22 +1,33 @@
 """The console in a real browser (Debian's chromium, driven by Selenium) against a real cluster and `astraeus api`:
 what a person sees. A login with a token; a run going Running in the list without a reload; a waiting run's
 headline, advice and What keeps it out; a failing worker's Restarting countdown, then its failure and log tail; a
-worker stopped with a reason from the page; Include deleted; a workspace token that sees only its own runs."""
+worker stopped with a reason from the page; a run cancelled and one deleted from its page, each confirmed first;
+logs followed as they come; Include deleted; a workspace token that sees only its own runs; machines with their free
+room, the workers on them and their history, cordoned, uncordoned and removed by an admin; no accessibility
+violation axe-core finds, and a page worked with the keyboard alone; and the new user's way in: `astraeus dev`'s
+printed console address, which signs in once, then the README's examples submitted and their wait explained."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
 
-from tests.integration.harness import Cluster
+from tests.integration.harness import ASTRAEUS, Cluster, end_group
+from workers.console import USED_LINK
+from workers.devserver import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -30,35 +41,21 @@ if CHROMIUM is None or CHROMEDRIVER is None:
 from selenium import webdriver  # noqa: E402  (after the skip: selenium is a test extra)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium_axe_python import Axe  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+GIB = 1 << 30
+VIEWER_ZONE = "Asia/Kolkata"  # UTC+05:30 all year
 
 
-class Console:
-    """The cluster, its API, a token of each kind, and a browser."""
+class Page:
+    """A browser, and what a person waits for on its page."""
 
-    def __init__(self, cluster: Cluster, url: str, browser: WebDriver) -> None:
-        self.cluster, self.url, self.browser = cluster, url, browser
-        self.admin = self.token("--admin")
-        self.research = self.token("research")
-        self.other = self.token("other")
-
-    def token(self, *args: str) -> str:
-        return self.cluster.cli("token", "create", *args).stdout.strip()
-
-    def submit(self, spec: dict[str, Any], token: str | None = None) -> None:
-        headers = {"authorization": f"Bearer {token or self.research}"}
-        answer = httpx.post(f"{self.url}/jobs", json=spec, headers=headers, timeout=60)
-        assert answer.status_code == 201, answer.text
-
-    def login(self, token: str) -> None:
-        self.browser.get(f"{self.url}/console/")
-        self.browser.execute_script("sessionStorage.clear()")
-        self.browser.get(f"{self.url}/console/#/runs")
-        box = self.see(By.ID, "token")
-        box.send_keys(token)
-        self.browser.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
-        self.see(By.ID, "runs")
+    def __init__(self, browser: WebDriver) -> None:
+        self.browser = browser
 
     def see(self, by: str, what: str, timeout: float = 30) -> Any:
         return WebDriverWait(self.browser, timeout, poll_frequency=0.2).until(
@@ -79,15 +76,56 @@ class Console:
 
         return WebDriverWait(self.browser, timeout, poll_frequency=0.2).until(shown, f"{css} with {contains!r}")
 
+    def until(self, check: Any, what: str, timeout: float = 30) -> Any:
+        return WebDriverWait(self.browser, timeout, poll_frequency=0.2).until(lambda b: check(), what)
+
+
+class Console(Page):
+    """The cluster, its API, a token of each kind, and a browser."""
+
+    def __init__(self, cluster: Cluster, url: str, browser: WebDriver) -> None:
+        super().__init__(browser)
+        self.cluster, self.url = cluster, url
+        self.admin = self.token("--admin")
+        self.research = self.token("research")
+        self.other = self.token("other")
+
+    def token(self, *args: str) -> str:
+        return self.cluster.cli("token", "create", *args).stdout.strip()
+
+    def submit(self, spec: dict[str, Any], token: str | None = None) -> None:
+        headers = {"authorization": f"Bearer {token or self.research}"}
+        answer = httpx.post(f"{self.url}/jobs", json=spec, headers=headers, timeout=60)
+        assert answer.status_code == 201, answer.text
+
+    def get(self, path: str, token: str | None = None) -> Any:
+        answer = httpx.get(f"{self.url}{path}", headers={"authorization": f"Bearer {token or self.admin}"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    def login(self, token: str) -> None:
+        self.browser.get(f"{self.url}/console/")
+        self.browser.execute_script("sessionStorage.clear()")
+        self.browser.get(f"{self.url}/console/#/runs")
+        box = self.see(By.ID, "token")
+        box.send_keys(token)
+        self.browser.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+        self.see(By.ID, "runs")
+
+    def open(self, hash_: str) -> None:
+        self.browser.get(f"{self.url}/console/{hash_}")
+
 
 @contextlib.contextmanager
 def browser(profile: Path) -> Iterator[WebDriver]:
-    """Debian's chromium, headless, with a profile of its own (removed after), driven by Debian's chromedriver."""
+    """Debian's chromium, headless, with a profile of its own (removed after), driven by Debian's chromedriver; in a
+    zone that is not UTC (VIEWER_ZONE), as a viewer elsewhere sees the page."""
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for flag in (*FLAGS, f"--user-data-dir={profile}"):
+    for flag in (*FLAGS, f"--user-data-dir={profile}", "--lang=en-US"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
+    service = Service(executable_path=str(CHROMEDRIVER), env={**os.environ, "TZ": VIEWER_ZONE})
+    driver = webdriver.Chrome(options=options, service=service)
     try:
         yield driver
     finally:
@@ -145,6 +183,13 @@ def test_a_waiting_run_says_why_what_to_do_and_what_keeps_it_out(console: Consol
     assert console.text("#run-reason") == "No machine fits: 1 of 1 machines ready"
     keeps_out = console.text("#keeps-out tbody tr", contains="insufficient gpus")
     assert keeps_out == "insufficient gpus: need 8, 2 free and usable 1 a0"
+    # Times in the viewer's zone, in UTC on hover.
+    first = console.see(By.CSS_SELECTOR, "#history time")
+    at = datetime.strptime(first.get_attribute("title"), "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=UTC)
+    local = at.astimezone(ZoneInfo(VIEWER_ZONE))
+    assert first.text == f"{local.month}/{local.day}/{local.year}, {local.strftime('%-I:%M:%S %p')}"
+    console.see(By.CSS_SELECTOR, "#how summary").click()  # how the per-machine reasons are read
+    assert console.text("#how p").startswith("The scheduler checks every machine in a fixed order, cheap checks first")
 
 
 def test_a_failing_worker_counts_down_its_restart_then_shows_its_failure_and_log_tail(console: Console) -> None:
@@ -203,3 +248,187 @@ def test_an_admin_cordons_and_uncordons_a_machine_and_a_workspace_token_may_not(
     console.browser.find_element(By.CSS_SELECTOR, 'tr[data-node="a0"] button').click()
     console.text('tr[data-node="a0"]', contains="Cordon")
     assert "disk swap" not in console.text('tr[data-node="a0"]', contains="Cordon")
+
+
+def test_logs_are_followed_as_they_come_and_a_run_is_cancelled_from_its_page_once_confirmed(console: Console) -> None:
+    console.submit({"name": "ticking", "groups": [{"name": "w", "command": [
+        "sh", "-c", "i=0; while true; do i=$((i+1)); echo tick $i; sleep 1; done"]}]})  # fmt: skip
+    console.cluster.wait_state("research/ticking", "Running")
+    console.login(console.research)
+    console.open("#/runs/research/ticking")
+    console.see(By.CSS_SELECTOR, 'tr[data-task="w-0"] button.follow').click()
+    first = console.text("#log-text", contains="tick 1")
+    later = console.text("#log-text", contains=f"tick {len(first.splitlines()) + 2}")  # more came, without a click
+    assert later.startswith(first)
+    assert console.text("#logs-title") == "Logs of w-0, following"
+
+    console.see(By.ID, "cancel").click()
+    console.see(By.ID, "dialog-no").click()  # kept: nothing happens
+    time.sleep(2.5)  # a poll
+    assert console.get("/jobs/research/ticking")["status"]["state"] == "Running"
+    console.see(By.ID, "cancel").click()
+    console.see(By.ID, "dialog-yes").click()
+    assert console.text("#run-reason", contains="cancelled") == "All workers ended; some were cancelled"
+    assert console.browser.find_element(By.ID, "cancel").get_attribute("disabled") is not None
+    assert console.text("#logs-title", contains="ended") == "Logs of w-0 (it ended)"
+
+
+def test_a_run_is_deleted_from_its_page_once_confirmed_and_listed_as_deleted_after(console: Console) -> None:
+    console.submit({"name": "doomed", "groups": [{"name": "w", "command": ["sleep", "600"]}]})
+    console.cluster.wait_state("research/doomed", "Running")
+    console.login(console.research)
+    console.open("#/runs/research/doomed")
+    console.see(By.ID, "delete").click()
+    assert console.text("#dialog-title") == "Delete research/doomed?"
+    console.see(By.ID, "dialog-no").click()
+    console.text("#run-reason", contains="running")  # still there
+    console.see(By.ID, "delete").click()
+    console.see(By.ID, "dialog-yes").click()
+    console.until(lambda: console.browser.execute_script("return location.hash") == "#/runs", "back to the runs list")
+    _row(console, "research/live")
+    assert not console.browser.find_elements(By.CSS_SELECTOR, 'tr[data-run="research/doomed"]')
+    console.browser.find_element(By.ID, "include-deleted").click()
+    row = _row(console, "research/doomed", contains="Deleted by")
+    assert "Deleted by token tok-" in row and "(was Cancelled)" in row
+    assert console.cluster.cli("describe", "research/doomed", check=False).returncode == 3
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'' if n == 1 else 's'}"
+
+
+def test_the_machines_page_shows_free_room_and_a_machines_page_its_workers_and_history(console: Console) -> None:
+    spec = {"name": "holder", "groups": [{"name": "w", "gpus": 1, "cpu": 1, "memory_bytes": GIB,
+                                          "command": ["sleep", "600"]}]}  # fmt: skip
+    console.submit(spec)
+    console.cluster.wait_state("research/holder", "Running")
+    console.login(console.admin)
+    console.open("#/machines")
+    (a0,) = [m for m in console.get("/usage")["machines"] if m["name"] == "a0"]
+    assert {"namespace": "research", "run": "holder", "task": "w-0", "gpus": 1, "cpu": 1.0,
+            "memory_bytes": GIB} in a0["placed"]  # fmt: skip
+    shown = (
+        f"{a0['gpus']} GPU{'' if a0['gpus'] == 1 else 's'} · {a0['cpu']:g} CPUs · {a0['memory_bytes'] / GIB:.1f} GiB"
+    )
+    assert console.text('tr[data-node="a0"] .free') == shown
+    (gpu, _) = console.get("/nodes/a0")["inventory"]["gpus"]
+    assert f"2 \N{MULTIPLICATION SIGN} {gpu['model']} ({gpu['memory_bytes'] / GIB:.1f} GiB)" in console.text(
+        'tr[data-node="a0"]'
+    )
+
+    console.browser.find_element(By.LINK_TEXT, "a0").click()
+    assert console.text("#machine-free") == shown
+    assert "research/holder w-0 1 1 1.0 GiB" in console.text("#placed", contains="holder")
+    assert "Ready" in console.text("#machine-history")
+    httpx.post(f"{console.url}/jobs/research/holder/cancel", headers={"authorization": f"Bearer {console.research}"})
+    freed = _gpus(a0["gpus"] + 1)
+    assert console.text("#machine-free", contains=freed).startswith(freed)  # live, without a reload
+
+    console.login(console.other)  # a workspace token sees other workspaces' workers only counted
+    console.open("#/machines/a0")
+    console.text("#machine-free")
+    assert not console.browser.find_elements(By.CSS_SELECTOR, "#placed a[href*=research]")
+
+
+def test_no_accessibility_violation_on_any_page_and_a_run_is_cancelled_with_the_keyboard_alone(
+    console: Console,
+) -> None:
+    console.submit({"name": "waits", "groups": [{"name": "w", "gpus": 8, "command": ["sleep", "60"]}]})
+    console.browser.get(f"{console.url}/console/")
+    console.browser.execute_script("sessionStorage.clear()")
+    console.browser.get(f"{console.url}/console/#/runs")
+    console.see(By.ID, "token")
+    pages = {"login": None, "runs": ("#/runs", "#runs-table"), "waiting run": ("#/runs/research/waits", "#keeps-out"),
+             "failing run": ("#/runs/research/flaky", "#workers"), "machines": ("#/machines", 'tr[data-node="a0"]'),
+             "machine": ("#/machines/a0", "#machine-history"), "quotas": ("#/quotas", "#quotas")}  # fmt: skip
+    found = {}
+    for name, where in pages.items():
+        if where is not None:
+            if name == "runs":
+                console.login(console.admin)
+            console.open(where[0])
+            console.see(By.CSS_SELECTOR, where[1])
+        axe = Axe(console.browser)
+        axe.inject()
+        violations = axe.run()["violations"]
+        found[name] = [f"{v['id']}: {[n['target'] for n in v['nodes']]}" for v in violations]
+    assert found == {name: [] for name in pages}
+
+    # The keyboard alone: Tab reaches the cancel button, Enter opens its dialog, focus is in it, Enter confirms.
+    console.open("#/runs/research/waits")
+    console.text("#run-reason", contains="No machine fits")
+    console.browser.find_element(By.TAG_NAME, "body").click()
+    for _ in range(40):
+        console.browser.switch_to.active_element.send_keys(Keys.TAB)
+        if console.browser.switch_to.active_element.get_attribute("id") == "cancel":
+            break
+    else:
+        raise AssertionError("Tab never reached the Cancel run button")
+    console.browser.switch_to.active_element.send_keys(Keys.ENTER)
+    console.see(By.ID, "dialog-title")
+    assert console.browser.switch_to.active_element.get_attribute("id") == "dialog-yes"
+    console.browser.switch_to.active_element.send_keys(Keys.ENTER)
+    assert console.text("#run-reason", contains="cancelled") == "All workers ended; some were cancelled"
+
+
+def test_an_admin_removes_a_machine_from_its_page_once_confirmed(console: Console) -> None:
+    console.cluster.spawn_agent("b0", "--cpus", "1", "--memory-bytes", "1GiB")
+    console.cluster.wait_for(lambda: any(n["name"] == "b0" for n in console.get("/nodes")), "b0 registered")
+    console.login(console.admin)
+    console.open("#/machines/b0")
+    console.see(By.CSS_SELECTOR, "button.remove").click()
+    assert console.text("#dialog-title") == "Remove b0?"
+    console.see(By.ID, "dialog-yes").click()
+    assert console.text("#machine-reason", contains="removed") == "Machine removed from the cluster"
+    assert "Removed" in console.text("#machine-history", contains="removed")
+    assert console.get("/nodes/b0")["state"] == "Removed"
+
+
+# ---- the way in: `astraeus dev`, as a new user starts it -----------------------------------------------------------
+
+
+def test_a_new_user_opens_the_console_astraeus_dev_printed_and_sees_why_the_readmes_run_waits(
+    tmp_path: Path,
+) -> None:
+    port, ui, api = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAEUS_")}
+    args = ["--port", str(port), "--ui-port", str(ui), "--api", f"127.0.0.1:{api}", "--gpus", "2xL4-24GB",
+            "--data-dir", str(tmp_path / "dev")]  # fmt: skip
+    log = tmp_path / "dev.log"
+    with log.open("wb") as out:
+        dev = subprocess.Popen([ASTRAEUS, "dev", *args], stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True, env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while "local machine(s) ready" not in log.read_text():
+            assert dev.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.25)
+        (link,) = [
+            line.removeprefix("Console: ") for line in log.read_text().splitlines() if line.startswith("Console:")
+        ]
+        assert link.startswith(f"http://127.0.0.1:{api}/console/#sign-in=")
+        for example in ("hello.yaml", "too-big.yaml"):
+            command = [ASTRAEUS, "submit", str(ROOT / "examples" / example), "--temporal", f"127.0.0.1:{port}"]
+            submitted = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+            assert submitted.returncode == 0, submitted.stderr
+        with browser(Path(tempfile.mkdtemp(prefix="astraeus-chromium-"))) as driver:
+            page = Page(driver)
+            driver.get(link)
+            page.text('#runs-table tr[data-run="default/hello"]', contains="Completed", timeout=60)
+            assert driver.execute_script("return location.hash") == "#/runs"  # the code left the address
+            driver.find_element(By.LINK_TEXT, "too-big").click()
+            assert page.text("#headline") == "No machine can take it right now"
+            assert page.text("#run-reason") == "No machine fits: 1 of 1 machines ready"
+            assert page.text("#advice-text").startswith("No machine passes every check")
+            assert page.text("#keeps-out tbody tr") == "insufficient gpus: need 64, 2 free and usable 1 local-0"
+            temporal = driver.find_element(By.CSS_SELECTOR, "a.temporal").get_attribute("href")
+            assert temporal == (f"http://127.0.0.1:{ui}/namespaces/default/workflows?query=WorkflowId%3D%22job%2F"
+                                "default%2Ftoo-big%22")  # fmt: skip
+
+            driver.execute_script("sessionStorage.clear()")  # the link again: it signed in once, and says so
+            driver.get("about:blank")
+            driver.get(link)
+            assert page.text("#login-error") == USED_LINK
+    finally:
+        end_group(dev)
+    assert dev.returncode == 0, log.read_text()

@@ -12,6 +12,7 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.integration.harness import end_group
@@ -92,10 +93,11 @@ def test_the_examples_run_from_the_installed_wheel_away_from_the_checkout(wheel:
     assert where.stdout.startswith(str(site)), where  # the wheel's code, not the checkout's
     version = subprocess.run([*astraeus, "--version"], cwd=home, env=env, capture_output=True, text=True, timeout=60)
     assert (version.returncode, version.stdout) == (0, "astraeus 0.1.0\n"), version.stderr
-    port, ui = free_port(), free_port()
+    port, ui, api = free_port(), free_port(), free_port()
     log = (tmp_path / "dev.log").open("wb")
+    where_to = ["--port", str(port), "--ui-port", str(ui), "--api", f"127.0.0.1:{api}"]
     dev = subprocess.Popen(
-        [*astraeus, "dev", "--port", str(port), "--ui-port", str(ui), "--nodes", "2", "--gpus", "2xL4-24GB"],
+        [*astraeus, "dev", *where_to, "--nodes", "2", "--gpus", "2xL4-24GB"],
         cwd=home,
         env=env,
         stdout=log,
@@ -116,6 +118,8 @@ def test_the_examples_run_from_the_installed_wheel_away_from_the_checkout(wheel:
             )
             assert done.returncode == 0, (verb, done.stdout, done.stderr)
         assert (home / ".astraeus" / "temporal.db").is_file()
+        for served in ("", "console.js", "console.css"):  # the console's files, from the wheel
+            assert httpx.get(f"http://127.0.0.1:{api}/console/{served}", timeout=30).status_code == 200, served
     finally:
         end_group(dev)
         log.close()

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -74,13 +75,21 @@ def wait_for(check: Any, what: str, timeout: float = 90) -> Any:
 def test_the_readme_tour_runs_as_written_with_the_defaults(tmp_path: Path) -> None:
     """`astraeus dev --nodes 2 --gpus 2xL4-24GB` with its default data dir (.astraeus, relative to where it starts)
     and its default ports, then `astraeus submit examples/hello.yaml` from the checkout: hello completes."""
-    taken = [port for port in (7233, 8233) if not port_free(port)]
+    taken = [port for port in (7233, 8233, 7245) if not port_free(port)]
     if taken:  # the tour is about the defaults: another port would not test it
-        pytest.fail(f"ports {taken} are in use on this machine: the tour needs 7233 and 8233 free")
+        pytest.fail(f"ports {taken} are in use on this machine: the tour needs 7233, 8233 and 7245 free")
     dev = Dev(tmp_path, "--nodes", "2", "--gpus", "2xL4-24GB")
     try:
         dev.wait_ready()
-        assert "Temporal frontend: 127.0.0.1:7233\nTemporal UI: http://127.0.0.1:8233\n" in dev.output()
+        printed = dev.output()
+        assert "Temporal frontend: 127.0.0.1:7233\nTemporal UI: http://127.0.0.1:8233\n" in printed
+        # The console's address signs in once (tests/integration/test_console.py opens it in a browser).
+        (code,) = [line.split("#sign-in=", 1)[1] for line in printed.splitlines() if line.startswith("Console: ")]
+        assert "Console: http://127.0.0.1:7245/console/#sign-in=" in printed
+        signed_in = httpx.post("http://127.0.0.1:7245/console/sign-in", json={"code": code}, timeout=30)
+        token = signed_in.json()["token"]
+        assert f"HTTP API: http://127.0.0.1:7245 (admin token: {token})\n" in printed
+        assert httpx.post("http://127.0.0.1:7245/console/sign-in", json={"code": code}, timeout=30).status_code == 401
         tour = readme_block("In another terminal (`source .venv/bin/activate` first):")
         assert tour == [
             "astraeus submit examples/hello.yaml",
@@ -153,9 +162,9 @@ def shell(command: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_readmes_scripting_commands_run_as_written_with_the_defaults(tmp_path: Path) -> None:
     """The README's "In scripts and CI" commands, on a cluster of their own with the defaults, exit as it says."""
-    taken = [port for port in (7233, 8233) if not port_free(port)]
+    taken = [port for port in (7233, 8233, 7245) if not port_free(port)]
     if taken:
-        pytest.fail(f"ports {taken} are in use on this machine: the README's commands need 7233 and 8233 free")
+        pytest.fail(f"ports {taken} are in use on this machine: the README's commands need 7233, 8233 and 7245 free")
     commands = readme_block("`status`, `wait`, `events --follow` and `submit --wait`/`--follow` exit by the run's")
     assert commands == [
         "astraeus submit examples/fail.yaml --wait",
@@ -182,23 +191,18 @@ def test_the_readmes_scripting_commands_run_as_written_with_the_defaults(tmp_pat
 
 
 def test_the_readmes_http_api_walk_through_runs_as_written_with_the_defaults(tmp_path: Path) -> None:
-    """The README's "The HTTP API" commands with the defaults: `astraeus api &` on 7245 beside `astraeus dev` on
-    7233, then the rest of the block in one shell, as a person types it once the API answers."""
+    """The README's "The HTTP API" commands with the defaults: `astraeus dev` serves the API on 7245, and the block
+    runs in one shell, as a person types it."""
     taken = [port for port in (7233, 8233, 7245) if not port_free(port)]
     if taken:
         pytest.fail(f"ports {taken} are in use on this machine: the README's commands need 7233, 8233 and 7245 free")
     block = readme_block("## The HTTP API")
-    assert block[:2] == ["astraeus api &", "API=http://127.0.0.1:7245"]
+    assert block[0] == "API=http://127.0.0.1:7245"
     dev = Dev(tmp_path, "--nodes", "2", "--gpus", "2xL4-24GB")
-    api = None
     try:
         dev.wait_ready()
-        env = {**ENV, "PATH": f"{ROOT / '.venv' / 'bin'}:{ENV.get('PATH', '')}"}
-        with (tmp_path / "api.log").open("wb") as out:  # the `&`: in the background, ended by its PID below
-            api = subprocess.Popen(["bash", "-c", f"exec {block[0].removesuffix('&')}"], cwd=ROOT, env=env,
-                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        wait_for(lambda: answers("http://127.0.0.1:7245/healthz"), "the API to answer on 7245")
-        ran = shell("\n".join(["set -e", *block[1:]]))
+        assert answers("http://127.0.0.1:7245/healthz")
+        ran = shell("\n".join(["set -e", *block]))
         assert ran.returncode == 0, ran.stdout + ran.stderr
         assert '"run":"team-a/hello"' in ran.stdout.replace(" ", "")
         assert "event: end" in ran.stdout
@@ -208,8 +212,6 @@ def test_the_readmes_http_api_walk_through_runs_as_written_with_the_defaults(tmp
         (tombstone,) = [r for r in json.loads(listed.stdout)["runs"] if r["name"] == "hello"]
         assert (tombstone["state"], tombstone["last_state"]) == ("Deleted", "Cancelled")
     finally:
-        if api is not None:
-            end_group(api)
         dev.stop()
 
 
@@ -217,29 +219,29 @@ def test_the_readmes_http_api_walk_through_runs_as_written_with_the_defaults(tmp
 
 
 @pytest.fixture
-def first_dev(tmp_path: Path) -> Iterator[tuple[Dev, int, int]]:
+def first_dev(tmp_path: Path) -> Iterator[tuple[Dev, int, int, int]]:
     settings = tmp_path / "settings.yaml"
     settings.write_text(yaml.safe_dump(SETTINGS))
-    port, ui = free_port(), free_port()
+    port, ui, api = free_port(), free_port(), free_port()
     (tmp_path / "first").mkdir()
-    dev = Dev(tmp_path / "first", "--port", str(port), "--ui-port", str(ui), "--gpus", "2xL4-24GB",
-              "--settings", str(settings))  # fmt: skip
+    dev = Dev(tmp_path / "first", "--port", str(port), "--ui-port", str(ui), "--api", f"127.0.0.1:{api}",
+              "--gpus", "2xL4-24GB", "--settings", str(settings))  # fmt: skip
     try:
         dev.wait_ready()
-        yield dev, port, ui
+        yield dev, port, ui, api
     finally:
         dev.stop()
 
 
 def test_a_second_dev_on_the_same_ports_refuses_to_start_and_leaves_the_first_cluster_alone(
-    tmp_path: Path, first_dev: tuple[Dev, int, int]
+    tmp_path: Path, first_dev: tuple[Dev, int, int, int]
 ) -> None:
-    _, port, ui = first_dev
+    _, port, ui, api = first_dev
     temporal = f"127.0.0.1:{port}"
     before = cli("nodes", "--json", temporal=temporal).stdout
     (tmp_path / "second").mkdir()
     second = subprocess.run(
-        [ASTRAEUS, "dev", "--port", str(port), "--ui-port", str(ui)],
+        [ASTRAEUS, "dev", "--port", str(port), "--ui-port", str(ui), "--api", f"127.0.0.1:{api}"],
         cwd=tmp_path / "second",
         capture_output=True,
         text=True,
@@ -248,9 +250,9 @@ def test_a_second_dev_on_the_same_ports_refuses_to_start_and_leaves_the_first_cl
     )
     assert (second.returncode, second.stdout) == (2, "")
     assert second.stderr.endswith(
-        f"astraeus: dev: cannot start: port {port} (Temporal frontend) and {ui} (Temporal UI) on 127.0.0.1 are in "
-        "use, by another `astraeus dev` or Temporal server perhaps: stop it, or choose other ports with --port and "
-        "--ui-port\n"
+        f"astraeus: dev: cannot start: port {port} (Temporal frontend), {ui} (Temporal UI) and {api} (HTTP API and "
+        "console) on 127.0.0.1 are in use, by another `astraeus dev`, `astraeus api` or Temporal server perhaps: stop "
+        "it, or choose other ports with --port, --ui-port and --api (or --no-api)\n"
     )
     assert not (tmp_path / "second" / ".astraeus").exists()  # nothing was started there
     time.sleep(SETTINGS["node_lease_ttl_seconds"] + 2)  # long enough for a lost lease to show

@@ -8,6 +8,8 @@ const ENDED = new Set(["Completed", "Failed", "Cancelled", "Terminated", "Delete
 const WORKER_ENDED = new Set(["Completed", "Failed", "Cancelled", "Down"]);
 const ui = { state: "", workspace: "", search: "", sort: "age", desc: false, includeDeleted: false };
 let advice = { reasons: {}, restarting: null };
+let config = { temporal_ui: null, temporal_namespace: "default" };
+let following = null; // the AbortController of a log being followed: aborted when the page changes
 let timer = null;
 let shown = "";
 const described = new Map(); // "ns/name" -> describe of an ended run (it changes no more)
@@ -22,7 +24,7 @@ function h(tag, attrs, ...children) {
     else if (k === "text") el.textContent = v;
     else el.setAttribute(k, v === true ? "" : v);
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -33,12 +35,14 @@ function stateBadge(state) {
   return h("span", { class: `state s-${state}`, "data-state": state }, state);
 }
 
+// A time in UTC, as the hover of each time shows it: 2026-12-01 16:12:02 UTC.
+function utc(iso) { return new Date(iso).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC"); }
+
 // A time in the viewer's zone, and in UTC on hover.
 function when(iso) {
   if (!iso) return h("span", { class: "muted" }, "—");
   const d = new Date(iso);
-  return h("time", { datetime: d.toISOString(), title: d.toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC") },
-    d.toLocaleString());
+  return h("time", { datetime: d.toISOString(), title: utc(iso) }, d.toLocaleString());
 }
 
 function age(iso) {
@@ -50,6 +54,14 @@ function age(iso) {
 }
 
 function token() { return sessionStorage.getItem("astraeus.token"); }
+
+// A workflow in the Temporal UI (its list, filtered to the workflow's id: that page exists in every UI version).
+function temporalLink(workflowId, label) {
+  if (!config.temporal_ui) return null;
+  const query = encodeURIComponent(`WorkflowId="${workflowId}"`);
+  return h("a", { class: "temporal", href: `${config.temporal_ui}/namespaces/${encodeURIComponent(config.temporal_namespace)}/workflows?query=${query}`,
+    target: "_blank", rel: "noopener" }, label);
+}
 
 async function api(path, options = {}) {
   const headers = { authorization: `Bearer ${token()}`, ...(options.headers || {}) };
@@ -123,11 +135,13 @@ function route() {
   document.getElementById("login").hidden = true;
   document.getElementById("logout").hidden = false;
   clearInterval(timer);
+  if (following) { following.abort(); following = null; }
   const hash = location.hash || "#/runs";
   const parts = hash.slice(2).split("/").map(decodeURIComponent);
   const page = document.getElementById("page");
   let refresh;
   if (parts[0] === "runs" && parts.length === 3) refresh = runPage(page, parts[1], parts[2]);
+  else if (parts[0] === "machines" && parts.length === 2) refresh = machinePage(page, parts[1]);
   else if (parts[0] === "machines") refresh = machinesPage(page);
   else if (parts[0] === "quotas") refresh = quotasPage(page);
   else refresh = runsPage(page);
@@ -232,7 +246,7 @@ function runsPage(page) {
         h("td", { class: "reason" }, reasonOf(r)),
         h("td", { class: "workers" }, r.d ? `${running(r)} / ${total}` : `— / ${total ?? "—"}`),
         h("td", {}, r.run.gpus ?? "—"), h("td", {}, r.run.priority ?? 0),
-        h("td", {}, h("span", { title: new Date(r.run.created_at).toISOString() }, age(r.run.created_at))));
+        h("td", {}, h("time", { datetime: r.run.created_at, title: `created ${new Date(r.run.created_at).toLocaleString()}, ${utc(r.run.created_at)}` }, age(r.run.created_at))));
     });
     body.replaceChildren(h("table", { id: "runs-table" }, h("caption", { class: "muted" },
       `${shownRows.length} of ${rows.length} runs`), h("thead", {}, head), h("tbody", {}, lines)));
@@ -260,13 +274,44 @@ function runPage(page, ns, name) {
     }
   } }, "Delete run");
   page.replaceChildren(h("p", {}, h("a", { href: "#/runs" }, "← All runs")),
-    h("h1", {}, `${ns}/${name}`), h("div", { class: "actions" }, cancel, del), body, logs);
+    h("h1", {}, `${ns}/${name}`), h("div", { class: "actions" }, cancel, del,
+      temporalLink(`job/${ns}/${name}`, "Its workflow in the Temporal UI")), body, logs);
 
-  async function showLogs(task) {
-    const text = await api(`${path}/tasks/${encodeURIComponent(task)}/logs?tail=200`);
-    logs.replaceChildren(h("h2", {}, `Logs of ${task} (last 200 lines)`),
-      text ? h("pre", { id: "log-text" }, text) : h("p", { class: "empty" }, "No output yet."));
-    logs.querySelector("h2").scrollIntoView();
+  // The worker's output: its last 200 lines, or (follow) all of it as it comes, until it ends for good.
+  async function showLogs(task, follow) {
+    if (following) { following.abort(); following = null; }
+    const pre = h("pre", { id: "log-text", tabindex: "0", "aria-label": `Output of ${task}` });
+    const head = h("h2", { id: "logs-title" }, follow ? `Logs of ${task}, following` : `Logs of ${task} (last 200 lines)`);
+    const stop = follow ? h("button", { type: "button", id: "stop-following", onclick: () => { if (following) following.abort(); } }, "Stop following") : null;
+    logs.replaceChildren(head, stop || "", pre);
+    head.scrollIntoView();
+    const url = `${path}/tasks/${encodeURIComponent(task)}/logs`;
+    if (!follow) {
+      const text = await api(`${url}?tail=200`);
+      if (text) pre.textContent = text; else pre.replaceWith(h("p", { class: "empty" }, "No output yet."));
+      return;
+    }
+    const controller = new AbortController();
+    following = controller;
+    try {
+      const response = await fetch(`${url}?follow=true`, { headers: { authorization: `Bearer ${token()}` }, signal: controller.signal });
+      if (!response.ok) throw new Error((await response.json().catch(() => ({}))).error || `HTTP ${response.status}`);
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        pre.textContent += decoder.decode(value, { stream: true });
+        pre.scrollTop = pre.scrollHeight;
+      }
+      head.textContent = `Logs of ${task} (it ended)`;
+    } catch (e) {
+      if (e.name !== "AbortError") throw e;
+      head.textContent = `Logs of ${task} (no longer following)`;
+    } finally {
+      if (following === controller) following = null;
+      if (stop) stop.remove();
+    }
   }
 
   async function stopTask(task) {
@@ -320,9 +365,11 @@ function runPage(page, ns, name) {
         h("td", { class: "failure" }, f ? h("details", {}, h("summary", {},
           `${f.exit_code === null ? "" : `exit ${f.exit_code}: `}${f.reason}`), h("pre", { class: "log-tail" }, f.log_tail || "(no output)")) : "—"),
         h("td", {}, h("div", { class: "actions" },
-          h("button", { type: "button", class: "logs", onclick: () => showLogs(t.id).catch((e) => say(e.message, true)) }, "Logs"),
+          t.node ? h("button", { type: "button", class: "logs", "aria-label": `Logs of ${t.id}`, onclick: () => showLogs(t.id, false).catch((e) => say(e.message, true)) }, "Logs") : "",
+          t.node && !WORKER_ENDED.has(t.status.state) ? h("button", { type: "button", class: "follow", "aria-label": `Follow the logs of ${t.id}`,
+            onclick: () => showLogs(t.id, true).catch((e) => say(e.message, true)) }, "Follow") : "",
           !WORKER_ENDED.has(t.status.state) && t.status.state !== "Stopping"
-            ? h("button", { type: "button", class: "stop danger", onclick: () => stopTask(t.id) }, "Stop") : "")));
+            ? h("button", { type: "button", class: "stop danger", "aria-label": `Stop ${t.id}`, onclick: () => stopTask(t.id) }, "Stop") : "")));
     });
     return h("table", { id: "workers" }, h("thead", {}, h("tr", {}, ["Worker", "State", "Reason", "Machine", "Restarts",
       "Restarts at", "Healthy", "Last failure", "Actions"].map((c) => h("th", { scope: "col" }, c)))), h("tbody", {}, rows));
@@ -335,11 +382,18 @@ function runPage(page, ns, name) {
       if (!groups.has(reason)) groups.set(reason, []);
       groups.get(reason).push(node.name);
     }
-    const rows = [...groups.entries()].sort((a, b) => b[1].length - a[1].length)
+    const rows = [...groups.entries()].sort((a, b) => b[1].length - a[1].length || (a[0] < b[0] ? -1 : 1))
       .map(([reason, machines]) => h("tr", {}, h("td", { class: "exact" }, reason), h("td", {}, machines.length),
-        h("td", {}, machines.join(", "))));
+        h("td", {}, machines.length > 10 ? `${machines.slice(0, 10).join(", ")} and ${machines.length - 10} more` : machines.join(", "))));
     return h("section", { id: "keeps-out" }, h("h2", {}, "What keeps it out"),
-      h("p", { class: "muted" }, `Why each of ${placement.nodes.length} machine(s) does not take its first waiting worker.`),
+      h("div", { class: "muted" }, `Why each of ${placement.nodes.length} machine(s) does not take its first waiting worker. `,
+        h("details", { class: "how", id: "how" }, h("summary", {}, "(how)"),
+          h("p", {}, "The scheduler checks every machine in a fixed order, cheap checks first: is it ready, under ",
+            "pressure, cordoned; does the worker select it (labels, names, pools); has it the network asked for; then ",
+            "room: CPU, memory, GPUs (free and usable, healthy ones if asked), GPU model; then topology and drives. ",
+            "A machine is listed with each check it fails, in that order, in the words of the spec's per-machine ",
+            "reasons. Machines that say the same are grouped: the count says how many. Fix the most common reason ",
+            "first (ask for less, or choose other machines), or wait for room to free up."))),
       h("table", {}, h("thead", {}, h("tr", {}, ["Reason", "Machines", "Which"].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, rows)));
   }
@@ -358,33 +412,115 @@ function runPage(page, ns, name) {
 
 function gib(bytes) { return `${(bytes / 2 ** 30).toFixed(1)} GiB`; }
 
+const RACK = "topology.astraeus.io/rack";
+
+function room(r) {
+  return r ? `${r.gpus} GPU${r.gpus === 1 ? "" : "s"} · ${+r.cpu.toFixed(2)} CPUs · ${gib(r.memory_bytes)}` : "—";
+}
+
+function gpuText(gpus) {
+  if (!gpus.length) return "none";
+  const models = new Map();
+  for (const g of gpus) { const k = `${g.model} (${gib(g.memory_bytes)})`; models.set(k, (models.get(k) || 0) + 1); }
+  return [...models].map(([k, n]) => `${n} × ${k}`).join(", ");
+}
+
+function gpuHealth(gpus) {
+  const notes = gpus.filter((g) => g.fault || g.at_risk)
+    .map((g) => g.fault ? `GPU ${g.index}: ${g.fault}` : `GPU ${g.index} at risk: ${g.at_risk}`);
+  return notes.length ? h("span", { class: "error" }, notes.join("; ")) : "";
+}
+
+// Cordon, uncordon or remove a machine (admin tokens); cordon and remove are confirmed first, cordon with a reason.
+async function machineVerb(node, v, after) {
+  // A removal keeps no reason (the machine's history says "Machine removed from the cluster"): none is asked.
+  let reason = "";
+  if (v === "cordon") reason = await confirmDialog(`Cordon ${node}?`, "No new work is placed there; running work stays.", true);
+  if (v === "remove") reason = await confirmDialog(`Remove ${node}?`, "It leaves the cluster: its workers go Down and restart elsewhere by their policy; its agent brings it back when it registers again.", false);
+  if (reason === null) return;
+  try {
+    await api(`/nodes/${encodeURIComponent(node)}/${v}`, { method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ reason }) });
+    say(`${v} ${node}`);
+  } catch (e) { say(e.message, true); }
+  after();
+}
+
+function machineActions(n, after) {
+  if (n.state === "Removed") return "—";
+  return h("div", { class: "actions" },
+    n.cordon === null ? h("button", { type: "button", class: "cordon", "aria-label": `Cordon ${n.name}`, onclick: () => machineVerb(n.name, "cordon", after) }, "Cordon")
+      : h("button", { type: "button", class: "uncordon", "aria-label": `Uncordon ${n.name}`, onclick: () => machineVerb(n.name, "uncordon", after) }, "Uncordon"),
+    h("button", { type: "button", class: "remove danger", "aria-label": `Remove ${n.name}`, onclick: () => machineVerb(n.name, "remove", after) }, "Remove"));
+}
+
+function lastReason(n) { return n.history.length ? n.history[n.history.length - 1].reason : "—"; }
+
 function machinesPage(page) {
   const body = h("div", { id: "machines" });
   page.replaceChildren(h("h1", {}, "Machines"), body);
-  async function verb(node, v) {
-    let reason = "";
-    if (v === "cordon") { reason = await confirmDialog(`Cordon ${node}?`, "No new work is placed there; running work stays.", true); if (reason === null) return; }
-    try { await api(`/nodes/${encodeURIComponent(node)}/${v}`, { method: "POST", headers: { "content-type": "application/json" },
-      body: JSON.stringify({ reason }) }); say(`${v} ${node}`); } catch (e) { say(e.message, true); }
-    refresh();
-  }
   async function refresh() {
-    const nodes = await api("/nodes");
-    if (!nodes.length) { body.replaceChildren(h("p", { class: "empty" }, "No machines yet. Start an agent on each: astraeus agent --name NAME.")); return; }
-    body.replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, ["Machine", "State", "Reason", "GPUs", "CPUs / memory",
-      "Labels", "Pools", "Cordon", "Admin"].map((c) => h("th", { scope: "col" }, c)))),
+    const [nodes, use] = await Promise.all([api("/nodes"), api("/usage")]);
+    if (!nodes.length) { body.replaceChildren(h("p", { class: "empty" }, "No machines yet. Start an agent on each: astraeus agent --name NAME (astraeus dev starts local ones).")); return; }
+    const free = new Map(use.machines.map((m) => [m.name, m]));
+    body.replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, ["Machine", "State", "Reason", "GPUs", "Free room",
+      "CPUs / memory", "Labels", "Pools", "Rack", "Pressure", "Cordon", "Admin"].map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, nodes.map((n) => {
-        const inv = n.inventory || {}; const last = n.history.length ? n.history[n.history.length - 1] : null;
-        const gpus = inv.gpus || [];
-        return h("tr", { "data-node": n.name }, h("th", { scope: "row" }, n.name), h("td", {}, stateBadge(n.state)),
-          h("td", { class: "exact" }, last ? last.reason : "—"),
-          h("td", {}, gpus.length ? `${gpus.length} × ${gpus[0].model}${gpus.some((g) => g.fault) ? " (fault)" : ""}` : "0"),
+        const inv = n.inventory || {};
+        const labels = Object.entries(inv.labels || {}).filter(([k]) => k !== RACK);
+        return h("tr", { "data-node": n.name },
+          h("th", { scope: "row" }, h("a", { href: `#/machines/${encodeURIComponent(n.name)}` }, n.name)), h("td", {}, stateBadge(n.state)),
+          h("td", { class: "exact" }, lastReason(n)),
+          h("td", {}, gpuText(inv.gpus || []), " ", gpuHealth(inv.gpus || [])),
+          h("td", { class: "free" }, n.inventory ? room(free.get(n.name)) : "—"),
           h("td", {}, inv.cpus !== undefined ? `${inv.cpus} / ${gib(inv.memory_bytes)}` : "—"),
-          h("td", {}, Object.entries(inv.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "—"),
-          h("td", {}, (inv.pools || []).join(", ") || "—"), h("td", {}, n.cordon === null ? "—" : n.cordon || "(cordoned)"),
-          h("td", {}, n.cordon === null ? h("button", { type: "button", onclick: () => verb(n.name, "cordon") }, "Cordon")
-            : h("button", { type: "button", onclick: () => verb(n.name, "uncordon") }, "Uncordon")));
+          h("td", {}, labels.map(([k, v]) => `${k}=${v}`).join(", ") || "—"),
+          h("td", {}, (inv.pools || []).join(", ") || "—"), h("td", {}, (inv.labels || {})[RACK] || "—"),
+          h("td", {}, (inv.pressure || []).join(", ") || "—"),
+          h("td", {}, n.cordon === null ? "—" : n.cordon || "(cordoned)"),
+          h("td", {}, machineActions(n, refresh)));
       }))));
+  }
+  return refresh;
+}
+
+// A machine's page: what it has and what is free, the workers on it, its own history.
+function machinePage(page, name) {
+  const body = h("div", { id: "machine" });
+  page.replaceChildren(h("p", {}, h("a", { href: "#/machines" }, "← All machines")), h("h1", {}, name), body);
+  async function refresh() {
+    const [n, use] = await Promise.all([api(`/nodes/${encodeURIComponent(name)}`), api("/usage")]);
+    const inv = n.inventory || {};
+    const free = use.machines.find((m) => m.name === name);
+    const facts = [
+      ["State", h("span", {}, stateBadge(n.state), " ", h("span", { class: "exact", id: "machine-reason" }, lastReason(n)))],
+      ["Since", when(n.since)], ["Free room", h("span", { id: "machine-free" }, n.inventory ? room(free) : "—")],
+      ["CPUs / memory", inv.cpus !== undefined ? `${inv.cpus} / ${gib(inv.memory_bytes)}` : "—"],
+      ["Cordon", n.cordon === null ? "—" : n.cordon || "(cordoned)"], ["Pressure", (inv.pressure || []).join(", ") || "—"],
+      ["Rack", (inv.labels || {})[RACK] || "—"], ["Pools", (inv.pools || []).join(", ") || "—"],
+      ["Labels", Object.entries(inv.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "—"],
+      ["Agent", n.holder || "—"],
+    ];
+    const gpus = inv.gpus || [];
+    const placed = free ? free.placed : [];
+    const others = free ? free.workers - placed.length : 0;
+    body.replaceChildren(
+      h("div", { class: "actions" }, machineActions(n, refresh), temporalLink(`node/${name}`, "Its workflow in the Temporal UI")),
+      h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
+      h("h2", {}, "GPUs"),
+      gpus.length ? h("table", { id: "gpus" }, h("thead", {}, h("tr", {}, ["GPU", "Model", "Memory", "Health"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, gpus.map((g) => h("tr", {}, h("th", { scope: "row" }, g.index), h("td", {}, g.model), h("td", {}, gib(g.memory_bytes)),
+          h("td", {}, g.fault ? h("span", { class: "error" }, `fault: ${g.fault}`) : g.at_risk ? `at risk: ${g.at_risk}` : "healthy")))))
+        : h("p", { class: "empty" }, "No GPUs on this machine."),
+      h("h2", {}, "Workers on it"),
+      placed.length ? h("table", { id: "placed" }, h("thead", {}, h("tr", {}, ["Run", "Worker", "GPUs", "CPUs", "Memory"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, placed.map((p) => h("tr", {}, h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(p.namespace)}/${encodeURIComponent(p.run)}` }, `${p.namespace}/${p.run}`)),
+          h("th", { scope: "row" }, p.task), h("td", {}, p.gpus), h("td", {}, +p.cpu.toFixed(2)), h("td", {}, gib(p.memory_bytes))))))
+        : h("p", { class: "empty" }, others ? "" : "No workers on it: it takes work when a run fits here."),
+      others ? h("p", { class: "muted" }, `${others} worker(s) of other workspaces.`) : "",
+      h("h2", {}, "History"),
+      h("ol", { class: "timeline", id: "machine-history" }, n.history.map((e) => h("li", {}, when(e.at), " ", stateBadge(e.state), " ",
+        h("span", { class: "exact" }, e.reason)))));
   }
   return refresh;
 }
@@ -392,15 +528,42 @@ function machinesPage(page) {
 function quotasPage(page) {
   const body = h("div", { id: "quotas" });
   page.replaceChildren(h("h1", {}, "Quotas"), body);
+  const of = (used, limit, show) => limit === null ? `${show(used)} (no limit)` : `${show(used)} of ${show(limit)}`;
   async function refresh() {
-    const quotas = await api("/quotas");
-    if (!quotas.length) { body.replaceChildren(h("p", { class: "empty" }, "No quotas: every workspace may use the whole cluster. An admin sets one with astraeus quota set.")); return; }
-    body.replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, ["Workspace", "GPUs", "CPUs", "Memory", "Pools"]
-      .map((c) => h("th", { scope: "col" }, c)))), h("tbody", {}, quotas.map((q) => h("tr", {},
-      h("th", { scope: "row" }, q.namespace), h("td", {}, q.gpus ?? "no limit"), h("td", {}, q.cpu ?? "no limit"),
-      h("td", {}, q.memory_bytes === null ? "no limit" : gib(q.memory_bytes)), h("td", {}, q.pools.join(", ") || "all"))))));
+    const [quotas, use] = await Promise.all([api("/quotas"), api("/usage")]);
+    const used = new Map(use.workspaces.map((w) => [w.namespace, w]));
+    const none = { gpus: 0, cpu: 0, memory_bytes: 0, workers: 0 };
+    const spaces = [...new Set([...quotas.map((q) => q.namespace), ...used.keys()])].sort();
+    if (!spaces.length) { body.replaceChildren(h("p", { class: "empty" }, "No quotas, and nothing running: every workspace may use the whole cluster. An admin sets a quota with astraeus quota set WORKSPACE --gpus N.")); return; }
+    const limits = new Map(quotas.map((q) => [q.namespace, q]));
+    const free = { gpus: null, cpu: null, memory_bytes: null, pools: [] };
+    body.replaceChildren(h("p", { class: "muted" }, "Use is what each workspace's placed workers hold now; a quota caps it."),
+      h("table", {}, h("thead", {}, h("tr", {}, ["Workspace", "GPUs used", "CPUs used", "Memory used", "Workers", "Pools"]
+      .map((c) => h("th", { scope: "col" }, c)))), h("tbody", {}, spaces.map((ns) => {
+        const q = limits.get(ns) || free; const u = used.get(ns) || none;
+        return h("tr", { "data-workspace": ns }, h("th", { scope: "row" }, ns), h("td", {}, of(u.gpus, q.gpus, (x) => x)),
+          h("td", {}, of(u.cpu, q.cpu, (x) => +x.toFixed(2))), h("td", {}, of(u.memory_bytes, q.memory_bytes, gib)),
+          h("td", {}, u.workers), h("td", {}, q.pools.join(", ") || "all"));
+      }))));
   }
   return refresh;
 }
 
-fetch("/console/advice.json").then((r) => r.json()).then((table) => { advice = table; }).finally(route);
+// A one-time sign-in link of `astraeus dev` (#sign-in=CODE): the code leaves the address at once (so that neither
+// the history nor a copied address keeps it), and is traded, once, for the token it stands for.
+async function signInFromLink() {
+  const match = /^#sign-in=([A-Za-z0-9_-]+)$/.exec(location.hash);
+  if (!match) return null;
+  history.replaceState(null, "", `${location.pathname}#/runs`);
+  const answer = await fetch("/console/sign-in", { method: "POST", headers: { "content-type": "application/json" },
+    body: JSON.stringify({ code: match[1] }) });
+  const body = await answer.json().catch(() => ({}));
+  if (!answer.ok) return body.error || `HTTP ${answer.status}`;
+  sessionStorage.setItem("astraeus.token", body.token);
+  return null;
+}
+
+Promise.all([
+  fetch("/console/advice.json").then((r) => r.json()).then((table) => { advice = table; }),
+  fetch("/console/config.json").then((r) => r.json()).then((c) => { config = c; }),
+]).catch(() => null).then(signInFromLink).then((error) => { if (error) showLogin(error); else route(); });
