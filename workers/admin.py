@@ -129,7 +129,7 @@ async def drives(client: Client) -> list[Drive]:
 
 def render_drives(listed: list[Drive]) -> str:
     if not listed:
-        return "no drives: astraeus drive create NAME --site SITE --machine MACHINE --size SIZE --source DIR"
+        return "no drives: astraeus drive create NAME --machine MACHINE --size SIZE --source DIR [--site SITE]"
     rows: list[tuple[str, ...]] = [("DRIVE", "SITE", "MACHINE", "SIZE", "SOURCE", "PROBLEM")]
     for d in listed:
         rows.append((d.name, d.site or "-", d.node or "-", size_text(d.size_bytes), d.source, d.problem or "-"))

@@ -576,8 +576,9 @@ async def cmd_drive(args: argparse.Namespace) -> int:
     if args.verb != "ls" and not args.name:
         raise AstraeusError(f"drive {args.verb}: name the drive")
     if args.verb == "create":
-        given = {"site": args.site, "machine": args.machine, "size_bytes": args.size, "source": args.source}
+        given = {"machine": args.machine, "size_bytes": args.size, "source": args.source}
         missing = [f"--{k.removesuffix('_bytes')}" for k, v in given.items() if v is None]
+        given["site"] = args.site
         if missing:
             raise AstraeusError(f"drive create {args.name}: give {', '.join(missing)}")
         try:
@@ -839,11 +840,11 @@ def parser() -> argparse.ArgumentParser:
     quota.add_argument("--cpu", type=float, help="CPU cores its workers may hold at once")
     quota.add_argument("--memory-bytes", type=byte_size, help="memory its workers may hold at once, e.g. 512GiB")
     quota.add_argument("--pool", action="append", default=[], help="the only pools whose machines it may use")
-    drive = command("drive", cmd_drive, "the catalogue of drives: create NAME --site --machine --size --source, "
+    drive = command("drive", cmd_drive, "the catalogue of drives: create NAME --machine --size --source [--site], "
                     "ls, rm NAME", read=True)  # fmt: skip
     drive.add_argument("verb", choices=["create", "ls", "rm"])
     drive.add_argument("name", nargs="?", help="the drive (create, rm)")
-    drive.add_argument("--site", help="create: the site whose machines may use it")
+    drive.add_argument("--site", help="create: the site whose machines may copy it (default: any machine)")
     drive.add_argument("--machine", help="create: the machine that holds its data")
     drive.add_argument("--size", type=byte_size, help="create: room a copy needs, e.g. 200GiB")
     drive.add_argument("--source", help="create: its files, a directory its site's machines read (path or file://)")

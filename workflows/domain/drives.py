@@ -1,6 +1,6 @@
 """The cluster's catalogue of drives, pure: what `astraeus drive create` asks for, and how a machine finds the data
-to copy. A drive is a named set of files held on one machine of a site; a worker that mounts it runs on that
-machine, or on another of its site that copies it to its data location first (and keeps the copy)."""
+to copy. A drive is a named set of files held on one machine (of a site, when it names one); a worker that mounts
+it runs on that machine, or on another (of its site) that copies it to its data location first and keeps the copy."""
 
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ class NewDrive(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: Name
-    site: str = Field(min_length=1, max_length=63, description="The site whose machines may use it.")
+    site: str | None = Field(
+        None, min_length=1, max_length=63, description="The site whose machines may copy it; none: any machine."
+    )
     machine: str = Field(min_length=1, max_length=253, description="The machine that holds its data.")
     size_bytes: int = Field(ge=0, le=MAX_BYTES, description="Room a copy needs at a machine's data location.")
     source: PathText = Field(description="Its files: a directory (path or file:// URL) its site's machines read.")
