@@ -214,6 +214,21 @@ def test_a_drive_in_use_is_not_removed(cluster: Cluster, tmp_path: Path) -> None
     assert unknown.returncode != 0 and "no drive named imagenet" in unknown.stderr
 
 
+def test_an_agent_started_again_takes_up_the_data_location_chosen_and_its_copies(cluster: Cluster) -> None:
+    imagenet(cluster)
+    data = str(cluster.root / "m2-data")
+    cluster.cli("nodes", "data-location", "m2", data)
+    cluster.kill("m2")
+    cluster.spawn_agent("m2", *MACHINE, "--site", "paris")  # without --data-location: the admin's choice holds
+    back = cluster.wait_for(
+        lambda: (n := node(cluster, "m2"))["inventory"]["data_location"] == data and n["state"] == "Ready" and n,
+        "m2 to come back with its data location",
+    )
+    assert back["data_location"] == data
+    filled = sorted(mark.stem for mark in (Path(data) / "astraeus-drives").glob("*.filled"))
+    assert [c["drive"] for c in back["inventory"]["drive_copies"]] == filled
+
+
 # ---- the README's walk-through -----------------------------------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
