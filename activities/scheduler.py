@@ -275,6 +275,7 @@ class SchedulerService:
             list(self._allocations.values()),
             self._clock(),
             pools=quota.pools if quota else (),
+            drives=self._drives,
         )
 
     # ---- decisions --------------------------------------------------------------------------------------------
