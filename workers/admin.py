@@ -12,7 +12,7 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from workers.client import AstraeusError, NotFound
+from workers.client import AstraeusClient, AstraeusError, NotFound
 from workflows import contracts
 from workflows.contracts import DRIVES_WORKFLOW_ID, QUOTAS_WORKFLOW_ID, TOKENS_WORKFLOW_ID, In, Out, node_id
 from workflows.domain.constraints import Drive
@@ -119,12 +119,7 @@ async def remove_drive(client: Client, name: str) -> list[Drive]:
 
 async def drives(client: Client) -> list[Drive]:
     """Every drive of the catalogue; none before the first is made."""
-    try:
-        return await contracts.query(client.get_workflow_handle(DRIVES_WORKFLOW_ID), contracts.DRIVES)
-    except RPCError as error:
-        if error.status != RPCStatusCode.NOT_FOUND:
-            raise
-        return []
+    return await AstraeusClient(client).drives()
 
 
 def render_drives(listed: list[Drive]) -> str:

@@ -288,7 +288,7 @@ def api_app(client: AstraeusClient, book: TokenBook) -> FastAPI:
     @app.get("/drives", response_model=list[Drive], tags=["drives"], responses=answers())
     async def drives(token: Caller) -> list[Drive]:
         """The catalogue of drives, as `astraeus drive ls`."""
-        return await admin.drives(client.temporal)
+        return await client.drives()
 
     @app.post("/drives", response_model=list[Drive], tags=["drives"], responses=answers(403, 409))
     async def create_drive(body: NewDrive, token: Caller) -> list[Drive]:

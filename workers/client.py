@@ -34,8 +34,18 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.deletion import deleted, tombstones
 from workflows import contracts
-from workflows.contracts import CONTROL_TASK_QUEUE, PRIORITY_KEY, SA_NAMESPACE, SA_STATE, STATE_KEY, In, Out
+from workflows.contracts import (
+    CONTROL_TASK_QUEUE,
+    DRIVES_WORKFLOW_ID,
+    PRIORITY_KEY,
+    SA_NAMESPACE,
+    SA_STATE,
+    STATE_KEY,
+    In,
+    Out,
+)
 from workflows.deletion import DeleteRunWorkflow
+from workflows.domain.constraints import Drive
 from workflows.domain.nodes import NodeView
 from workflows.domain.spec import JobSpec, job_id
 from workflows.domain.status import TASK_ENDED, Folded, JobRecord, RunState, Status
@@ -576,6 +586,16 @@ class AstraeusClient:
         async for wf in self.temporal.list_workflows(contracts.OPEN_NODES):
             views.append(await contracts.query(self.temporal.get_workflow_handle(wf.id), contracts.VIEW))
         return sorted(views, key=lambda v: v.name)
+
+    async def drives(self) -> list[Drive]:
+        """The catalogue of drives (`astraeus drive ls`); none before the first is made. Changing it is an admin's:
+        `workers.admin.create_drive`, `remove_drive` and `set_data_location`."""
+        try:
+            return await contracts.query(self.temporal.get_workflow_handle(DRIVES_WORKFLOW_ID), contracts.DRIVES)
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+            return []
 
 
 def new_output(shown: str, text: str) -> str:
