@@ -26,6 +26,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.deletion import tombstones
+from activities.drives import DriveActivities, DriveStore
 from activities.gpus import GpuWatch
 from activities.machine import PressureWatch
 from activities.prepare import Preparer
@@ -106,7 +107,12 @@ class AgentActivities:
         self._pressure_watch = pressure_watch
         self._pressure = list(inventory.pressure)  # as last reported to the machine's workflow
         self._pressure_read: asyncio.Future[list[str]] | None = None
-        self._starter = Starter(runtime, preparer, lambda: self._gpus, self._report_progress)
+        if preparer.store is None:
+            preparer.store = DriveStore(inventory.name)
+        self.drives = DriveActivities(client, preparer.store)  # its data location and copies of drives
+        self._starter = Starter(
+            runtime, preparer, lambda: self._gpus, self._report_progress, catalogue=self.drives.catalogue
+        )
         self._settings = settings or Settings()
         self._orphan_look: asyncio.Task[None] | None = None  # the look for orphaned workers under way
         self._orphan_look_due = 0.0  # time.monotonic() of the next look
@@ -146,6 +152,7 @@ class AgentActivities:
         """The machine's workflow took this agent's registration (its first, or again after its lease expired): it
         holds the lease again, and looks at once for attempts its runs no longer have."""
         self.registered_at = view.since
+        self.drives.chosen(view.data_location)
         if self.registrations:
             # Its lease had expired: an exit returned lately may never have reached its run (the activity had
             # timed out, or its run had given up on it when the machine was lost): tell the run again.
@@ -160,7 +167,10 @@ class AgentActivities:
 
     def inventory(self) -> NodeInventory:
         """What the machine has, with its GPUs' health and its pressure as last seen: what it registers again."""
-        return self._inventory.model_copy(update={"gpus": list(self._gpus), "pressure": list(self._pressure)})
+        data = self.drives.store.report()
+        return self._inventory.model_copy(
+            update={"gpus": list(self._gpus), "pressure": list(self._pressure), **dict(data)}
+        )
 
     def lease_idle_seconds(self) -> float:
         """How long no lease was held here: long past its TTL, the machine's workflow holds none for this agent."""
@@ -191,6 +201,7 @@ class AgentActivities:
                 self._look_for_orphans()
                 await self._report_gpu_health()
                 await self._report_pressure()
+                await self.drives.report()
                 # Twice per renewal: a crashed agent's lease expires at least 5/6 of its TTL after its last look.
                 await asyncio.sleep(min(input.renew_seconds / 2, GPU_HEALTH_SECONDS))
         except asyncio.CancelledError:

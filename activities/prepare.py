@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from activities.drives import DriveStore
 from activities.runtime.base import Mount, RegistryAuth, RuntimeFailure, TaskKey
+from workflows.domain.constraints import Drive
+from workflows.domain.drives import source_path
 from workflows.domain.reasons import R, Reason
 from workflows.domain.spec import DriveSpec, GroupSpec, SecretSpec
 
@@ -44,23 +47,40 @@ class Waiting:
 
 class Preparer:
     """Prepares attempts from the agent's data directory; `host_paths`, when given, are the only host paths
-    (and what lies under them) that drives may mount."""
+    (and what lies under them) that drives may mount. `store` holds the machine's copies of the catalogue's drives;
+    `mounts` says whether its runtime mounts (docker) or gives a placed drive's path in the environment only
+    (process)."""
 
-    def __init__(self, data_dir: Path, host_paths: Iterable[str] = ()) -> None:
+    def __init__(
+        self, data_dir: Path, host_paths: Iterable[str] = (), store: DriveStore | None = None, mounts: bool = True
+    ) -> None:
         self.secrets_root = data_dir / "secrets"
         self.config_root = data_dir / "config"
         self._agent_root = str(data_dir.resolve())
         self._allowed = [str(Path(path).resolve()) for path in host_paths]
+        self.store = store
+        self._mounts = mounts
 
-    def prepare(self, key: TaskKey, group: GroupSpec) -> Prepared | Waiting:
-        """Every step in the spec's order: drives, then secrets, then the registry credential; then the files."""
+    def prepare(
+        self, key: TaskKey, group: GroupSpec, catalogue: Mapping[str, Drive] | None = None
+    ) -> Prepared | Waiting:
+        """Every step in the spec's order: drives, then secrets, then the registry credential; then the files.
+        `catalogue` holds the cluster's drives that the group mounts."""
         mounts: list[Mount] = []
+        env: dict[str, str] = {}
         for drive in group.drives:
+            if drive.drive is not None:
+                placed = self._placed(drive, (catalogue or {}).get(drive.drive))
+                if isinstance(placed, Waiting):
+                    return placed
+                env[drive_variable(drive.name)] = drive.mount_path if self._mounts else str(placed)
+                if self._mounts:
+                    mounts.append(Mount(target=drive.mount_path, source=str(placed), kind="bind", read_only=True))
+                continue
             mount = self._drive(drive)
             if isinstance(mount, Waiting):
                 return mount
             mounts.append(mount)
-        env: dict[str, str] = {}
         files: list[tuple[SecretSpec, bytes]] = []
         for secret in group.secrets:
             value = self._secret_value(secret.name, secret.key)
@@ -91,7 +111,7 @@ class Preparer:
 
     def _drive(self, drive: DriveSpec) -> Mount | Waiting:
         if drive.volume is not None:
-            return Mount(target=drive.mount_path, source=drive.volume, kind="volume", read_only=drive.read_only)
+            return Mount(target=drive.mount_path, source=drive.volume, kind="volume", read_only=drive.mounted_read_only)
         assert drive.host_path is not None
         refusal = self._refusal(drive.host_path)
         if refusal is not None:
@@ -99,7 +119,25 @@ class Preparer:
         if not os.path.isdir(drive.host_path):
             why = "is not a directory" if os.path.lexists(drive.host_path) else "does not exist yet"
             return Waiting(R.WaitingForDataVolume(volume=drive.name, why=f"host path {drive.host_path} {why}"))
-        return Mount(target=drive.mount_path, source=drive.host_path, kind="bind", read_only=drive.read_only)
+        return Mount(target=drive.mount_path, source=drive.host_path, kind="bind", read_only=drive.mounted_read_only)
+
+    def _placed(self, spec: DriveSpec, drive: Drive | None) -> Path | Waiting:
+        """Where a placed drive's data is on this machine: its source, on the machine that holds it; else the copy
+        at the data location, filled first."""
+        assert spec.drive is not None
+        if drive is None:
+            return Waiting(R.WaitingForDataVolume(volume=spec.drive, why=f"drive {spec.drive} does not exist"))
+        store = self.store
+        if store is not None and drive.node == store.node:
+            source = Path(source_path(drive.source))
+            if not source.is_dir():
+                return Waiting(R.WaitingForDataVolume(volume=drive.name, why=f"its source {source} is not a directory"))
+            return source
+        if store is None:
+            why = "this machine keeps no copies of drives"
+            return Waiting(R.WaitingForDataVolume(volume=drive.name, why=why))
+        copy = store.copy_of(drive)
+        return copy if isinstance(copy, Path) else Waiting(copy)
 
     def _refusal(self, host_path: str) -> str | None:
         """Why this machine refuses to mount `host_path` (itself, or where its links lead), or None."""
@@ -152,6 +190,11 @@ def _variable(secret: SecretSpec, value: bytes) -> str:
         error = f"secret {secret.name} (key {secret.key}) is not text and cannot be the variable {secret.env}"
         raise RuntimeFailure(R.InvalidTask(error=error))
     return text
+
+
+def drive_variable(name: str) -> str:
+    """The environment variable that tells a worker where a placed drive is: ASTRAEUS_DRIVE_<NAME>."""
+    return "ASTRAEUS_DRIVE_" + name.upper().replace("-", "_")
 
 
 def _under(path: str, roots: Iterable[str]) -> bool:

@@ -25,15 +25,26 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities import metrics
 from workflows import contracts
-from workflows.contracts import PRIORITY_KEY, QUOTAS_WORKFLOW_ID, SA_NODES, implements
+from workflows.contracts import DRIVES_WORKFLOW_ID, PRIORITY_KEY, QUOTAS_WORKFLOW_ID, SA_NODES, implements
+from workflows.domain.constraints import Drive
 from workflows.domain.events import MachineLost, PlacementUpdate, Preempt
 from workflows.domain.machines import Compiled
 from workflows.domain.nodes import NodeState, NodeView
 from workflows.domain.planning import TaskPlan, plan_group
 from workflows.domain.quotas import Quota
-from workflows.domain.requests import Allocation, JobTaskKey, TaskRequest, allocation_for
+from workflows.domain.requests import Allocation, JobTaskKey, TaskRequest, allocation_for, namespace_of, run_name
 from workflows.domain.scheduling import Decision, Preemption, schedule
-from workflows.messages import NodeChangedInput, PlaceInput, PlaceResult, PlanInput, QuotasChangedInput, ReleaseInput
+from workflows.messages import (
+    DrivesChangedInput,
+    DriveUsers,
+    NodeChangedInput,
+    PlaceInput,
+    PlaceResult,
+    PlanInput,
+    QuotasChangedInput,
+    ReleaseInput,
+    RemoveDriveRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +69,7 @@ class SchedulerService:
         self._nodes: dict[str, NodeView] = {}
         self._compiled = Compiled()  # the machines compiled by the last pass, for the next
         self._quotas: dict[str, Quota] = {}
+        self._drives: dict[str, Drive] = {}  # the catalogue of drives
         self._preempting: dict[JobTaskKey, JobTaskKey] = {}  # victim asked to stop -> the head worker it makes room for
         self._sent: dict[JobTaskKey, tuple[PlacementUpdate, datetime]] = {}  # the last answer each waiting worker got
         self._asking: dict[JobTaskKey, int] = {}  # workers whose `place` call awaits a pass: answered in its result
@@ -78,6 +90,7 @@ class SchedulerService:
             view = await contracts.query(self._client.get_workflow_handle(wf.id), contracts.VIEW)
             self._set_node(view)
         self._quotas = {q.namespace: q for q in await self._read_quotas()}
+        self._drives = {d.name: d for d in await self._read_drives()}
         query = contracts.OPEN_JOBS
         async for wf in self._client.list_workflows(query):
             handle = self._client.get_workflow_handle(wf.id)
@@ -140,6 +153,14 @@ class SchedulerService:
             if error.status != RPCStatusCode.NOT_FOUND:
                 raise
             return []  # no quota was ever set
+
+    async def _read_drives(self) -> list[Drive]:
+        try:
+            return await contracts.query(self._client.get_workflow_handle(DRIVES_WORKFLOW_ID), contracts.DRIVES)
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+            return []  # no drive was ever made
 
     def _set_node(self, view: NodeView) -> None:
         if view.state is NodeState.REMOVED:
@@ -207,6 +228,19 @@ class SchedulerService:
         self._quotas = {q.namespace: q for q in input.quotas}
         await self._settle()
 
+    @implements(contracts.drives_changed)
+    async def drives_changed(self, input: DrivesChangedInput) -> None:
+        self._drives = {d.name: d for d in input.drives}
+        await self._settle()
+
+    @implements(contracts.drive_users)
+    async def drive_users(self, input: RemoveDriveRequest) -> DriveUsers:
+        """The runs whose workers wait for the drive or hold room while they mount it."""
+        held = [(r.job_id, r.drives) for r in self._requests.values()]
+        held += [(a.job_id, a.drives) for a in self._allocations.values()]
+        runs = {f"{namespace_of(job)}/{run_name(job)}" for job, drives in held if input.name in drives}
+        return DriveUsers(runs=sorted(runs))
+
     @implements(contracts.tell_runs_machine_lost)
     async def tell_runs_machine_lost(self, report: MachineLost) -> int:
         """Tell every open run with a worker on the machine that it is gone (its workers go Down): the runs that
@@ -241,6 +275,7 @@ class SchedulerService:
             list(self._allocations.values()),
             self._clock(),
             pools=quota.pools if quota else (),
+            drives=self._drives,
         )
 
     # ---- decisions --------------------------------------------------------------------------------------------
@@ -288,6 +323,7 @@ class SchedulerService:
             list(self._allocations.values()),
             now,
             quotas=self._quotas,
+            drives=self._drives,
             preempting=self._preempting,
             compiled=self._compiled,
         )

@@ -13,14 +13,16 @@ import asyncio
 import dataclasses
 import logging
 import shutil
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from activities.prepare import Preparer, Waiting
 from activities.runtime.base import Launch, OnProgress, Runtime, RuntimeFailure, TaskKey
+from workflows.domain.constraints import Drive
 from workflows.domain.nodes import GpuInfo
 from workflows.domain.reasons import R, Reason
+from workflows.domain.requests import placed_drives
 from workflows.domain.spec import GroupSpec
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,8 @@ log = logging.getLogger(__name__)
 Report = Callable[[TaskKey, Reason], Coroutine[Any, Any, None]]
 # Heartbeats the activity with what it does now, so a retry knows what was already reported.
 Beat = Callable[[str], None]
+# The cluster's catalogue of drives (the drives workflow's query), read when a worker mounts some.
+Catalogue = Callable[[], Awaitable[Mapping[str, Drive]]]
 # Called just before the runtime starts an attempt; raises to refuse the start (its attempt is stale: fencing).
 Fence = Callable[[], Awaitable[None]]
 
@@ -56,8 +60,10 @@ class Starter:
         gpus: Callable[[], list[GpuInfo]],
         report: Report,
         retry_seconds: float = PREPARE_RETRY_SECONDS,
+        catalogue: Catalogue | None = None,
     ) -> None:
         self._runtime = runtime
+        self._catalogue = catalogue
         self._threads = ThreadPoolExecutor(max_workers=START_THREADS, thread_name_prefix="start")
         self._retry_seconds = retry_seconds
         self._preparer = preparer
@@ -195,8 +201,9 @@ class Starter:
         """Prepare until every step is ready, reporting each new wait to the run once."""
         while True:
             self._not_stopped(key)
+            catalogue = await self._catalogue() if self._catalogue is not None and placed_drives(group) else None
             try:
-                outcome = await asyncio.to_thread(self._preparer.prepare, key, group)
+                outcome = await asyncio.to_thread(self._preparer.prepare, key, group, catalogue)
             except RuntimeFailure as failure:
                 raise SetupEnded(failure.reason) from None
             if not isinstance(outcome, Waiting):

@@ -18,6 +18,7 @@ from temporalio import activity, workflow
 
 from activities.agent import AgentActivities
 from activities.control import ControlActivities
+from activities.drives import DriveActivities
 from activities.scheduler import SchedulerService
 from activities.scheduler_link import SchedulerLink
 from workers.services import Serves, control_serves, lease_serves, machine_serves, scheduler_serves
@@ -25,7 +26,7 @@ from workflows import contracts
 from workflows.domain.settings import Settings
 from workflows.messages import PlaceInput, PlaceResult
 
-WORKFLOW_MODULES = ["job", "node", "quotas", "logs", "tokens", "deletion", "deleted_runs"]
+WORKFLOW_MODULES = ["job", "node", "quotas", "logs", "tokens", "deletion", "deleted_runs", "drives"]
 SOURCE = Path(contracts.__file__).parent
 MACHINE, INSTANCE = "m1", "host:42:cafe"
 
@@ -59,7 +60,7 @@ def _unbuilt(cls: type[Any], **attributes: Any) -> Any:
 
 def processes() -> dict[str, Serves]:
     """Each process's registrations, built by the functions its workers are built with (workers/services.py)."""
-    agent = _unbuilt(AgentActivities, node_name=MACHINE, instance=INSTANCE)
+    agent = _unbuilt(AgentActivities, node_name=MACHINE, instance=INSTANCE, drives=_unbuilt(DriveActivities))
     return {
         "control": control_serves(ControlActivities(Settings(), _unbuilt(object)), _unbuilt(SchedulerLink)),
         "scheduler": scheduler_serves(_unbuilt(SchedulerService)),
@@ -236,6 +237,7 @@ def test_the_processes_poll_the_queues_the_workflows_address() -> None:
     defined = [workflow._Definition.must_from_class(cls).name for cls in served["control"].workflows]
     names = [contracts.JOB_WORKFLOW, contracts.NODE_WORKFLOW, contracts.LOGS_WORKFLOW, contracts.QUOTAS_WORKFLOW]
     names += [contracts.TOKENS_WORKFLOW, contracts.DELETE_RUN_WORKFLOW, contracts.DELETED_RUNS_WORKFLOW]
+    names += [contracts.DRIVES_WORKFLOW]
     assert defined == names
 
 
@@ -246,8 +248,14 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "control": [
             *("cancel_run_workflow", "end_run", "forget_run", "load_settings", "machine_lost", "place", "release")
         ],
-        "scheduler": ["machine_lost", "node_changed", "place", "plan_workers", "quotas_changed", "release"],
-        "machine": ["delete_run_files", "read_log", "run_task", "start_task", "stop_task", "supervise_task"],
+        "scheduler": [
+            *("drive_users", "drives_changed", "machine_lost", "node_changed", "place", "plan_workers"),
+            *("quotas_changed", "release"),
+        ],
+        "machine": [
+            *("delete_run_files", "read_log", "run_task", "start_task", "stop_task", "supervise_task"),
+            "use_data_location",
+        ],
         "lease": ["hold_lease"],
     }
     # Stubs renamed in Python keep the names histories recorded.
@@ -273,6 +281,7 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "quotas",
         "tokens",
         "tombstones",
+        "drives",
     ]
     assert [m.name for m in contracts.UPDATES] == [
         "cancel",
@@ -281,6 +290,8 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "report_gpus",
         "report_pressure",
         "report_orphan_stopped",
+        "report_data",
+        "set_data_location",
         "cordon",
         "uncordon",
         "remove",
@@ -290,6 +301,9 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "revoke_token",
         "delete",
         "add_tombstone",
+        "create_drive",
+        "remove_drive",
+        "report_drive",
     ]
     assert (contracts.CONTROL_TASK_QUEUE, contracts.SCHEDULER_TASK_QUEUE) == ("astraeus-control", "astraeus-scheduler")
     assert (contracts.node_task_queue("m1"), contracts.lease_task_queue("m1", "h:1:t")) == (
@@ -302,6 +316,7 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "quotas",
     )
     assert (contracts.TOKENS_WORKFLOW, contracts.TOKENS_WORKFLOW_ID) == ("TokensWorkflow", "tokens")
+    assert (contracts.DRIVES_WORKFLOW, contracts.DRIVES_WORKFLOW_ID) == ("DrivesWorkflow", "drives")
     assert [contracts.SA_NAMESPACE, contracts.SA_STATE, contracts.SA_PRIORITY, contracts.SA_NODES] == [
         "AstraeusNamespace",
         "AstraeusState",

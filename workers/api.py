@@ -28,6 +28,8 @@ from workers import admin, console
 from workers.api_auth import TokenBook
 from workers.client import AstraeusClient, AstraeusError, NotFound, RunPage
 from workers.console import SignIn
+from workflows.domain.constraints import Drive
+from workflows.domain.drives import NewDrive
 from workflows.domain.nodes import NodeView
 from workflows.domain.quotas import Quota
 from workflows.domain.spec import NAME_PATTERN, JobSpec, format_errors, parse_spec
@@ -36,6 +38,7 @@ from workflows.domain.tokens import Token, may_see
 from workflows.domain.tombstones import DELETED, Tombstone
 from workflows.domain.use import ClusterUse
 from workflows.domain.views import TERMINATED, JobDescription, TaskView
+from workflows.messages import DataLocationRequest
 
 DEFAULT_LISTEN = "127.0.0.1:7245"  # `astraeus api --listen` (the scheduler's door is 7244)
 RUN_STATES = [*(s.value for s in RunState), TERMINATED]
@@ -294,6 +297,30 @@ def api_app(
         """cordon, uncordon or remove a machine (admin tokens only), as `astraeus nodes VERB`."""
         admin_only(token, "machines")
         return await admin.node_verb(client.temporal, node, verb, (body or CordonBody()).reason)
+
+    @app.put("/nodes/{node}/data-location", response_model=NodeView, tags=["nodes"], responses=answers(403, 409))
+    async def set_data_location(node: str, body: DataLocationRequest, token: Caller) -> NodeView:
+        """Choose where a machine keeps copies of drives (admin tokens only), as `astraeus nodes data-location`;
+        refused (409) when its agent finds no such directory there, or does not answer."""
+        admin_only(token, "machines")
+        return await admin.set_data_location(client.temporal, node, body.path)
+
+    @app.get("/drives", response_model=list[Drive], tags=["drives"], responses=answers())
+    async def drives(token: Caller) -> list[Drive]:
+        """The catalogue of drives, as `astraeus drive ls`."""
+        return await client.drives()
+
+    @app.post("/drives", response_model=list[Drive], tags=["drives"], responses=answers(403, 409))
+    async def create_drive(body: NewDrive, token: Caller) -> list[Drive]:
+        """Add a drive (admin tokens only), as `astraeus drive create`; every drive after. 409: the name is taken."""
+        admin_only(token, "drives")
+        return await admin.create_drive(client.temporal, body)
+
+    @app.delete("/drives/{name}", response_model=list[Drive], tags=["drives"], responses=answers(403, 409))
+    async def remove_drive(name: str, token: Caller) -> list[Drive]:
+        """Remove a drive (admin tokens only), as `astraeus drive rm`. 409: runs use it (they are named)."""
+        admin_only(token, "drives")
+        return await admin.remove_drive(client.temporal, name)
 
     @app.get("/quotas", response_model=list[Quota], tags=["quotas"], responses=answers())
     async def quotas(token: Caller) -> list[Quota]:

@@ -30,6 +30,7 @@ from workers.http_client import HttpClient
 from workers.render import render_describe, render_events, render_history, render_nodes, render_runs, render_status
 from workers.telemetry import Telemetry, TelemetryError, set_up
 from workflows.domain.constraints import RACK_LABEL, Capability
+from workflows.domain.drives import NewDrive
 from workflows.domain.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, format_errors, parse_spec
@@ -580,9 +581,53 @@ async def cmd_node_verb(args: argparse.Namespace) -> int:
 
     if not args.name:
         raise AstraeusError(f"nodes {args.verb}: name the machine")
+    if args.verb == "data-location":
+        return await cmd_data_location(args)
+    if args.path is not None:
+        raise AstraeusError(f"nodes {args.verb}: takes no PATH")
     view = await node_verb((await _temporal_client(args)).temporal, args.name, args.verb, args.reason)
     done = {"cordon": "cordoned", "uncordon": "uncordoned", "remove": "removed"}[args.verb]
     emit(args, view, lambda: f"{done} {args.name}")
+    return 0
+
+
+async def cmd_data_location(args: argparse.Namespace) -> int:
+    """`nodes data-location NAME PATH` chooses where the machine keeps copies of drives; without PATH, shows it."""
+    from workers.admin import render_data, set_data_location
+
+    client = await _temporal_client(args)
+    if args.path is None:
+        view = next((v for v in await client.nodes() if v.name == args.name), None)
+        if view is None:
+            raise NotFound(f"no machine named {args.name}")
+    else:
+        view = await set_data_location(client.temporal, args.name, args.path)
+    emit(args, view, lambda: render_data(view))
+    return 0
+
+
+async def cmd_drive(args: argparse.Namespace) -> int:
+    from workers.admin import create_drive, drives, remove_drive, render_drives
+
+    temporal = (await _temporal_client(args)).temporal
+    if args.verb != "ls" and not args.name:
+        raise AstraeusError(f"drive {args.verb}: name the drive")
+    if args.verb == "create":
+        given = {"machine": args.machine, "size_bytes": args.size, "source": args.source}
+        missing = [f"--{k.removesuffix('_bytes')}" for k, v in given.items() if v is None]
+        given["site"] = args.site
+        if missing:
+            raise AstraeusError(f"drive create {args.name}: give {', '.join(missing)}")
+        try:
+            new = NewDrive(name=args.name, **given)
+        except ValidationError as error:
+            raise AstraeusError(f"drive create {args.name}:\n{format_errors(error)}") from None
+        listed = await create_drive(temporal, new)
+    elif args.verb == "rm":
+        listed = await remove_drive(temporal, args.name)
+    else:
+        listed = await drives(temporal)
+    emit(args, listed, lambda: render_drives(listed))
     return 0
 
 
@@ -825,9 +870,12 @@ def parser() -> argparse.ArgumentParser:
     how.add_argument("--tail", type=int, help="only the last N lines")
     how.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the worker ends")
     logs.add_argument("-n", "--namespace", default="default")
-    nodes = command("nodes", cmd_nodes, "list machines, or cordon, uncordon or remove one", read=True)
-    nodes.add_argument("verb", nargs="?", choices=["ls", "cordon", "uncordon", "remove"], default="ls")
-    nodes.add_argument("name", nargs="?", help="the machine (cordon, uncordon, remove)")
+    about = "list machines; cordon, uncordon or remove one; data-location NAME [PATH]: where it keeps drives' copies"
+    nodes = command("nodes", cmd_nodes, about, read=True)
+    verbs = ["ls", "cordon", "uncordon", "remove", "data-location"]
+    nodes.add_argument("verb", nargs="?", choices=verbs, default="ls")
+    nodes.add_argument("name", nargs="?", help="the machine (cordon, uncordon, remove, data-location)")
+    nodes.add_argument("path", nargs="?", help="data-location: a directory of the machine")
     nodes.add_argument("--reason", help="why (cordon, remove)")
     quota = command("quota", cmd_quota, "namespace quotas: set NAMESPACE [limits], rm NAMESPACE, ls", read=True)
     quota.add_argument("verb", choices=["set", "rm", "ls"])
@@ -836,6 +884,14 @@ def parser() -> argparse.ArgumentParser:
     quota.add_argument("--cpu", type=float, help="CPU cores its workers may hold at once")
     quota.add_argument("--memory-bytes", type=byte_size, help="memory its workers may hold at once, e.g. 512GiB")
     quota.add_argument("--pool", action="append", default=[], help="the only pools whose machines it may use")
+    drive = command("drive", cmd_drive, "the catalogue of drives: create NAME --machine --size --source [--site], "
+                    "ls, rm NAME", read=True)  # fmt: skip
+    drive.add_argument("verb", choices=["create", "ls", "rm"])
+    drive.add_argument("name", nargs="?", help="the drive (create, rm)")
+    drive.add_argument("--site", help="create: the site whose machines may copy it (default: any machine)")
+    drive.add_argument("--machine", help="create: the machine that holds its data")
+    drive.add_argument("--size", type=byte_size, help="create: room a copy needs, e.g. 200GiB")
+    drive.add_argument("--source", help="create: its files, a directory its site's machines read (path or file://)")
     token = command("token", cmd_token, "the HTTP API's tokens: create NAMESPACE (or --admin), ls, revoke ID",
                     read=True)  # fmt: skip
     token.add_argument("verb", choices=["create", "ls", "revoke"])

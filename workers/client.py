@@ -34,8 +34,18 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.deletion import deleted, tombstones
 from workflows import contracts
-from workflows.contracts import CONTROL_TASK_QUEUE, PRIORITY_KEY, SA_NAMESPACE, SA_STATE, STATE_KEY, In, Out
+from workflows.contracts import (
+    CONTROL_TASK_QUEUE,
+    DRIVES_WORKFLOW_ID,
+    PRIORITY_KEY,
+    SA_NAMESPACE,
+    SA_STATE,
+    STATE_KEY,
+    In,
+    Out,
+)
 from workflows.deletion import DeleteRunWorkflow
+from workflows.domain.constraints import Drive
 from workflows.domain.nodes import NodeView
 from workflows.domain.requests import Allocation
 from workflows.domain.spec import JobSpec, job_id
@@ -590,6 +600,16 @@ class AstraeusClient:
                 continue  # created a moment ago, or ended since it was listed: it holds nothing to count
             placed.extend(seen.placed)
         return cluster_use(await self.nodes(), placed)
+
+    async def drives(self) -> list[Drive]:
+        """The catalogue of drives (`astraeus drive ls`); none before the first is made. Changing it is an admin's:
+        `workers.admin.create_drive`, `remove_drive` and `set_data_location`."""
+        try:
+            return await contracts.query(self.temporal.get_workflow_handle(DRIVES_WORKFLOW_ID), contracts.DRIVES)
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+            return []
 
 
 def new_output(shown: str, text: str) -> str:

@@ -23,6 +23,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from activities.agent import EXPIRED, TAKEN_OVER, AgentActivities
 from activities.control import ControlActivities
+from activities.drives import DriveStore
 from activities.gpus import GpusUnavailable, GpuWatch, NvmlWatch, read_inventory_gpus
 from activities.machine import PROCFS, SYSFS, PressureWatch, data_free_bytes, read_rdma_ports
 from activities.prepare import Preparer
@@ -38,6 +39,7 @@ from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.node import Registered
 from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView
 from workflows.domain.settings import Settings
+from workflows.drives import DrivesWorkflow
 from workflows.job import JobWorkflow
 from workflows.logs import LogsWorkflow
 from workflows.messages import NodeInput
@@ -104,6 +106,7 @@ def control_serves(control: ControlActivities, link: SchedulerLink) -> Serves:
             TokensWorkflow,
             DeleteRunWorkflow,
             DeletedRunsWorkflow,
+            DrivesWorkflow,
         ],
         [
             control.load_settings,
@@ -126,6 +129,8 @@ def scheduler_serves(service: SchedulerService) -> Serves:
             service.release,
             service.node_changed,
             service.quotas_changed,
+            service.drives_changed,
+            service.drive_users,
             service.plan_group,
             service.tell_runs_machine_lost,
         ],
@@ -143,6 +148,7 @@ def machine_serves(activities: AgentActivities) -> Serves:
             activities.stop_task,
             activities.read_log,
             activities.delete_run_files,
+            activities.drives.use_data_location,
         ],
     )
 
@@ -526,9 +532,10 @@ Part = Worker | ControlWorker | SchedulerWorker | Agent
 async def start_agent(client: Client, options: AgentOptions, settings: Settings) -> Agent:
     """A node agent, registered (its machine's lease taken) before it polls; raises RegistrationRefused while
     another live agent holds the machine."""
-    node = inventory(options)
+    store = DriveStore(options.name, options.data_location)
+    node = inventory(options).model_copy(update=dict(store.report()))
     runtime = make_runtime(options)
-    preparer = Preparer(options.data_dir, options.host_paths)
+    preparer = Preparer(options.data_dir, options.host_paths, store, mounts=options.runtime == "docker")
     instance = new_instance()
     activities = AgentActivities(
         client, node, runtime, preparer, gpu_watch(node), pressure_watch(options), settings, instance=instance

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 from temporalio import activity
 from temporalio.common import SearchAttributeKey, WorkflowIDConflictPolicy
 
+from workflows.domain.constraints import Drive
+from workflows.domain.drives import DriveReport, NewDrive
 from workflows.domain.events import (
     ExitedWhileLost,
     MachineLost,
@@ -30,7 +32,7 @@ from workflows.domain.events import (
     TaskProgress,
     TaskRunning,
 )
-from workflows.domain.node import GpusReported, OrphanStopped, PressureReported, Registered
+from workflows.domain.node import DataReported, GpusReported, OrphanStopped, PressureReported, Registered
 from workflows.domain.nodes import NodeView
 from workflows.domain.planning import TaskPlan
 from workflows.domain.quotas import Quota
@@ -44,8 +46,11 @@ from workflows.messages import (
     AttemptsQuery,
     CancelRunInput,
     CordonRequest,
+    DataLocationRequest,
     DeletedFiles,
     DeleteRunFilesInput,
+    DrivesChangedInput,
+    DriveUsers,
     EndedRun,
     EndRunInput,
     ForgetRunInput,
@@ -59,6 +64,7 @@ from workflows.messages import (
     QuotasChangedInput,
     ReadLogInput,
     ReleaseInput,
+    RemoveDriveRequest,
     RemoveQuotaRequest,
     RevokeTokenRequest,
     RunTaskInput,
@@ -101,10 +107,12 @@ QUOTAS_WORKFLOW = "QuotasWorkflow"
 TOKENS_WORKFLOW = "TokensWorkflow"
 DELETE_RUN_WORKFLOW = "DeleteRunWorkflow"
 DELETED_RUNS_WORKFLOW = "DeletedRunsWorkflow"
+DRIVES_WORKFLOW = "DrivesWorkflow"
 
 QUOTAS_WORKFLOW_ID = "quotas"
 TOKENS_WORKFLOW_ID = "tokens"  # the HTTP API's tokens (their digests), for every API process alike
 DELETED_RUNS_WORKFLOW_ID = "deleted-runs"  # the tombstones of deleted runs
+DRIVES_WORKFLOW_ID = "drives"  # the cluster's catalogue of drives
 
 # Visibility queries of the open runs and machines.
 OPEN_JOBS = f'WorkflowType="{JOB_WORKFLOW}" AND ExecutionStatus="Running"'
@@ -225,6 +233,18 @@ async def quotas_changed(input: QuotasChangedInput) -> None:
     raise NotImplementedError
 
 
+@activity.defn
+async def drives_changed(input: DrivesChangedInput) -> None:
+    """The catalogue of drives changed."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def drive_users(input: RemoveDriveRequest) -> DriveUsers:
+    """The runs whose workers wait for or hold the drive (a drive in use is not removed)."""
+    raise NotImplementedError
+
+
 @activity.defn(name="machine_lost")
 async def tell_runs_machine_lost(report: MachineLost) -> int:
     """Tell every run with room on the machine that it is gone (the signal `machine_lost`); how many were told. The
@@ -233,6 +253,12 @@ async def tell_runs_machine_lost(report: MachineLost) -> int:
 
 
 # A machine's agent (node_task_queue(name)).
+
+
+@activity.defn
+async def use_data_location(input: DataLocationRequest) -> DataReported:
+    """Keep copies of drives at this directory from now on; what is there (its free room, copies made before)."""
+    raise NotImplementedError
 
 
 @activity.defn
@@ -347,6 +373,10 @@ REPORT_PRESSURE: Update[PressureReported, NodeView] = Update(
 REPORT_ORPHAN_STOPPED: Update[OrphanStopped, NodeView] = Update(
     NODE_WORKFLOW, "report_orphan_stopped", OrphanStopped, NodeView
 )
+REPORT_DATA: Update[DataReported, NodeView] = Update(NODE_WORKFLOW, "report_data", DataReported, NodeView)
+SET_DATA_LOCATION: Update[DataLocationRequest, NodeView] = Update(
+    NODE_WORKFLOW, "set_data_location", DataLocationRequest, NodeView
+)
 CORDON: Update[CordonRequest, NodeView] = Update(NODE_WORKFLOW, "cordon", CordonRequest, NodeView)
 UNCORDON: Update[None, NodeView] = Update(NODE_WORKFLOW, "uncordon", None, NodeView)
 REMOVE: Update[CordonRequest, NodeView] = Update(NODE_WORKFLOW, "remove", CordonRequest, NodeView)
@@ -366,6 +396,15 @@ REVOKE_TOKEN: Update[RevokeTokenRequest, list[Token]] = Update(
 )
 TOKENS: Query[None, list[Token]] = Query(TOKENS_WORKFLOW, "tokens", None, list[Token])
 
+# DrivesWorkflow's updates (`astraeus drive create|rm`, machines' reports of their fills) and query (the scheduler's
+# rebuild, a machine preparing a worker, `astraeus drive ls`).
+CREATE_DRIVE: Update[NewDrive, list[Drive]] = Update(DRIVES_WORKFLOW, "create_drive", NewDrive, list[Drive])
+REMOVE_DRIVE: Update[RemoveDriveRequest, list[Drive]] = Update(
+    DRIVES_WORKFLOW, "remove_drive", RemoveDriveRequest, list[Drive]
+)
+REPORT_DRIVE: Update[DriveReport, list[Drive]] = Update(DRIVES_WORKFLOW, "report_drive", DriveReport, list[Drive])
+DRIVES: Query[None, list[Drive]] = Query(DRIVES_WORKFLOW, "drives", None, list[Drive])
+
 # DeletedRunsWorkflow's update (a delete's last step) and query (the runs list, clients, returning machines).
 ADD_TOMBSTONE: Update[Tombstone, Tombstone] = Update(DELETED_RUNS_WORKFLOW, "add_tombstone", Tombstone, Tombstone)
 TOMBSTONES: Query[TombstonesQuery, list[Tombstone]] = Query(
@@ -373,7 +412,7 @@ TOMBSTONES: Query[TombstonesQuery, list[Tombstone]] = Query(
 )
 
 SIGNALS = [PLACEMENT, PREEMPT, TASK_PROGRESS, TASK_RUNNING, TASK_HEALTH, MACHINE_LOST, TASK_EXITED_WHILE_LOST]
-QUERIES = [STATUS, DESCRIBE, EVENTS, FOLDED, ATTEMPTS_ON, SCHEDULER_VIEW, VIEW, QUOTAS, TOKENS, TOMBSTONES]
+QUERIES = [STATUS, DESCRIBE, EVENTS, FOLDED, ATTEMPTS_ON, SCHEDULER_VIEW, VIEW, QUOTAS, TOKENS, TOMBSTONES, DRIVES]
 UPDATES = [
     CANCEL,
     REQUEST_STOP,
@@ -381,11 +420,14 @@ UPDATES = [
     REPORT_GPUS,
     REPORT_PRESSURE,
     REPORT_ORPHAN_STOPPED,
+    REPORT_DATA,
+    SET_DATA_LOCATION,
     CORDON,
     UNCORDON,
     REMOVE,
 ]
 UPDATES += [SET_QUOTA, REMOVE_QUOTA, ADD_TOKEN, REVOKE_TOKEN, DELETE, ADD_TOMBSTONE]
+UPDATES += [CREATE_DRIVE, REMOVE_DRIVE, REPORT_DRIVE]
 
 
 async def signal(handle: WorkflowHandle[Any, Any], sent: Signal[In], message: In) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workflows.domain.constraints import Drive
 from workflows.domain.events import PlacementUpdate
 from workflows.domain.nodes import NodeView
 from workflows.domain.placement import Allocation, TaskRequest
@@ -140,6 +141,35 @@ class QuotasInput(_Msg):
 
 class RemoveQuotaRequest(_Msg):
     namespace: str
+
+
+# ---- DrivesWorkflow and machines' data locations --------------------------------------------------------------------
+
+
+class DrivesInput(_Msg):
+    drives: list[Drive] = Field(default_factory=list)
+
+
+class DrivesChangedInput(_Msg):
+    """Activity `drives_changed`: every drive of the catalogue, as the drives workflow holds them now."""
+
+    drives: list[Drive]
+
+
+class RemoveDriveRequest(_Msg):
+    name: str
+
+
+class DriveUsers(_Msg):
+    """Activity `drive_users`' answer: the runs ("<namespace>/<name>") whose workers wait for or hold the drive."""
+
+    runs: list[str]
+
+
+class DataLocationRequest(_Msg):
+    """`astraeus nodes data-location MACHINE PATH`: where the machine keeps copies of drives."""
+
+    path: str = Field(min_length=1, max_length=4096)
 
 
 # ---- TokensWorkflow --------------------------------------------------------------------------------------------------

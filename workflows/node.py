@@ -14,10 +14,12 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows import contracts
-    from workflows.contracts import SCHEDULER_TASK_QUEUE, lease_task_queue
+    from workflows.contracts import SCHEDULER_TASK_QUEUE, lease_task_queue, node_task_queue
     from workflows.domain.events import MachineLost
     from workflows.domain.node import (
         Cordoned,
+        DataLocationChosen,
+        DataReported,
         GpusReported,
         LeaseExpired,
         NewLease,
@@ -34,8 +36,9 @@ with workflow.unsafe.imports_passed_through():
         decide_node,
     )
     from workflows.domain.nodes import NodeState, NodeView
-    from workflows.messages import CordonRequest, LeaseInput, NodeChangedInput, NodeInput
+    from workflows.messages import CordonRequest, DataLocationRequest, LeaseInput, NodeChangedInput, NodeInput
 
+DATA_LOCATION_ANSWER_SECONDS = 30  # a machine's agent takes up a chosen data location within this, or it is refused
 PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
 # Since this change a run that grew long continues as new while it holds the lease too, carrying the lease over;
 # runs started before it (replayed) waited for the lease to end first, however long their history grew.
@@ -194,6 +197,42 @@ class NodeWorkflow:
     @report_pressure.validator
     def _validate_report_pressure(self, report: PressureReported) -> None:
         self._validate(report)
+
+    @workflow.update(name=contracts.REPORT_DATA.name)
+    async def report_data(self, report: DataReported) -> NodeView:
+        """The agent filled a copy of a drive, or its data location changed: its room and copies, for placement."""
+        return await self._decide(report)
+
+    @report_data.validator
+    def _validate_report_data(self, report: DataReported) -> None:
+        self._validate(report)
+
+    @workflow.update(name=contracts.SET_DATA_LOCATION.name)
+    async def set_data_location(self, request: DataLocationRequest) -> NodeView:
+        """An admin chose where the machine keeps copies of drives (`astraeus nodes data-location`): its agent
+        takes it up (a directory there, else the choice is refused with why) and says what is there."""
+        try:
+            report = await workflow.execute_activity(
+                contracts.use_data_location,
+                request,
+                task_queue=node_task_queue(self._view.name),
+                schedule_to_start_timeout=timedelta(seconds=DATA_LOCATION_ANSWER_SECONDS),
+                start_to_close_timeout=timedelta(seconds=DATA_LOCATION_ANSWER_SECONDS),
+                retry_policy=RetryPolicy(maximum_attempts=1),
+                summary="use data location",
+            )
+        except ActivityError as error:
+            cause = error.cause
+            if isinstance(cause, ApplicationError):
+                raise ApplicationError(cause.message, type=cause.type) from None
+            why = f"machine {self._view.name} did not answer (is its agent running?)"
+            raise ApplicationError(f"data location {request.path}: {why}", type="NoAnswer") from None
+        await self._decide(DataLocationChosen(path=request.path))
+        return await self._decide(report)
+
+    @set_data_location.validator
+    def _validate_set_data_location(self, request: DataLocationRequest) -> None:
+        self._validate(DataLocationChosen(path=request.path))
 
     @workflow.update(name=contracts.REPORT_ORPHAN_STOPPED.name)
     def report_orphan_stopped(self, report: OrphanStopped) -> NodeView:

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 from docker.models.containers import Container
 
+from activities.drives import DriveStore
 from activities.prepare import Preparer
 from activities.runtime.base import Launch, Mount, Observed, RuntimeFailure, RuntimeUnavailable, TaskKey
 from activities.runtime.docker import DockerRuntime, container_address, container_name
@@ -21,8 +22,9 @@ from activities.starter import SetupEnded, Starter
 from tests.activities.runtimes import check, probe_until, wait_until_ended
 from tests.docker_engine import IMAGE, DockerEngine
 from workers.devserver import free_port
+from workflows.domain.constraints import Drive
 from workflows.domain.reasons import Reason
-from workflows.domain.spec import GroupSpec
+from workflows.domain.spec import DriveSpec, GroupSpec
 
 _attempts = itertools.count(1)
 
@@ -407,3 +409,34 @@ def test_an_http_check_of_a_container_on_the_host_network_gets_loopback(runtime:
         assert probe_until(runtime, k, check(port=port)) == "HTTP 200"
     finally:
         runtime.stop(k, grace_seconds=0)
+
+
+async def test_a_placed_drive_is_filled_then_bind_mounted_read_only_where_the_worker_asked(
+    runtime: DockerRuntime, tmp_path: Path
+) -> None:
+    (tmp_path / "imagenet").mkdir()
+    (tmp_path / "imagenet" / "labels.txt").write_text("cat\ndog\n")
+    (tmp_path / "data").mkdir()
+    drive = Drive(name="imagenet", size_bytes=2**20, node="elsewhere", source=str(tmp_path / "imagenet"))
+    reported: list[str] = []
+
+    async def report(_: TaskKey, reason: Reason) -> None:
+        reported.append(reason.text)
+
+    async def catalogue() -> dict[str, Drive]:
+        return {"imagenet": drive}
+
+    preparer = Preparer(tmp_path / "agent", store=DriveStore("unit-node", tmp_path / "data"))
+    starter = Starter(runtime, preparer, lambda: [], report, retry_seconds=0.05, catalogue=catalogue)
+    k = key()
+    script = 'cat /data/labels.txt; echo "$ASTRAEUS_DRIVE_DATA"; touch /data/x 2>/dev/null || echo read-only'
+    spec = GroupSpec(
+        name="w",
+        command=["sh", "-c", script],
+        image=IMAGE,
+        drives=[DriveSpec(name="data", drive="imagenet", mount_path="/data")],
+    )
+    await starter.start(k, spec, {}, lambda _: None)
+    assert wait_until_ended(runtime, k) == Observed(running=False, exit_code=0)
+    assert runtime.log_tail(k, lines=50, max_bytes=16384) == "cat\ndog\n/data\nread-only\n"
+    assert reported == ["Waiting for drive imagenet to be filled on unit-node"]

@@ -19,12 +19,22 @@ from temporalio.testing import WorkflowEnvironment
 from activities.scheduler import NODES_REFRESH_SECONDS, SchedulerService
 from tests.domain.builders import T0, holding, machine, request
 from tests.workflows.fakes import unique
+from workflows.domain.constraints import Drive
 from workflows.domain.events import MachineLost, PlacementUpdate, Preempt
 from workflows.domain.nodes import NodeView
 from workflows.domain.quotas import Quota
 from workflows.domain.reasons import Reason
 from workflows.domain.requests import Allocation, TaskRequest
-from workflows.messages import NodeChangedInput, PlaceInput, PlanInput, QuotasChangedInput, ReleaseInput, SchedulerView
+from workflows.messages import (
+    DrivesChangedInput,
+    NodeChangedInput,
+    PlaceInput,
+    PlanInput,
+    QuotasChangedInput,
+    ReleaseInput,
+    RemoveDriveRequest,
+    SchedulerView,
+)
 
 PRIORITY = SearchAttributeKey.for_int("AstraeusPriority")
 
@@ -42,6 +52,7 @@ class FakeCluster:
     nodes: dict[str, NodeView] = field(default_factory=dict)
     runs: dict[str, tuple[int, SchedulerView]] = field(default_factory=dict)
     quotas: list[Quota] | None = None
+    drives: list[Drive] | None = None
     gone: set[str] = field(default_factory=set)
     signals: list[tuple[str, str, BaseModel]] = field(default_factory=list)
 
@@ -77,6 +88,10 @@ class _Handle:
             if self.cluster.quotas is None:
                 raise RPCError("not found", RPCStatusCode.NOT_FOUND, b"")
             return self.cluster.quotas
+        if name == "drives":
+            if self.cluster.drives is None:
+                raise RPCError("not found", RPCStatusCode.NOT_FOUND, b"")
+            return self.cluster.drives
         raise AssertionError(name)
 
 
@@ -227,6 +242,24 @@ async def test_quotas_change_what_waits() -> None:
     await svc.quotas_changed(QuotasChangedInput(quotas=[]))
     await svc.outbox.idle()
     assert placements(cluster)[-1] == ("job/default/a", "w-0", "n0", "")
+
+
+async def test_the_catalogue_of_drives_is_read_back_and_changes_decide_again_and_its_users_are_known() -> None:
+    drive = Drive(name="imagenet", size_bytes=2**30, node="n1", source="/srv/imagenet")
+    cluster = FakeCluster(nodes={"n0": machine("n0", gpus=1)}, drives=[drive])
+    svc = await service(cluster)
+    await place(svc, request(run="reader", drives=("imagenet",)))
+    await place(svc, request(run="other", drives=("llama",)))
+    assert placements(cluster) == [
+        ("job/default/reader", "w-0", None, "Choose where to keep data on n0"),
+        ("job/default/other", "w-0", None, "No machine fits: 1 of 1 machines ready"),
+    ]
+    users = await svc.drive_users(RemoveDriveRequest(name="imagenet"))
+    assert users.runs == ["default/reader"]
+    await svc.drives_changed(DrivesChangedInput(drives=[drive, drive.model_copy(update={"name": "llama"})]))
+    await svc.outbox.idle()
+    assert placements(cluster)[-1] == ("job/default/other", "w-0", None, "Choose where to keep data on n0")
+    assert (await svc.drive_users(RemoveDriveRequest(name="nothing"))).runs == []
 
 
 async def test_a_run_that_is_gone_is_forgotten_when_it_is_told_something() -> None:

@@ -9,6 +9,8 @@ import pytest
 from workflows.domain.node import (
     HISTORY_KEPT,
     Cordoned,
+    DataLocationChosen,
+    DataReported,
     GpusReported,
     LeaseExpired,
     NewLease,
@@ -24,7 +26,7 @@ from workflows.domain.node import (
     check,
     decide_node,
 )
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeState, NodeView
+from workflows.domain.nodes import DriveCopy, GpuInfo, NodeInventory, NodeState, NodeView
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 GPU = GpuInfo(index=0, uuid="GPU-0", model="L4", memory_bytes=2**34)
@@ -190,3 +192,36 @@ def test_a_refusal_for_a_held_lease_names_its_holder_and_a_take_over_is_taken() 
     assert refusal is not None and refusal.details == ("h:1:a",)
     assert check(READY, Registered(inventory=INVENTORY, instance="h:2:b", take_over="h:1:a")) is None
     assert check(READY, Registered(inventory=INVENTORY, instance="h:1:a")) is None
+
+
+def test_a_data_report_keeps_the_room_and_copies_at_the_data_location_and_tells_the_scheduler() -> None:
+    copy = DriveCopy(drive="imagenet", path="/srv/d/astraeus-drives/imagenet", size_bytes=10)
+    report = DataReported(data_location="/srv/d", data_free_bytes=2**30, drive_copies=[copy])
+    assert check(READY, report) is None
+    view, commands = decide_node(READY, report, NOW)
+    assert view.inventory is not None
+    assert (view.inventory.data_location, view.inventory.data_free_bytes) == ("/srv/d", 2**30)
+    assert view.inventory.drive_copies == [copy]
+    assert commands == [Notify()]
+
+
+def test_a_data_location_chosen_is_kept_by_the_machine_across_registrations() -> None:
+    view, commands = decide_node(READY, DataLocationChosen(path="/srv/d"), NOW)
+    assert (view.data_location, commands) == ("/srv/d", [])
+    again, _ = decide_node(view, Registered(inventory=INVENTORY, instance="h:2:b"), NOW)
+    assert again.data_location == "/srv/d"
+
+
+@pytest.mark.parametrize(
+    ("view", "path", "refusal"),
+    [
+        pytest.param(NEW, "/srv/d", "machine m has not registered", id="not registered"),
+        pytest.param(REMOVED, "/srv/d", "machine m was removed", id="removed"),
+        pytest.param(READY, "srv/d", "data location srv/d: not an absolute path", id="relative"),
+    ],
+)
+def test_a_data_location_is_chosen_only_on_a_registered_machine_and_absolute(
+    view: NodeView, path: str, refusal: str
+) -> None:
+    found = check(view, DataLocationChosen(path=path))
+    assert found is not None and found.message == refusal

@@ -9,7 +9,7 @@ import pytest
 from tests.domain.builders import GB, T0, gpu, holding, ib, machine, request, unreported
 from workflows.domain.constraints import Drive, GpuRequest, Network
 from workflows.domain.machines import Cluster, Free, free_capacity, size_text
-from workflows.domain.nodes import NetworkPort, NodeState, NodeView
+from workflows.domain.nodes import DriveCopy, NetworkPort, NodeState, NodeView
 from workflows.domain.placement import CHECKS, ask_for, explain, fits
 from workflows.domain.requests import Allocation, TaskRequest
 from workflows.domain.scheduling import schedule
@@ -258,6 +258,14 @@ def test_copies_of_several_drives_must_fit_together() -> None:
     assert reasons(node, request(drives=("a", "b")), drives=drives) == [
         "drive b needs 60 GiB at this machine's data location, 40 GiB free"
     ]
+
+
+def test_a_copy_filled_before_is_reused_and_needs_no_more_room() -> None:
+    copy = DriveCopy(drive="data", path="/srv/data/astraeus-drives/data", size_bytes=200 * 2**30)
+    node = machine("n0", site="paris", data_free_bytes=2**30, drive_copies=[copy])
+    assert reasons(node, request(drives=("data",)), drives=DRIVES) == []
+    far = machine("n0", site="lyon", data_free_bytes=2**30, drive_copies=[copy])
+    assert reasons(far, request(drives=("data",)), drives=DRIVES) == ["drive data is on n9, in another site (paris)"]
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,21 @@ def test_the_largest_free_counts_only_machines_that_could_host_a_worker() -> Non
     )
 
 
+def test_a_group_that_mounts_a_drive_is_planned_on_the_machines_that_could_take_it() -> None:
+    from workflows.domain.constraints import Drive
+
+    drives = {"imagenet": Drive(name="imagenet", size_bytes=2**30, node="n0", site="paris")}
+    nodes = [machine("n0", gpus=8, site="paris"), machine("n1", gpus=8, site="lyon")]
+    template = request(group="train", drives=("imagenet",))
+    assert plan_group(template, 8, None, nodes, [], T0, drives=drives) == TaskPlan(workers=1, gpus_per_worker=8)
+    assert plan_group(template, 16, None, nodes, [], T0, drives=drives).reason == (
+        "Cannot plan workers: no way to run 16 GPUs on these machines: 8 free on the largest one now"
+    )
+    assert plan_group(template, 8, None, nodes, [], T0).reason == (
+        "Cannot plan workers: no machine can host a worker of group train right now"
+    )
+
+
 @pytest.mark.parametrize(("n", "expected"), [(0, False), (1, True), (2, True), (6, False), (8, True), (12, False)])
 def test_powers_of_two(n: int, expected: bool) -> None:
     assert power_of_two(n) is expected

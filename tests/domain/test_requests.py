@@ -25,9 +25,26 @@ def test_a_worker_asks_with_its_group_and_time_limit() -> None:
         "gang": False,
         "min_available": None,
         "spread": False,
+        "drives": (),
     }
     limit = fields.pop("time_limit_seconds")
     assert request(limit=limit, **fields).time_limit_seconds == 60.0
+
+
+def test_a_worker_asks_for_the_catalogue_drives_its_group_mounts_and_holds_them_once_placed() -> None:
+    from workflows.domain.requests import allocation_for
+
+    drives = [
+        {"name": "data", "drive": "imagenet", "mount_path": "/data"},
+        {"name": "cache", "volume": "hf", "mount_path": "/cache"},
+        {"name": "weights", "drive": "llama", "mount_path": "/weights"},
+    ]
+    spec = parse_spec({"name": "a", "groups": [{"name": "w", "command": ["x"], "drives": drives}]})
+    fields = request_fields(spec, spec.groups[0])
+    assert fields["drives"] == ("imagenet", "llama")
+    asked = request(**{k: v for k, v in fields.items() if k != "time_limit_seconds"})
+    assert asked.drives == ("imagenet", "llama")
+    assert allocation_for(asked, "n0", asked.submitted_at).drives == ("imagenet", "llama")
 
 
 def test_a_gang_and_an_array_ask_as_such() -> None:

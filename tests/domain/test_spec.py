@@ -100,10 +100,26 @@ def test_every_built_field_is_kept() -> None:
                         "name": "data",
                         "host_path": "/mnt/data",
                         "volume": None,
+                        "drive": None,
                         "mount_path": "/data",
                         "read_only": True,
                     },
-                    {"name": "cache", "host_path": None, "volume": "hf", "mount_path": "/cache", "read_only": False},
+                    {
+                        "name": "cache",
+                        "host_path": None,
+                        "volume": "hf",
+                        "drive": None,
+                        "mount_path": "/cache",
+                        "read_only": False,
+                    },
+                    {
+                        "name": "imagenet",
+                        "host_path": None,
+                        "volume": None,
+                        "drive": "imagenet",
+                        "mount_path": "/imagenet",
+                        "read_only": None,
+                    },
                 ],
                 "secrets": [
                     {"name": "hf", "key": "token", "env": "HF_TOKEN", "path": None},
@@ -513,8 +529,18 @@ def test_the_second_group_is_named_by_its_index() -> None:
         ),
         pytest.param(
             {"drives": [{"name": "d", "volume": "v", "host_path": "/mnt", "mount_path": "/data"}]},
-            "groups.0.drives.0: set exactly one of host_path and volume",
+            "groups.0.drives.0: set exactly one of host_path, volume and drive",
             id="a drive is a host path or a volume, not both",
+        ),
+        pytest.param(
+            {"drives": [{"name": "d", "drive": "imagenet", "mount_path": "/data", "read_only": False}]},
+            "groups.0.drives.0: read_only: a placed drive's copy is shared by the machine's workers; it is read-only",
+            id="a placed drive is never writable",
+        ),
+        pytest.param(
+            {"drives": [{"name": "d", "drive": "Imagenet", "mount_path": "/data"}]},
+            "groups.0.drives.0.drive: String should match pattern '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'",
+            id="a placed drive is named as the catalogue names it",
         ),
         pytest.param(
             {"drives": [{"name": "d", "volume": "-v", "mount_path": "/data"}]},

@@ -250,6 +250,41 @@ def test_machines_and_quotas_are_read_by_all_and_changed_by_admins_and_revoked_t
     assert (gone.returncode, gone.stderr) == (3, f"astraeus: no token {made['id']}\n")
 
 
+def test_drives_and_a_data_location_are_read_by_all_and_changed_by_admins(api: Api, tmp_path: Path) -> None:
+    new = {"name": "weights", "machine": "a0", "size_bytes": 1024, "source": "/srv/weights"}
+    with api.client(api.research) as http:
+        refused = http.post("/drives", json=new)
+        assert (refused.status_code, refused.json()) == (403, {"error": "only an admin token may change drives"})
+        refused = http.put("/nodes/a0/data-location", json={"path": str(tmp_path)})
+        assert (refused.status_code, refused.json()) == (403, {"error": "only an admin token may change machines"})
+    with api.client(api.admin) as http:
+        made = http.post("/drives", json=new)
+        assert made.status_code == 200
+        drive = {"name": "weights", "size_bytes": 1024, "node": "a0", "site": None, "problem": None}
+        assert made.json() == [drive | {"source": "/srv/weights"}]
+        taken = http.post("/drives", json=new)
+        assert (taken.status_code, taken.json()) == (
+            409,
+            {"error": "drive weights exists: remove it first (astraeus drive rm weights)"},
+        )
+        bad = http.post("/drives", json={**new, "source": "s3://b/weights"})
+        assert bad.status_code == 422 and "source s3://b/weights: expected" in json.dumps(bad.json())
+        chosen = http.put("/nodes/a0/data-location", json={"path": str(tmp_path)})
+        assert chosen.status_code == 200
+        assert (chosen.json()["data_location"], chosen.json()["inventory"]["data_location"]) == (str(tmp_path),) * 2
+        assert chosen.json()["inventory"]["data_free_bytes"] > 0
+        missing = http.put("/nodes/a0/data-location", json={"path": "/no/such"})
+        assert (missing.status_code, missing.json()) == (
+            409,
+            {"error": "data location /no/such: no such directory on machine a0"},
+        )
+        assert http.delete("/drives/weights").json() == []
+        assert http.delete("/drives/weights").status_code == 404
+    with api.client(api.other) as http:
+        assert http.get("/drives").json() == []
+        assert http.get("/nodes/a0").json()["inventory"]["data_location"] == str(tmp_path)
+
+
 def test_the_served_openapi_document_is_the_committed_one(api: Api) -> None:
     served = httpx.get(f"{api.url}/openapi.json").json()
     assert served == openapi_document() == json.loads((ROOT / "deploy" / "openapi.json").read_text())

@@ -133,3 +133,4 @@ class Drive(_Frozen):
     node: str | None = None
     site: str | None = None
     problem: str | None = None
+    source: str = Field("", description="The directory its machines copy it from (a path or a file:// URL).")

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeState, NodeStatusEntry, NodeView
+from workflows.domain.nodes import DriveCopy, GpuInfo, NodeInventory, NodeState, NodeStatusEntry, NodeView
 from workflows.domain.reasons import R, Reason
 
 HISTORY_KEPT = 50  # a machine's history keeps its latest entries
@@ -45,6 +45,21 @@ class PressureReported(_Msg):
     pressure: list[str]
 
 
+class DataReported(_Msg):
+    """Where the machine keeps copies of drives, the room left there, and the copies it holds (update `report_data`,
+    after a copy is filled or the place changed; and the answer of activity `use_data_location`)."""
+
+    data_location: str | None
+    data_free_bytes: int | None
+    drive_copies: list[DriveCopy] = []
+
+
+class DataLocationChosen(_Msg):
+    """An admin chose where the machine keeps data (`astraeus nodes data-location`); its agent took it."""
+
+    path: str
+
+
 class OrphanStopped(_Msg):
     """The agent stopped worker `task` of run `run` ("<namespace>/<name>") because the run's workflow is no longer
     open; `status` says how Temporal has it ("terminated", "not found", ...) (update `report_orphan_stopped`). With
@@ -73,7 +88,16 @@ class LeaseExpired(_Msg):
 
 
 NodeEvent = (
-    Registered | GpusReported | PressureReported | OrphanStopped | Cordoned | Uncordoned | Removed | LeaseExpired
+    Registered
+    | GpusReported
+    | PressureReported
+    | DataReported
+    | DataLocationChosen
+    | OrphanStopped
+    | Cordoned
+    | Uncordoned
+    | Removed
+    | LeaseExpired
 )
 
 
@@ -131,9 +155,16 @@ def check(view: NodeView, event: NodeEvent) -> Refusal | None:
                 return _not_registered(name)
             if [(g.index, g.uuid) for g in gpus] != [(g.index, g.uuid) for g in view.inventory.gpus]:
                 return Refusal(message=f"the GPUs reported are not those machine {name} registered")
-        case PressureReported() | OrphanStopped():
+        case PressureReported() | OrphanStopped() | DataReported():
             if view.inventory is None:
                 return _not_registered(name)
+        case DataLocationChosen(path=path):
+            if view.state is NodeState.REMOVED:
+                return Refusal(message=f"machine {name} was removed", type="Removed")
+            if view.inventory is None:
+                return _not_registered(name)
+            if not path.startswith("/"):
+                return Refusal(message=f"data location {path}: not an absolute path")
         case Uncordoned():
             if view.cordon is None:
                 return Refusal(message=f"machine {name} is not cordoned", type="NotCordoned")
@@ -167,6 +198,12 @@ def decide_node(view: NodeView, event: NodeEvent, now: datetime) -> tuple[NodeVi
             if pressure and set(pressure) - set(was):
                 view = _note(view, R.UnderPressure(condition=", ".join(pressure)), now)
             return view, [Notify()]
+        case DataReported(data_location=location, data_free_bytes=free, drive_copies=copies):
+            # Room at its data location decides where drives held elsewhere may be copied; copies made are reused.
+            return _inventory(view, data_location=location, data_free_bytes=free, drive_copies=copies), [Notify()]
+        case DataLocationChosen(path=path):
+            # Kept by the machine's workflow: an agent that registers again is told it (its answer carries it).
+            return view.model_copy(update={"data_location": path}), []
         case OrphanStopped(task=task, run=run, status=status, attempt=attempt):
             # The agent stopped a worker whose run no longer has it there: its history says which, and why.
             if attempt is not None:

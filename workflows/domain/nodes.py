@@ -45,6 +45,17 @@ class NetworkPort(BaseModel):
     fabric: str | None = Field(None, description="The InfiniBand fabric (subnet) it is on, e.g. ib-0.")
 
 
+class DriveCopy(BaseModel):
+    """A drive of the catalogue that a machine filled a copy of at its data location, kept for its next workers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    drive: str
+    path: str = Field(description="The copy, on the machine.")
+    size_bytes: int = Field(0, ge=0, description="What the copy holds.")
+    filled_at: datetime | None = None
+
+
 class NodeInventory(BaseModel):
     """What a machine has; the agent reports it when it registers."""
 
@@ -68,6 +79,8 @@ class NodeInventory(BaseModel):
     capabilities: list[str] = Field(default_factory=list, description="outbound_policy, sandbox, tool_gateway")
     capability_notes: dict[str, str] = Field(default_factory=dict, description="Why a capability is missing.")
     data_free_bytes: int | None = Field(None, ge=0, description="Free at its data location; None: none chosen.")
+    data_location: str | None = Field(None, description="Where it keeps copies of drives; None: none chosen.")
+    drive_copies: list[DriveCopy] = Field(default_factory=list, description="Drives it holds a filled copy of.")
 
 
 class NodeStatusEntry(BaseModel):
@@ -91,3 +104,6 @@ class NodeView(BaseModel):
     history: list[NodeStatusEntry] = Field(default_factory=list)
     # The agent holding its lease ("host:pid:token"), while the lease lasts; None after it expired.
     holder: str | None = None
+    # Where an admin chose to keep data on it (`astraeus nodes data-location`); its agent uses it, even after a
+    # restart with another --data-location.
+    data_location: str | None = None

@@ -219,7 +219,7 @@ def check_topology(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
 
 def check_drives(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     """Each drive exists and is usable; one held on another machine is copied to this one's data location, which
-    must exist (else "Choose where to keep data on <machine>") and have room for every copy."""
+    must exist (else "Choose where to keep data on <machine>") and have room for every copy not made yet."""
     room = node.data_free
     for name in ask.request.drives:
         drive = ask.drives.get(name)
@@ -229,6 +229,8 @@ def check_drives(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
             return fill(R.DriveProblem, drive=name, why=drive.problem)
         if drive.node == node.name:
             continue
+        if name in node.copies and (drive.site is None or drive.site == node.site):
+            continue  # filled here before: reused, it needs no more room
         if drive.node is not None and drive.site and drive.site != node.site:
             return fill(R.DriveOtherSite, drive=name, node=drive.node, site=drive.site)
         if room is None:

@@ -4,12 +4,13 @@ power-of-2 number of GPUs; when that cannot be done, "Cannot plan workers: <why>
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
 from workflows.domain.bounds import MAX_WORKERS
+from workflows.domain.constraints import Drive
 from workflows.domain.machines import Cluster
 from workflows.domain.nodes import NodeView
 from workflows.domain.placement import Ask, explain, usable_gpus
@@ -40,10 +41,10 @@ def power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def _room(cluster: Cluster, template: TaskRequest, names: Iterable[str]) -> list[int]:
+def _room(cluster: Cluster, template: TaskRequest, names: Iterable[str], drives: Mapping[str, Drive]) -> list[int]:
     """For each machine that could host a worker of the group but for its GPU count, the GPUs it could use now."""
     probe = template.model_copy(update={"gpus": max(template.gpus, 1)})
-    ask = Ask(probe)
+    ask = Ask(probe, drives=drives)
     room = []
     for name in names:
         machine, free = cluster.machines[name], cluster.free[name]
@@ -60,10 +61,12 @@ def plan_group(
     allocations: Iterable[Allocation],
     now: datetime,
     pools: Sequence[str] = (),
+    drives: Mapping[str, Drive] | None = None,
 ) -> TaskPlan:
     """Split `total_gpus` of the group `template.group` into workers on the machines as they are now: across
     exactly `machines` machines when given, else across as few as will take them (at most the run's
-    topology.max_machines). `template` is one worker of the group with everything but its GPU count."""
+    topology.max_machines). `template` is one worker of the group with everything but its GPU count; `drives` is the
+    cluster's catalogue, for a group that mounts some."""
     if machines is not None:
         if total_gpus % machines:
             return TaskPlan.cannot(R.PlanUneven(gpus=total_gpus, machines=machines))
@@ -73,7 +76,7 @@ def plan_group(
     cluster = Cluster(nodes, allocations, now)
     allowed = set(pools)
     names = [n for n in cluster.names if not allowed or cluster.machines[n].pools & allowed]
-    room = _room(cluster, template, names)
+    room = _room(cluster, template, names, drives or {})
     if not room:
         return TaskPlan.cannot(R.PlanNoHost(group=template.group))
     largest = max(room)

@@ -117,6 +117,7 @@ class Allocation(BaseModel):
     group: str = ""
     started_at: datetime | None = None  # running since (or placed at); with the time limit, when it ends
     time_limit_seconds: float | None = None
+    drives: tuple[str, ...] = ()  # the catalogue's drives it mounts: a drive in use is not removed
 
     @property
     def key(self) -> JobTaskKey:
@@ -160,6 +161,7 @@ def allocation_for(request: TaskRequest, node: str, now: datetime) -> Allocation
         group=request.group,
         started_at=now,
         time_limit_seconds=request.time_limit_seconds,
+        drives=request.drives,
     )
 
 
@@ -178,4 +180,10 @@ def request_fields(spec: JobSpec, group: GroupSpec) -> dict[str, Any]:
         "min_available": spec.min_available,
         # A group of total_gpus is planned one worker per machine (workflows/domain/planning.py): placement keeps it so.
         "spread": any(g.name == group.name and g.planned for g in spec.groups),
+        "drives": placed_drives(group),
     }
+
+
+def placed_drives(group: GroupSpec) -> tuple[str, ...]:
+    """The catalogue's drives a worker of `group` mounts: the scheduler places it where their data can be."""
+    return tuple(d.drive for d in group.drives if d.drive is not None)

@@ -85,7 +85,9 @@ def _absolute_path(path: str) -> str:
 
 
 class DriveSpec(_Frozen):
-    """A drive mounted into each worker: a path of the machine (`host_path`) or an engine's named `volume`."""
+    """A drive mounted into each worker: a path of the machine (`host_path`), an engine's named `volume`, or a drive
+    of the cluster's catalogue (`drive`, made with `astraeus drive create`), which its machine copies to its data
+    location before the worker starts."""
 
     name: Name = Field(description="The drive's name, as reasons show it.")
     host_path: PathText | None = Field(
@@ -97,8 +99,13 @@ class DriveSpec(_Frozen):
         max_length=255,
         description="A named volume of the engine (created empty on first use).",
     )
+    drive: Name | None = Field(
+        None,
+        description="A drive of the cluster's catalogue (astraeus drive ls): its machine's copy, filled before the "
+        "worker starts and kept for the next; always read-only.",
+    )
     mount_path: PathText = Field(description="Where the worker sees it.")
-    read_only: bool = False
+    read_only: bool | None = Field(None, description="Mount it read-only (default: false; a placed drive: true).")
 
     @field_validator("host_path", "mount_path")
     @classmethod
@@ -107,9 +114,15 @@ class DriveSpec(_Frozen):
 
     @model_validator(mode="after")
     def _one_source(self) -> DriveSpec:
-        if (self.host_path is None) == (self.volume is None):
-            raise ValueError("set exactly one of host_path and volume")
+        if sum(source is not None for source in (self.host_path, self.volume, self.drive)) != 1:
+            raise ValueError("set exactly one of host_path, volume and drive")
+        if self.drive is not None and self.read_only is False:
+            raise ValueError("read_only: a placed drive's copy is shared by the machine's workers; it is read-only")
         return self
+
+    @property
+    def mounted_read_only(self) -> bool:
+        return self.drive is not None or bool(self.read_only)
 
 
 class SecretSpec(_Frozen):

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from workflows.domain.placement import Allocation, TaskRequest
 from workflows.domain.reasons import R
-from workflows.domain.requests import request_fields
+from workflows.domain.requests import placed_drives, request_fields
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec
 from workflows.domain.status import TASK_ON_NODE, JobRecord, RunState, Status, TaskRecord, TaskState, record
@@ -114,6 +114,7 @@ def allocation(job: JobRecord, task: TaskRecord) -> Allocation:
         group=group.name,
         started_at=task.attempt.running_since,
         time_limit_seconds=group.time_limit_seconds,
+        drives=placed_drives(group),
     )
 
 
