@@ -34,6 +34,7 @@ from workflows.domain.planning import TaskPlan, plan_group
 from workflows.domain.quotas import Quota
 from workflows.domain.requests import Allocation, JobTaskKey, TaskRequest, allocation_for, namespace_of, run_name
 from workflows.domain.scheduling import Decision, Preemption, schedule
+from workflows.domain.use import ClusterUse, cluster_use
 from workflows.messages import (
     DrivesChangedInput,
     DriveUsers,
@@ -232,6 +233,11 @@ class SchedulerService:
     async def drives_changed(self, input: DrivesChangedInput) -> None:
         self._drives = {d.name: d for d in input.drives}
         await self._settle()
+
+    def usage(self) -> ClusterUse:
+        """Each machine's free room and each workspace's use, from this scheduler's own view (the console's pages,
+        through the door): what its placements hold now, without asking any run."""
+        return cluster_use(self._nodes.values(), self._allocations.values())
 
     @implements(contracts.drive_users)
     async def drive_users(self, input: RemoveDriveRequest) -> DriveUsers:

@@ -1,4 +1,5 @@
-"""The scheduler's door for runs: `place` and `release` over HTTP on the scheduler's own address.
+"""The scheduler's door for runs: `place` and `release` over HTTP on the scheduler's own address; and `GET /usage`,
+what its placements hold, for the HTTP API's console pages.
 
 A run calls these two as local activities of the control plane (protocol 3): each costs the run's history one
 marker and no workflow task of its own, against three events and a workflow task for an activity on the
@@ -32,6 +33,7 @@ from starlette.routing import Route
 from activities.scheduler import SchedulerService
 from workflows import contracts
 from workflows.contracts import implements
+from workflows.domain.use import ClusterUse
 from workflows.messages import PlaceInput, PlaceResult, ReleaseInput
 
 log = logging.getLogger(__name__)
@@ -64,9 +66,14 @@ def scheduler_app(service: SchedulerService, token: str | None) -> Starlette:
     leave together), answered by the list of their results, in order. The calls of one request are decided
     together: they join the same scheduling pass."""
 
-    async def call(request: Request, inputs: TypeAdapter[list[Any]], handle: Callable[[Any], Awaitable[Any]]) -> Any:
+    def refused(request: Request) -> Response | None:
         if token and not secrets.compare_digest(request.headers.get("authorization", ""), f"Bearer {token}"):
             return JSONResponse({"error": "the scheduler's token is missing or wrong"}, status_code=401)
+        return None
+
+    async def call(request: Request, inputs: TypeAdapter[list[Any]], handle: Callable[[Any], Awaitable[Any]]) -> Any:
+        if (refusal := refused(request)) is not None:
+            return refusal
         try:
             messages = inputs.validate_json(await request.body())
         except ValidationError as error:
@@ -81,7 +88,11 @@ def scheduler_app(service: SchedulerService, token: str | None) -> Starlette:
         answer = await call(request, RELEASES, service.release)
         return answer if isinstance(answer, Response) else JSONResponse([None] * len(answer))
 
-    return Starlette(routes=[Route("/place", place, methods=["POST"]), Route("/release", release, methods=["POST"])])
+    async def usage(request: Request) -> Response:
+        return refused(request) or Response(service.usage().model_dump_json(), media_type=JSON)
+
+    routes = [Route("/place", place, methods=["POST"]), Route("/release", release, methods=["POST"])]
+    return Starlette(routes=[*routes, Route("/usage", usage, methods=["GET"])])
 
 
 class SchedulerDoor:
@@ -171,15 +182,23 @@ class SchedulerLink:
         """The answers, in order. Every failure is tried again by the local activities' retry policy, a refusal
         too (a wrong token, a message this scheduler cannot read): the runs wait, and go on once the scheduler is
         mended, rather than fail for a fault of the cluster's set-up. The control plane's log says why."""
+        return answers.validate_json(await self._request("POST", path, body))
+
+    async def usage(self) -> ClusterUse:
+        """What the scheduler's placements hold now (`GET /usage`); an error names the scheduler when it does not
+        answer, or refuses."""
+        return ClusterUse.model_validate_json(await self._request("GET", "/usage"))
+
+    async def _request(self, method: str, path: str, body: bytes | None = None) -> bytes:
         try:
-            response = await self._http.post(path, content=body)
+            response = await self._http.request(method, path, content=body)
         except httpx.HTTPError as error:
             raise RuntimeError(f"the scheduler at {self.address} did not answer {path}: {error!r}") from None
         if response.status_code != 200:
             raise RuntimeError(
                 f"the scheduler at {self.address} answered {path} with {response.status_code}: {response.text}"
             )
-        return answers.validate_json(response.content)
+        return response.content
 
     async def close(self) -> None:
         await self._http.aclose()

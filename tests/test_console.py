@@ -78,3 +78,48 @@ def test_without_sign_in_links_every_code_is_refused() -> None:
     with TestClient(app) as http:
         assert http.post("/console/sign-in", json={"code": "anything"}).json() == {"error": USED_LINK}
         assert http.get("/console/config.json").json() == {"temporal_ui": None, "temporal_namespace": "default"}
+
+
+def test_the_free_room_comes_from_the_schedulers_door_and_from_the_runs_while_it_does_not_answer() -> None:
+    """The console's pages ask for it every 2 s: one call to the scheduler, not a query of every open run. A
+    scheduler that does not answer is asked again only after a while; meanwhile the runs are read."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from activities.scheduler_link import SchedulerLink
+    from workflows.domain.tokens import Token
+    from workflows.domain.use import ClusterUse, WorkspaceUse
+
+    def use(gpus: int) -> ClusterUse:
+        return ClusterUse(machines=[], workspaces=[WorkspaceUse(namespace="a", gpus=gpus, cpu=0, memory_bytes=0,
+                                                                workers=1)])  # fmt: skip
+
+    class Scheduler:
+        calls = 0
+        answers = True
+
+        async def usage(self) -> ClusterUse:
+            self.calls += 1
+            if not self.answers:
+                raise RuntimeError("the scheduler at 127.0.0.1:7244 did not answer /usage: ConnectError()")
+            return use(8)
+
+    class Runs:
+        calls = 0
+        temporal = SimpleNamespace(namespace="default")  # the console's links to the Temporal UI name it
+
+        async def usage(self) -> ClusterUse:
+            self.calls += 1
+            return use(3)
+
+    class Book:
+        async def find(self, secret: str) -> Token:
+            return Token(id="tok-0000abcd", sha256="0" * 64, created_at=datetime(2026, 1, 1, tzinfo=UTC))
+
+    scheduler, runs = Scheduler(), Runs()
+    app = api_app(cast(AstraeusClient, runs), cast(TokenBook, Book()), scheduler=cast(SchedulerLink, scheduler))
+    with TestClient(app) as http:
+        asked = lambda: http.get("/usage", headers={"authorization": "Bearer x"}).json()["workspaces"][0]["gpus"]  # noqa: E731
+        assert [asked(), asked()] == [8, 8] and (scheduler.calls, runs.calls) == (2, 0)
+        scheduler.answers = False
+        assert [asked(), asked()] == [3, 3] and (scheduler.calls, runs.calls) == (3, 2)

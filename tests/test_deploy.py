@@ -101,7 +101,7 @@ def test_the_compose_services_are_the_cluster_and_their_commands_are_the_clis() 
         host, port = service["environment"]["ASTRAEUS_TEMPORAL"].split(":")
         assert host in services and f"{port}:{port}" in services[host]["ports"]
     door = parts["scheduler"].listen.split(":")[1]
-    assert parts["control"].scheduler == f"scheduler:{door}"
+    assert parts["control"].scheduler == parts["api"].scheduler == f"scheduler:{door}"  # api: the free room
     assert services["control"]["deploy"]["replicas"] >= 2
     assert "replicas" not in services["scheduler"].get("deploy", {})  # exactly one
     api = parts["api"].listen.split(":")[1]
@@ -166,7 +166,10 @@ def test_the_manifests_run_one_scheduler_a_scaled_control_plane_and_an_agent_per
     door = parts["scheduler"].listen.split(":")[1]
     service = documents[("Service", "astraeus-scheduler")]
     assert [port["port"] for port in service["spec"]["ports"]] == [int(door)]
-    assert parts["control"].scheduler == f"astraeus-scheduler:{door}"
+    assert parts["control"].scheduler == parts["api"].scheduler == f"astraeus-scheduler:{door}"
+    door_policy = documents[("NetworkPolicy", "astraeus-scheduler-door")]["spec"]["ingress"][0]["from"]
+    allowed = {peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in door_policy}
+    assert allowed == {"control", "api"}  # the door lets in who calls it
     assert (parts["agent"].name, parts["agent"].address) == ("<node_name>", "<node_ip>")
     api_port = parts["api"].listen.split(":")[1]
     ports = documents[("Service", "astraeus-api")]["spec"]["ports"]

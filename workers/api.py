@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 import errno
 import json
+import logging
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Annotated, Any, Literal, cast
 
@@ -24,6 +26,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, ValidationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.scheduler_link import SchedulerLink
 from workers import admin, console
 from workers.api_auth import TokenBook
 from workers.client import AstraeusClient, AstraeusError, NotFound, RunPage
@@ -40,6 +43,8 @@ from workflows.domain.use import ClusterUse
 from workflows.domain.views import TERMINATED, JobDescription, TaskView
 from workflows.messages import DataLocationRequest
 
+log = logging.getLogger("astraeus.api")
+SCHEDULER_AWAY_SECONDS = 30.0
 DEFAULT_LISTEN = "127.0.0.1:7245"  # `astraeus api --listen` (the scheduler's door is 7244)
 RUN_STATES = [*(s.value for s in RunState), TERMINATED]
 SSE = "text/event-stream"
@@ -125,11 +130,37 @@ def answers(*codes: int, ok: str | None = None) -> dict[int | str, dict[str, Any
     return documented
 
 
+class Usage:
+    """The machines' free room and the workspaces' use, from the scheduler's own view: one call, however many runs
+    (the console's pages ask every 2 s). Read from each open run, one query each, when no scheduler is given or
+    it did not answer (restarting, say) in the last SCHEDULER_AWAY_SECONDS."""
+
+    def __init__(self, client: AstraeusClient, scheduler: SchedulerLink | None) -> None:
+        self._client, self._scheduler = client, scheduler
+        self._away_until = 0.0
+
+    async def __call__(self) -> ClusterUse:
+        if self._scheduler is not None and time.monotonic() >= self._away_until:
+            try:
+                return await self._scheduler.usage()
+            except RuntimeError as error:
+                self._away_until = time.monotonic() + SCHEDULER_AWAY_SECONDS
+                log.warning("%s: counting what the open runs hold instead", error)
+        return await self._client.usage()
+
+
 def api_app(
-    client: AstraeusClient, book: TokenBook, *, sign_in: SignIn | None = None, temporal_ui: str | None = None
+    client: AstraeusClient,
+    book: TokenBook,
+    *,
+    sign_in: SignIn | None = None,
+    temporal_ui: str | None = None,
+    scheduler: SchedulerLink | None = None,
 ) -> FastAPI:
     """The API over one client of Temporal; `book` says who each bearer token is. The console it serves links to
-    `temporal_ui` (the Temporal UI's URL) when given, and takes `sign_in`'s one-time links (`astraeus dev`)."""
+    `temporal_ui` (the Temporal UI's URL) when given, and takes `sign_in`'s one-time links (`astraeus dev`). The
+    machines' free room comes from the `scheduler`'s door when given (one call), else from every open run."""
+    cluster_use = Usage(client, scheduler)
     app = FastAPI(title="Astraeus", version="1", summary="Runs (jobs) and their workers (tasks) on a GPU cluster.")
     bearer = HTTPBearer(auto_error=False, description="A workspace token, or an admin token (astraeus token create)")
 
@@ -278,7 +309,7 @@ def api_app(
         """Each machine's free room (its capacity less what its placed workers hold, as the scheduler counts it)
         and each workspace's use (as its quota counts it). A workspace token sees its own workers on each machine,
         and only how many others there are."""
-        use = await client.usage()
+        use = await cluster_use()
         if token.namespace is None:
             return use
         return use.model_copy(update={"machines": [m.seen_by(token.namespace) for m in use.machines]})

@@ -212,6 +212,7 @@ def _dev_ports(embedded: Any, listen: str | None) -> Any:
 async def _serve_api(embedded: Any, sock: Any, nodes: int) -> None:
     """`dev`'s HTTP API and console, in the same process: an admin token for whoever started it (made anew each
     time; `astraeus token revoke` it when done), and the console's address with a one-time sign-in link for it."""
+    from activities.scheduler_link import SchedulerLink
     from workers.admin import create_token
     from workers.api import api_app, serve
     from workers.api_auth import TokenBook
@@ -222,7 +223,9 @@ async def _serve_api(embedded: Any, sock: Any, nodes: int) -> None:
     sign_in = SignIn()
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    app = api_app(client, TokenBook(client.temporal), sign_in=sign_in, temporal_ui=embedded.server.ui_address)
+    scheduler = SchedulerLink(embedded.scheduler_address)
+    app = api_app(client, TokenBook(client.temporal), sign_in=sign_in, temporal_ui=embedded.server.ui_address,
+                  scheduler=scheduler)  # fmt: skip
     stop = asyncio.Event()
     serving = asyncio.ensure_future(serve(app, sock, stop))
     print(f"Console: {url}/console/#sign-in={sign_in.link(secret)}")
@@ -233,6 +236,7 @@ async def _serve_api(embedded: Any, sock: Any, nodes: int) -> None:
     finally:
         stop.set()
         await serving
+        await scheduler.close()
 
 
 def scheduler_address(given: str | None) -> str:
@@ -274,6 +278,7 @@ async def cmd_scheduler(args: argparse.Namespace) -> int:
 
 
 async def cmd_api(args: argparse.Namespace) -> int:
+    from activities.scheduler_link import SchedulerLink
     from workers.api import DEFAULT_LISTEN, api_app, bind, openapi_document, serve
     from workers.api_auth import TokenBook
 
@@ -286,7 +291,11 @@ async def cmd_api(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     logging.getLogger("astraeus.api").info("serving the HTTP API on http://%s:%s", host, port)
     temporal_ui = args.temporal_ui or os.environ.get("ASTRAEUS_TEMPORAL_UI") or None
-    await serve(api_app(client, TokenBook(client.temporal), temporal_ui=temporal_ui), sock)
+    scheduler = SchedulerLink(scheduler_address(args.scheduler))
+    try:
+        await serve(api_app(client, TokenBook(client.temporal), temporal_ui=temporal_ui, scheduler=scheduler), sock)
+    finally:
+        await scheduler.close()
     return 0
 
 
@@ -789,6 +798,8 @@ def parser() -> argparse.ArgumentParser:
     api = command("api", cmd_api, "the HTTP API: runs, workers, machines and quotas, for bearer tokens", process=True)
     api.add_argument("--listen", help="HOST:PORT to serve it on (default $ASTRAEUS_API, else 127.0.0.1:7245)")
     api.add_argument("--openapi", action="store_true", help="print its OpenAPI document and exit")
+    api.add_argument("--scheduler", help="the scheduler's door HOST:PORT, for the machines' free room (default "
+                     "$ASTRAEUS_SCHEDULER or 127.0.0.1:7244; its token from $ASTRAEUS_SCHEDULER_TOKEN)")  # fmt: skip
     api.add_argument("--temporal-ui", metavar="URL", help="the Temporal UI, for the console's links to each run's "
                      "workflow, e.g. http://127.0.0.1:8233 (default $ASTRAEUS_TEMPORAL_UI; else no links)")  # fmt: skip
     agent = command("agent", cmd_agent, "a node agent: runs this machine's workers", process=True)

@@ -55,6 +55,7 @@ class Embedded:
         self.workers: list[Part] = []
         self._running: list[asyncio.Task[None]] = []
         self.client: Client | None = None
+        self.scheduler_address: str | None = None  # the scheduler's door, once started
 
     async def __aenter__(self) -> Embedded:
         await asyncio.to_thread(self.server.start)
@@ -66,6 +67,7 @@ class Embedded:
                 interceptors=self.telemetry.interceptors,
             )
             door = SchedulerDoor("127.0.0.1:0")  # any free port: the control plane is told which
+            self.scheduler_address = door.address
             self._run(ControlWorker(self.client, self.settings, door.address))
             self._run(await scheduler_worker(self.client, door))
             for i in range(self.node_count):

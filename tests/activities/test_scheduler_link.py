@@ -166,3 +166,27 @@ async def test_a_request_that_fails_fails_its_calls_only_and_a_call_given_up_is_
     given_up.cancel()
     assert await batches.call(8) == 8
     assert given_up.cancelled()
+
+
+async def test_the_door_tells_what_its_placements_hold_to_a_caller_with_its_token() -> None:
+    """The console's free room, from the scheduler's own view: one call, however many runs."""
+    guarded = SchedulerDoor("127.0.0.1:0", token="s3cret")
+    await guarded.open(await service(FakeCluster(nodes={"n0": machine("n0", gpus=2)})))
+    right, wrong = SchedulerLink(guarded.address, token="s3cret"), SchedulerLink(guarded.address, token="guess")
+    try:
+        await right.place(PlaceInput(requests=[request(run="a", gpus=1)]))
+        use = await right.usage()
+        assert [(m.name, m.gpus, m.workers, [(p.run, p.task) for p in m.placed]) for m in use.machines] == [
+            ("n0", 1, 1, [("a", "w-0")])
+        ]
+        assert [(w.namespace, w.gpus, w.workers) for w in use.workspaces] == [("default", 1, 1)]
+        with pytest.raises(RuntimeError) as refused:
+            await wrong.usage()
+        assert str(refused.value) == (
+            f"the scheduler at {guarded.address} answered /usage with 401: "
+            '{"error":"the scheduler\'s token is missing or wrong"}'
+        )
+    finally:
+        for link in (right, wrong):
+            await link.close()
+        await guarded.close()
