@@ -218,3 +218,11 @@ def test_a_run_named_with_too_many_parts_is_refused() -> None:
 )
 def test_following_a_log_prints_only_what_is_new(shown: str, text: str, new: str) -> None:
     assert new_output(shown, text) == new
+
+
+def test_an_agent_that_refuses_runs_must_say_why_before_connecting() -> None:
+    result = astraeus("agent", "--name", "m0", "--refuse-runs", " ", "--temporal", NOWHERE)
+    assert (result.returncode, result.stderr.splitlines()[-1]) == (
+        2,
+        "astraeus: --refuse-runs: say why the machine takes no new runs",
+    )

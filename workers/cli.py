@@ -283,6 +283,7 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         capabilities=capabilities,
         capability_notes=notes,
         data_location=location,
+        refuses_runs=_refusal(args.refuse_runs),
         sysfs=given_path(args.sysfs),
         procfs=given_path(args.procfs),
     )
@@ -305,6 +306,13 @@ def _label(item: str, flag: str = "--label") -> tuple[str, str]:
     if not sep or not key:
         raise AstraeusError(f"{flag} {item}: expected KEY=VALUE")
     return key, value
+
+
+def _refusal(why: str | None) -> str | None:
+    """--refuse-runs WHY: a reason people read, so never blank."""
+    if why is not None and not why.strip():
+        raise AstraeusError("--refuse-runs: say why the machine takes no new runs")
+    return None if why is None else why.strip()
 
 
 def _capabilities(names: list[str], notes: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -733,6 +741,9 @@ def parser() -> argparse.ArgumentParser:
                        help="NAME=WHY: why a capability is missing, shown in the reason (repeatable)")  # fmt: skip
     agent.add_argument("--data-location", help="where data of drives held elsewhere is copied (its free space is "
                                                "reported)")  # fmt: skip
+    agent.add_argument("--refuse-runs", metavar="WHY",
+                       help="the machine takes no new runs, and placement says why: \"machine does not accept runs: "
+                            "WHY\" (its own setting, kept by its agent; cordon is the cluster's)")  # fmt: skip
     agent.add_argument("--sysfs", default="/sys", help="where the host's /sys is (an agent in a container)")
     agent.add_argument("--procfs", default="/proc", help="where the host's /proc is (an agent in a container)")
     machine_flags(agent)

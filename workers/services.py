@@ -241,6 +241,7 @@ class AgentOptions:
     capabilities: list[str] = field(default_factory=list)  # outbound_policy, sandbox, tool_gateway
     capability_notes: dict[str, str] = field(default_factory=dict)  # why a capability is missing
     data_location: Path | None = None  # where drives held elsewhere are copied; None: none chosen
+    refuses_runs: str | None = None  # why the machine takes no new runs (--refuse-runs); None: it takes them
     sysfs: Path = SYSFS  # where the host's /sys and /proc are (an agent in a container mounts them elsewhere)
     procfs: Path = PROCFS
 
@@ -292,6 +293,7 @@ def inventory(options: AgentOptions) -> NodeInventory:
         capabilities=options.capabilities,
         capability_notes=options.capability_notes,
         data_free_bytes=data_free_bytes(options.data_location),
+        refuses_runs=options.refuses_runs,
     )
 
 

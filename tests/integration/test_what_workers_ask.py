@@ -1,0 +1,68 @@
+"""What a worker asks of its machine, end to end on a real cluster (dev server, control plane, scheduler and agents
+as processes), read back through `astraeus describe --json` and `astraeus nodes --json`: a machine whose agent
+refuses runs (`--refuse-runs`), and memory that scales with a worker's GPUs (`per_gpu.memory_bytes`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.harness import Cluster
+
+pytestmark = pytest.mark.integration
+
+GIB, MIB = 2**30, 2**20
+OPEN = ["--gpus", "2xL4-24GB", "--cpus", "4", "--memory-bytes", str(1 * GIB)]
+RESERVED = ["--gpus", "8xL4-24GB", "--cpus", "16", "--memory-bytes", str(64 * GIB)]
+WHY = "reserved for its owner's experiments"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("what-workers-ask"))
+    try:
+        c.start({"a0": OPEN, "r0": [*RESERVED, "--refuse-runs", WHY]})
+        yield c
+    finally:
+        c.stop()
+
+
+def submit(cluster: Cluster, tmp_path: Path, name: str, **group: Any) -> None:
+    spec = {"name": name, "groups": [{"name": "w", "restart_policy": "Never", "cpu": 0.5, **group}]}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    cluster.cli("submit", str(path))
+
+
+def waiting(cluster: Cluster, run: str) -> dict[str, Any]:
+    return cluster.wait_for(  # type: ignore[no-any-return]
+        lambda: (d := cluster.describe(run))["placement"] and d["placement"]["nodes"] and d, f"{run} to say why"
+    )
+
+
+def test_a_machine_that_refuses_runs_says_why_and_takes_them_again_once_its_agent_no_longer_refuses(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    nodes = {n["name"]: n for n in cluster.json("nodes")}
+    assert (nodes["r0"]["inventory"]["refuses_runs"], nodes["r0"]["cordon"]) == (WHY, None)
+    assert nodes["a0"]["inventory"]["refuses_runs"] is None
+
+    submit(cluster, tmp_path, "big", command=["true"], gpus=4)
+    described = waiting(cluster, "big")
+    assert described["status"]["reason"] == "No machine fits: 2 of 2 machines ready"
+    assert described["placement"]["nodes"] == [
+        {"name": "a0", "reasons": ["insufficient gpus: need 4, 2 free and usable"]},
+        {"name": "r0", "reasons": [f"machine does not accept runs: {WHY}"]},
+    ]
+    # Not a cordon: the cluster's admin verb has nothing to undo; the machine's own agent says it.
+    refused = cluster.cli("nodes", "uncordon", "r0", check=False)
+    assert (refused.returncode, refused.stderr.strip()) == (2, "astraeus: machine r0 is not cordoned")
+
+    cluster.kill("r0")
+    cluster.spawn_agent("r0", *RESERVED)
+    done = cluster.wait_state("big", "Completed", "Failed", timeout=90)
+    assert (done["status"]["reason"], done["tasks"][0]["node"]) == ("All workers completed", "r0")
