@@ -212,7 +212,7 @@ class Starter:
             image=group.image,
             gpu_indices=gpus,
             cpu=group.cpu,
-            memory_bytes=group.memory_bytes,
+            memory_bytes=group.worker_memory_bytes,
             pull_policy=group.pull_policy,
             registry_auth=outcome.registry_auth,
             mounts=outcome.mounts,

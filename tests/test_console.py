@@ -51,3 +51,12 @@ def test_the_page_fetches_nothing_from_elsewhere() -> None:
         text = path.read_text()
         assert not re.search(r"(?:src|href)=\"(?:https?:)?//", text), path.name
         assert not re.search(r"(?:fetch|import)\(\s*[\"'`](?:https?:)?//", text), path.name
+
+
+def test_an_oom_kill_says_to_raise_memory_bytes_or_per_gpu_memory_bytes() -> None:
+    failures = table()["failures"]
+    assert list(failures) == ["OOMKilled: the container exceeded its memory limit"]
+    assert failures["OOMKilled: the container exceeded its memory limit"]["advice"] == (
+        "The worker used more host memory than its limit. Raise memory_bytes (or per_gpu.memory_bytes, which its "
+        "GPUs multiply)."
+    )

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from activities.prepare import Preparer
-from activities.runtime.base import Observed, TaskKey
+from activities.runtime.base import Launch, Observed, OnProgress, TaskKey, ignore_progress
 from activities.runtime.process import ProcessRuntime
 from activities.starter import SetupEnded, Starter
 from workflows.domain.nodes import GpuInfo
@@ -233,3 +233,27 @@ async def test_starts_wait_on_threads_of_their_own_not_on_the_shared_pool(tmp_pa
     finally:
         for k in m.runtime.attempts():
             m.runtime.stop(k, grace_seconds=0)
+
+
+class Recording(ProcessRuntime):
+    """The process runtime, keeping each Launch it is handed (what the docker runtime would be handed too)."""
+
+    launches: list[Launch]
+
+    def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
+        self.launches = [*getattr(self, "launches", []), launch]
+        super().start(key, launch, on_progress)
+
+
+async def test_a_worker_with_memory_per_gpu_is_launched_with_its_gpus_times_it(tmp_path: Path) -> None:
+    runtime = Recording(tmp_path / "tasks")
+
+    async def report(task_key: TaskKey, reason: Reason) -> None:
+        pass
+
+    starter = Starter(runtime, Preparer(tmp_path), lambda: [gpu(0), gpu(1), gpu(3)], report, retry_seconds=0.05)
+    try:
+        await starter.start(key(), group(gpus=2, per_gpu={"memory_bytes": 48 << 20}), {}, lambda _: None)
+        assert [launch.memory_bytes for launch in runtime.launches] == [96 << 20]
+    finally:
+        runtime.stop(key(), grace_seconds=0)

@@ -114,6 +114,7 @@ def test_every_built_field_is_kept() -> None:
                 "gpu_requests": [{"vendor": "nvidia", "models": ("H100", "H200"), "min_memory_bytes": 80 * 10**9}],
                 "healthy_only": True,
                 "node_selection": {"names": (), "labels": {"gpu": "h100"}, "pools": ()},
+                "per_gpu": None,
                 "depends_on": [],
                 "array": None,
                 "readiness": {
@@ -144,7 +145,7 @@ def test_every_built_field_is_kept() -> None:
     }
     eval_defaults |= {"pull_policy": "IfNotPresent", "registry_secret": None, "drives": [], "secrets": []}
     eval_defaults |= {"gpu_requests": None, "healthy_only": False, "node_selection": None, "readiness": None}
-    eval_defaults |= {"total_gpus": None, "machines": None}
+    eval_defaults |= {"total_gpus": None, "machines": None, "per_gpu": None}
     expected = data | {"groups": [data["groups"][0], data["groups"][1] | eval_defaults]}
     assert parse_spec(data).model_dump() == expected
 
@@ -179,6 +180,7 @@ def test_the_dump_leaves_out_the_fields_that_are_not_built() -> None:
         "depends_on",
         "array",
         "readiness",
+        "per_gpu",
     }
 
 
@@ -197,7 +199,7 @@ def test_job_id(namespace: str, name: str, expected: str) -> None:
 @pytest.mark.parametrize(
     "data",
     [
-        pytest.param(with_group(per_gpu=None), id="an explicit null for a field not built is no value"),
+        pytest.param(with_group(network=None), id="an explicit null for a field not built is no value"),
         pytest.param(with_group(gpus=0, cpu=0), id="a worker may ask for no cpu and no gpu"),
         pytest.param(with_top(name="a"), id="a one-letter name is a name"),
         pytest.param(with_top(name="a" * 63), id="a 63-character name is a name"),
@@ -441,7 +443,7 @@ def test_a_spec_larger_than_128_kib_is_refused_naming_its_largest_part() -> None
     with pytest.raises(ValueError) as raised:
         parse_spec(data)
     assert str(raised.value) == (
-        "groups.4: the run spec is 152236 bytes as JSON, at most 131072; this is its largest part (30407 bytes)"
+        "groups.4: the run spec is 152311 bytes as JSON, at most 131072; this is its largest part (30422 bytes)"
     )
 
 
@@ -458,23 +460,54 @@ def test_duplicate_group_names_are_refused() -> None:
         parse_spec(data)
 
 
-# Fields the spec names that Astraeus does not honour yet: refused by name rather than ignored.
-NOT_BUILT_GROUP = [
-    ("per_gpu", {"memory_bytes": 1 << 30}),
-]
+# ---- per_gpu.memory_bytes: memory that scales with a worker's GPUs ------------------------------------------------
 
 
-def _refusal(field: str) -> str:
-    return f"{field} is not built yet; Astraeus refuses it rather than ignore it"
+def test_per_gpu_memory_is_each_workers_gpus_times_it() -> None:
+    group = parse_spec(with_group(gpus=4, per_gpu={"memory_bytes": 8 << 30})).groups[0]
+    assert (group.per_gpu is not None, group.memory_bytes, group.worker_memory_bytes) == (True, 0, 32 << 30)
+    assert parse_spec(with_group(gpus=2, memory_bytes=1 << 30)).groups[0].worker_memory_bytes == 1 << 30
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [pytest.param(f, v, id=f"group field {f} is refused as not built") for f, v in NOT_BUILT_GROUP]
+    ("group", "message"),
+    [
+        pytest.param(
+            {"gpus": 1, "memory_bytes": 1 << 30, "per_gpu": {"memory_bytes": 1 << 30}},
+            "groups.0: per_gpu.memory_bytes: set memory_bytes or per_gpu.memory_bytes, not both",
+            id="memory per worker and per GPU are one or the other",
+        ),
+        pytest.param(
+            {"per_gpu": {"memory_bytes": 1 << 30}},
+            "groups.0: per_gpu.memory_bytes: the group asks for no GPUs (set gpus or total_gpus, or memory_bytes)",
+            id="memory per GPU needs GPUs",
+        ),
+        pytest.param(
+            {"gpus": 1, "per_gpu": {"memory_bytes": 0}},
+            "groups.0.per_gpu.memory_bytes: Input should be greater than 0",
+            id="memory per GPU is more than nothing",
+        ),
+        pytest.param(
+            {"gpus": 1, "per_gpu": {"memory_bytes": 1, "cpu": 2}},
+            "groups.0.per_gpu.cpu: unknown field",
+            id="per_gpu has memory_bytes only",
+        ),
+        pytest.param(
+            {"gpus": 64, "per_gpu": {"memory_bytes": 1 << 50}},
+            "groups.0: per_gpu.memory_bytes: 64 GPUs x 1125899906842624 bytes is more than 4503599627370496 bytes",
+            id="a worker's memory per GPU stays within the bound of memory_bytes",
+        ),
+    ],
 )
-def test_a_group_field_that_is_not_built_is_refused(field: str, value: Any) -> None:
+def test_per_gpu_memory_is_refused_naming_the_field(group: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError) as raised:
-        parse_spec(with_group(**{field: value}))
-    assert str(raised.value) == f"groups.0.{field}: {_refusal(field)}"
+        parse_spec(with_group(**group))
+    assert str(raised.value) == message
+
+
+def test_a_group_of_total_gpus_may_ask_memory_per_gpu() -> None:
+    group = parse_spec(with_group(total_gpus=8, per_gpu={"memory_bytes": 1 << 30})).groups[0]
+    assert group.worker_memory_bytes == 0  # not planned yet: its workers' GPUs, and so their memory, come with the plan
 
 
 def test_the_second_group_is_named_by_its_index() -> None:

@@ -4,6 +4,7 @@ refuses runs (`--refuse-runs`), and memory that scales with a worker's GPUs (`pe
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,13 @@ from typing import Any
 import pytest
 import yaml
 
+from activities.runtime.cgroups import MemoryCgroups
 from tests.integration.harness import Cluster
 
 pytestmark = pytest.mark.integration
 
 GIB, MIB = 2**30, 2**20
+OOM = "OOMKilled: the container exceeded its memory limit"
 OPEN = ["--gpus", "2xL4-24GB", "--cpus", "4", "--memory-bytes", str(1 * GIB)]
 RESERVED = ["--gpus", "8xL4-24GB", "--cpus", "16", "--memory-bytes", str(64 * GIB)]
 WHY = "reserved for its owner's experiments"
@@ -66,3 +69,35 @@ def test_a_machine_that_refuses_runs_says_why_and_takes_them_again_once_its_agen
     cluster.spawn_agent("r0", *RESERVED)
     done = cluster.wait_state("big", "Completed", "Failed", timeout=90)
     assert (done["status"]["reason"], done["tasks"][0]["node"]) == ("All workers completed", "r0")
+
+
+def test_memory_per_gpu_places_a_worker_on_its_gpus_times_it(cluster: Cluster, tmp_path: Path) -> None:
+    submit(cluster, tmp_path, "roomy", command=["true"], gpus=2, per_gpu={"memory_bytes": 40 * GIB})
+    described = waiting(cluster, "roomy")
+    reasons = {n["name"]: n["reasons"] for n in described["placement"]["nodes"]}
+    assert reasons["a0"] == ["insufficient memory: need 85899345920 bytes, 1073741824 free"]  # 2 x 40 GiB
+    cluster.cli("cancel", "roomy")
+    cluster.wait_state("roomy", "Cancelled")
+
+
+def test_memory_per_gpu_limits_a_process_worker_to_its_gpus_times_it(
+    cluster: Cluster, tmp_path: Path, memory_cgroups: MemoryCgroups
+) -> None:
+    greedy = f"sleep 4; exec {sys.executable} -c 'b = bytearray(256 << 20); print(2 * 21)'"
+    selection = {"names": ["a0"]}
+    submit(cluster, tmp_path, "per-gpu", command=["sh", "-c", greedy], gpus=2, per_gpu={"memory_bytes": 48 * MIB},
+           node_selection=selection)  # fmt: skip
+    cluster.wait_state("per-gpu", "Running")
+    cgroup = memory_cgroups.parent / "default.per-gpu.w-0.0"
+    limit = cgroup / ("memory.limit_in_bytes" if memory_cgroups.version == 1 else "memory.max")
+    assert int(limit.read_text()) == 2 * 48 * MIB
+
+    described = cluster.wait_state("per-gpu", "Failed", "Completed")
+    assert described["status"]["reason"] == f"Worker w-0 failed on a0: {OOM}"
+    assert described["tasks"][0]["last_failure"]["reason"] == OOM
+    assert "42" not in cluster.cli("logs", "per-gpu/w-0").stdout
+    advice = "Raise memory_bytes (or per_gpu.memory_bytes, which its GPUs multiply)."
+    assert (
+        f"Last failure of w-0: {OOM}\n  The worker used more host memory than its limit. {advice}\n"
+        in cluster.cli("describe", "per-gpu").stdout
+    )

@@ -35,8 +35,6 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, description="Lower-case letter
 
 RestartPolicy = Literal["OnFailure", "Always", "Never"]
 
-# Fields of the spec that a later capability builds; until then a spec that sets one is refused by name.
-NOT_BUILT_GROUP_FIELDS = ("per_gpu",)
 # Fields that need infrastructure this cluster does not have yet, and what each one needs.
 NEEDS_INFRASTRUCTURE = {
     "network": "the node network (subnet assignment and mesh)",
@@ -45,12 +43,6 @@ NEEDS_INFRASTRUCTURE = {
 }
 
 NotBuilt = Annotated[SkipJsonSchema[Any], Field(exclude=True, repr=False)]
-
-
-def _refuse(value: Any, info: Any) -> Any:
-    if value is not None:
-        raise ValueError(f"{info.field_name} is not built yet; Astraeus refuses it rather than ignore it")
-    return value
 
 
 def _refuse_infrastructure(value: Any, info: Any) -> Any:
@@ -167,6 +159,12 @@ class ArraySpec(_Frozen):
     max_parallel: int = Field(ge=1, le=MAX_WORKERS)
 
 
+class PerGpu(_Frozen):
+    """What a worker gets for each of its GPUs (as Slurm's --mem-per-gpu): its host memory is gpus x memory_bytes."""
+
+    memory_bytes: int = Field(gt=0, le=MAX_BYTES, description="Host memory per GPU of the worker, in bytes.")
+
+
 class GroupSpec(_Frozen):
     """A worker group: `replicas` identical workers (tasks) of one kind."""
 
@@ -230,12 +228,15 @@ class GroupSpec(_Frozen):
     array: ArraySpec | None = Field(None, description="An array of independent workers, max_parallel at once.")
     readiness: Readiness | None = Field(None, description="When a running worker is healthy (serving).")
 
-    per_gpu: NotBuilt = None
+    per_gpu: PerGpu | None = Field(
+        None,
+        description="Host memory that scales with each worker's GPUs: placed on and limited to gpus x "
+        "per_gpu.memory_bytes (instead of memory_bytes).",
+    )
     network: NotBuilt = None
     external_access: NotBuilt = None
     identity: NotBuilt = None
 
-    _refuse_not_built = field_validator(*NOT_BUILT_GROUP_FIELDS)(_refuse)
     _refuse_needs_infrastructure = field_validator(*NEEDS_INFRASTRUCTURE)(_refuse_infrastructure)
 
     @field_validator("command")
@@ -266,6 +267,30 @@ class GroupSpec(_Frozen):
         if given:
             raise ValueError(f"total_gpus: the scheduler sets the workers and their GPUs; leave out {', '.join(given)}")
         return self
+
+    @model_validator(mode="after")
+    def _memory_per_worker_or_per_gpu(self) -> GroupSpec:
+        """memory_bytes and per_gpu.memory_bytes say one thing two ways (Slurm refuses --mem with --mem-per-gpu);
+        per GPU needs GPUs. Judged by value, as above."""
+        if self.per_gpu is None:
+            return self
+        if self.memory_bytes:
+            raise ValueError("per_gpu.memory_bytes: set memory_bytes or per_gpu.memory_bytes, not both")
+        if not self.gpus and not self.planned:
+            raise ValueError(
+                "per_gpu.memory_bytes: the group asks for no GPUs (set gpus or total_gpus, or memory_bytes)"
+            )
+        most = self.total_gpus or self.gpus  # a planned worker has at most every GPU of its group
+        if most * self.per_gpu.memory_bytes > MAX_BYTES:
+            raise ValueError(
+                f"per_gpu.memory_bytes: {most} GPUs x {self.per_gpu.memory_bytes} bytes is more than {MAX_BYTES} bytes"
+            )
+        return self
+
+    @property
+    def worker_memory_bytes(self) -> int:
+        """Host memory of each worker: memory_bytes, or its GPUs x per_gpu.memory_bytes."""
+        return self.memory_bytes if self.per_gpu is None else self.gpus * self.per_gpu.memory_bytes
 
     @property
     def planned(self) -> bool:
