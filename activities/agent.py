@@ -105,7 +105,9 @@ class AgentActivities:
         self._pressure_watch = pressure_watch
         self._pressure = list(inventory.pressure)  # as last reported to the machine's workflow
         self._pressure_read: asyncio.Future[list[str]] | None = None
-        self._starter = Starter(runtime, preparer, lambda: self._gpus, self._report_progress)
+        self._starter = Starter(
+            runtime, preparer, lambda: self._gpus, self._report_progress, ports=inventory.external_ports
+        )
         self._settings = settings or Settings()
         self._orphan_look: asyncio.Task[None] | None = None  # the look for orphaned workers under way
         self._orphan_look_due = 0.0  # time.monotonic() of the next look
@@ -239,8 +241,17 @@ class AgentActivities:
         runs, then watch it until it ends (as supervise_task). Called again, it finds what it started."""
         _, _, picked_up = await self._start(input.start)
         ref = input.start.ref
-        report = TaskRunning(**ref.ids(), started=True, picked_up_at=picked_up, started_at=datetime.now(UTC))
+        started_at = datetime.now(UTC)
+        external = await self._external(task_key(ref)) if input.start.group.external_access else {}
+        report = TaskRunning(
+            **ref.ids(), started=True, picked_up_at=picked_up, started_at=started_at, external=external
+        )
         return await self._watch(ref, input.settings, input.readiness, report)
+
+    async def _external(self, key: TaskKey) -> dict[str, str]:
+        """Where people reach the attempt's external access: this machine's address and the ports it holds."""
+        held = await asyncio.to_thread(self._runtime.ports_in_use)
+        return {name: f"{self._inventory.address}:{port}" for name, port in sorted(held.get(key.slug, {}).items())}
 
     async def _start(self, input: StartTaskInput) -> tuple[list[int], bool, datetime]:
         """Its GPUs, whether it started, and when this agent picked it up. A setup that takes longer than

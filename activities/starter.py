@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import shutil
+import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from activities.prepare import Preparer, Waiting
-from activities.runtime.base import Launch, OnProgress, Runtime, RuntimeFailure, TaskKey
-from workflows.domain.nodes import GpuInfo
+from activities.runtime.base import Launch, OnProgress, PortMapping, Runtime, RuntimeFailure, TaskKey
+from workflows.domain.nodes import GpuInfo, PortRange
 from workflows.domain.reasons import R, Reason
 from workflows.domain.spec import GroupSpec
 
@@ -40,6 +42,17 @@ REPORT_TIMEOUT_SECONDS = 30.0
 START_THREADS = 16
 
 
+def bindable(port: int) -> bool:
+    """Whether nothing on the machine holds the port now (another program, or a worker this agent does not know)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 class SetupEnded(Exception):
     """The attempt cannot be set up; `reason` says why (a RuntimeFailure's, or a stop)."""
 
@@ -56,6 +69,7 @@ class Starter:
         gpus: Callable[[], list[GpuInfo]],
         report: Report,
         retry_seconds: float = PREPARE_RETRY_SECONDS,
+        ports: PortRange | None = None,
     ) -> None:
         self._runtime = runtime
         self._threads = ThreadPoolExecutor(max_workers=START_THREADS, thread_name_prefix="start")
@@ -69,6 +83,13 @@ class Starter:
         self._stops: set[str] = set()  # attempts asked to stop
         self._pulled: set[str] = set()  # attempts whose image is ready (set up at the barrier), by slug
         self._doing: dict[str, str] = {}  # what the runtime does for an attempt now (a pull), by slug
+        self._port_range = ports  # the machine's ports for external access (--external-ports); None: none
+        self._ports: dict[str, list[PortMapping]] = {}  # ports of attempts being set up, by slug
+
+    def _unreserve(self, slug: str) -> None:
+        """What an attempt being set up held goes back: its GPUs and its ports (a started one's are its own)."""
+        self._reserved.pop(slug, None)
+        self._ports.pop(slug, None)
 
     async def start(
         self,
@@ -93,7 +114,7 @@ class Starter:
                 self._not_stopped(key)  # a stop may have come while the run was asked
             except BaseException:
                 if key.slug not in self._starting:
-                    self._reserved.pop(key.slug, None)
+                    self._unreserve(key.slug)
                     self._pulled.discard(key.slug)
                 raise
         await self._run_start(key, launch, beat)
@@ -116,7 +137,7 @@ class Starter:
         if starting is not None:
             await asyncio.wait([starting])
         else:
-            self._reserved.pop(key.slug, None)  # a setup still in flight ends at its next step
+            self._unreserve(key.slug)  # a setup still in flight ends at its next step
             self._pulled.discard(key.slug)
         await asyncio.to_thread(self._runtime.stop, key, grace_seconds)
 
@@ -158,7 +179,7 @@ class Starter:
             self._not_stopped(key)  # nothing is awaited from here to the start
         except BaseException:
             if key.slug not in self._starting:
-                self._reserved.pop(key.slug, None)
+                self._unreserve(key.slug)
                 self._pulled.discard(key.slug)
             raise
         # The image is ready: Always was honoured by that pull, and the start need not pull it again.
@@ -195,8 +216,13 @@ class Starter:
         """Prepare until every step is ready, reporting each new wait to the run once."""
         while True:
             self._not_stopped(key)
+            ports = await self._assign_ports(key, group)
             try:
-                outcome = await asyncio.to_thread(self._preparer.prepare, key, group)
+                outcome = (
+                    Waiting(R.WaitingForExternalPort())
+                    if ports is None
+                    else await asyncio.to_thread(self._preparer.prepare, key, group)
+                )
             except RuntimeFailure as failure:
                 raise SetupEnded(failure.reason) from None
             if not isinstance(outcome, Waiting):
@@ -216,7 +242,30 @@ class Starter:
             pull_policy=group.pull_policy,
             registry_auth=outcome.registry_auth,
             mounts=outcome.mounts,
+            ports=ports or [],
         )
+
+    async def _assign_ports(self, key: TaskKey, group: GroupSpec) -> list[PortMapping] | None:
+        """The machine's ports for the attempt's external access, each from the range, held by no attempt that
+        runs or is being set up, and free on the machine now; None while not enough are (it waits)."""
+        if not group.external_access:
+            return []
+        async with self._admission:  # chosen and taken in one step, as GPUs are
+            if key.slug in self._ports:
+                return self._ports[key.slug]
+            if self._port_range is None:
+                error = "external_access needs ports, and this machine's agent has no --external-ports range"
+                raise SetupEnded(R.ContainerStartFailed(error=error))
+            held = await asyncio.to_thread(self._runtime.ports_in_use)
+            taken = {port for ports in held.values() for port in ports.values()}
+            taken |= {m.host_port for mappings in self._ports.values() for m in mappings}
+            candidates = (p for p in range(self._port_range.first, self._port_range.last + 1) if p not in taken)
+            free = list(itertools.islice((p for p in candidates if bindable(p)), len(group.external_access)))
+            if len(free) < len(group.external_access):
+                return None
+            mappings = [PortMapping(a.name, a.port, p) for a, p in zip(group.external_access, free, strict=True)]
+            self._ports[key.slug] = mappings
+            return mappings
 
     async def _run_start(self, key: TaskKey, launch: Launch, beat: Beat) -> None:
         """Hand the start to the runtime. It is not interrupted: if this activity is cancelled, the start still
@@ -230,7 +279,7 @@ class Starter:
 
             def done(_: asyncio.Future[None]) -> None:
                 self._starting.pop(key.slug, None)
-                self._reserved.pop(key.slug, None)
+                self._unreserve(key.slug)
                 self._pulled.discard(key.slug)
 
             starting.add_done_callback(done)

@@ -226,3 +226,16 @@ def test_an_agent_that_refuses_runs_must_say_why_before_connecting() -> None:
         2,
         "astraeus: --refuse-runs: say why the machine takes no new runs",
     )
+
+
+@pytest.mark.parametrize(
+    ("given", "error"),
+    [
+        ("30000", "--external-ports 30000: expected FIRST-LAST, e.g. 30000-30099"),
+        ("30010-30000", "--external-ports 30010-30000: 30010-30000: the first port is after the last"),
+        ("0-10", "--external-ports 0-10: first: Input should be greater than or equal to 1"),
+    ],
+)
+def test_an_agents_external_ports_are_a_range_of_ports(given: str, error: str) -> None:
+    result = astraeus("agent", "--name", "m0", "--external-ports", given, "--temporal", NOWHERE)
+    assert (result.returncode, result.stderr.splitlines()[-1]) == (2, f"astraeus: {error}")

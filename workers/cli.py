@@ -30,6 +30,7 @@ from workers.http_client import HttpClient
 from workers.render import render_describe, render_events, render_history, render_nodes, render_runs, render_status
 from workers.telemetry import Telemetry, TelemetryError, set_up
 from workflows.domain.constraints import RACK_LABEL, Capability
+from workflows.domain.nodes import PortRange
 from workflows.domain.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, format_errors, parse_spec
@@ -284,6 +285,7 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         capability_notes=notes,
         data_location=location,
         refuses_runs=_refusal(args.refuse_runs),
+        external_ports=_port_range(args.external_ports),
         sysfs=given_path(args.sysfs),
         procfs=given_path(args.procfs),
     )
@@ -306,6 +308,21 @@ def _label(item: str, flag: str = "--label") -> tuple[str, str]:
     if not sep or not key:
         raise AstraeusError(f"{flag} {item}: expected KEY=VALUE")
     return key, value
+
+
+def _port_range(text: str | None) -> PortRange | None:
+    """--external-ports FIRST-LAST."""
+    if text is None:
+        return None
+    first, sep, last = text.partition("-")
+    try:
+        if not sep:
+            raise ValueError("expected FIRST-LAST")
+        return PortRange(first=int(first), last=int(last))
+    except ValidationError as error:
+        raise AstraeusError(f"--external-ports {text}: {format_errors(error)}") from None
+    except ValueError:
+        raise AstraeusError(f"--external-ports {text}: expected FIRST-LAST, e.g. 30000-30099") from None
 
 
 def _refusal(why: str | None) -> str | None:
@@ -741,6 +758,8 @@ def parser() -> argparse.ArgumentParser:
                        help="NAME=WHY: why a capability is missing, shown in the reason (repeatable)")  # fmt: skip
     agent.add_argument("--data-location", help="where data of drives held elsewhere is copied (its free space is "
                                                "reported)")  # fmt: skip
+    agent.add_argument("--external-ports", metavar="FIRST-LAST",
+                       help="the machine's ports it assigns to workers' external access, e.g. 30000-30099")  # fmt: skip
     agent.add_argument("--refuse-runs", metavar="WHY",
                        help="the machine takes no new runs, and placement says why: \"machine does not accept runs: "
                             "WHY\" (its own setting, kept by its agent; cordon is the cluster's)")  # fmt: skip

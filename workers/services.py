@@ -36,7 +36,7 @@ from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_
 from workflows.deleted_runs import DeletedRunsWorkflow
 from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.node import Registered
-from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView
+from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView, PortRange
 from workflows.domain.settings import Settings
 from workflows.job import JobWorkflow
 from workflows.logs import LogsWorkflow
@@ -242,6 +242,7 @@ class AgentOptions:
     capability_notes: dict[str, str] = field(default_factory=dict)  # why a capability is missing
     data_location: Path | None = None  # where drives held elsewhere are copied; None: none chosen
     refuses_runs: str | None = None  # why the machine takes no new runs (--refuse-runs); None: it takes them
+    external_ports: PortRange | None = None  # ports it assigns to workers' external access (--external-ports)
     sysfs: Path = SYSFS  # where the host's /sys and /proc are (an agent in a container mounts them elsewhere)
     procfs: Path = PROCFS
 
@@ -294,6 +295,7 @@ def inventory(options: AgentOptions) -> NodeInventory:
         capability_notes=options.capability_notes,
         data_free_bytes=data_free_bytes(options.data_location),
         refuses_runs=options.refuses_runs,
+        external_ports=options.external_ports,
     )
 
 

@@ -15,7 +15,15 @@ import pytest
 from docker.models.containers import Container
 
 from activities.prepare import Preparer
-from activities.runtime.base import Launch, Mount, Observed, RuntimeFailure, RuntimeUnavailable, TaskKey
+from activities.runtime.base import (
+    Launch,
+    Mount,
+    Observed,
+    PortMapping,
+    RuntimeFailure,
+    RuntimeUnavailable,
+    TaskKey,
+)
 from activities.runtime.docker import DockerRuntime, container_address, container_name
 from activities.starter import SetupEnded, Starter
 from tests.activities.runtimes import check, probe_until, wait_until_ended
@@ -120,6 +128,7 @@ def test_cpu_memory_env_and_labels_reach_the_container(runtime: DockerRuntime, d
         "astraeus.attempt": str(k.attempt),
         "astraeus.node": "unit-node",
         "astraeus.gpus": "",
+        "astraeus.ports": "",
     }
 
 
@@ -407,3 +416,25 @@ def test_an_http_check_of_a_container_on_the_host_network_gets_loopback(runtime:
         assert probe_until(runtime, k, check(port=port)) == "HTTP 200"
     finally:
         runtime.stop(k, grace_seconds=0)
+
+
+def test_external_access_maps_the_machines_port_to_the_workers_and_a_restarted_runtime_finds_it(
+    runtime: DockerRuntime, docker_engine: DockerEngine
+) -> None:
+    k = key("web-0")
+    host_port = free_port()
+    runtime.start(k, sh("sleep 30", ports=[PortMapping("web-ui", 8080, host_port)]))
+    again = DockerRuntime("unit-node", docker_engine.host)  # the agent restarted: the port is held still
+    try:
+        container = inspect(docker_engine, k)
+        bindings = container["HostConfig"]["PortBindings"]  # type: ignore[index]
+        assert bindings == {"8080/tcp": [{"HostIp": "", "HostPort": str(host_port)}]}
+        env = container["Config"]["Env"]  # type: ignore[index]
+        # In a container the worker listens on its own port; people use the machine's.
+        assert {"ASTRAEUS_PORT_WEB_UI=8080", f"ASTRAEUS_EXTERNAL_PORT_WEB_UI={host_port}"} <= set(env)
+        assert container["Config"]["Labels"]["astraeus.ports"] == f"web-ui={host_port}"  # type: ignore[index]
+        assert again.ports_in_use()[k.slug] == {"web-ui": host_port}
+        again.stop(k, grace_seconds=0)
+        assert k.slug not in again.ports_in_use()  # it ended: its port is free again
+    finally:
+        again.close()

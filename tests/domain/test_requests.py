@@ -30,6 +30,7 @@ def test_a_worker_asks_with_its_group_and_time_limit() -> None:
         "min_available": None,
         "spread": False,
         "memory_per_gpu_bytes": 0,
+        "external_ports": 0,
     }
     limit = fields.pop("time_limit_seconds")
     assert request(limit=limit, **fields).time_limit_seconds == 60.0

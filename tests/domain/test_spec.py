@@ -115,6 +115,7 @@ def test_every_built_field_is_kept() -> None:
                 "healthy_only": True,
                 "node_selection": {"names": (), "labels": {"gpu": "h100"}, "pools": ()},
                 "per_gpu": None,
+                "external_access": [{"name": "web", "port": 8080}],
                 "depends_on": [],
                 "array": None,
                 "readiness": {
@@ -145,7 +146,7 @@ def test_every_built_field_is_kept() -> None:
     }
     eval_defaults |= {"pull_policy": "IfNotPresent", "registry_secret": None, "drives": [], "secrets": []}
     eval_defaults |= {"gpu_requests": None, "healthy_only": False, "node_selection": None, "readiness": None}
-    eval_defaults |= {"total_gpus": None, "machines": None, "per_gpu": None}
+    eval_defaults |= {"total_gpus": None, "machines": None, "per_gpu": None, "external_access": []}
     expected = data | {"groups": [data["groups"][0], data["groups"][1] | eval_defaults]}
     assert parse_spec(data).model_dump() == expected
 
@@ -181,6 +182,7 @@ def test_the_dump_leaves_out_the_fields_that_are_not_built() -> None:
         "array",
         "readiness",
         "per_gpu",
+        "external_access",
     }
 
 
@@ -443,7 +445,7 @@ def test_a_spec_larger_than_128_kib_is_refused_naming_its_largest_part() -> None
     with pytest.raises(ValueError) as raised:
         parse_spec(data)
     assert str(raised.value) == (
-        "groups.4: the run spec is 152311 bytes as JSON, at most 131072; this is its largest part (30422 bytes)"
+        "groups.4: the run spec is 152416 bytes as JSON, at most 131072; this is its largest part (30443 bytes)"
     )
 
 
@@ -606,7 +608,6 @@ def test_a_bad_drive_secret_or_pull_policy_is_refused_naming_the_field(group: di
     ("field", "value", "needs"),
     [
         pytest.param("network", {"mesh": True}, "the node network (subnet assignment and mesh)", id="node network"),
-        pytest.param("external_access", {"port": 8080}, "external ports assigned to workers", id="external port"),
         pytest.param("identity", True, "identity certificates issued to workers", id="worker identity"),
     ],
 )
@@ -705,3 +706,43 @@ def test_a_gang_defaults_to_restart_job_and_its_first_worker_leads() -> None:
     spec = parse_spec(_groups({"name": "a", "replicas": 2}, gang=True))
     assert (spec.failure_policy, spec.leader_id) == ("RestartJob", "a-0")
     assert parse_spec(_groups({"name": "a"})).failure_policy == "RestartTask"
+
+
+# ---- external_access: ports a worker listens on, exposed on its machine -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("access", "message"),
+    [
+        pytest.param(
+            [{"name": "web", "port": 8080}, {"name": "web", "port": 8081}],
+            "groups.0: external_access: name web given twice",
+            id="each external access has its own name",
+        ),
+        pytest.param(
+            [{"name": "a", "port": 8080}, {"name": "b", "port": 8080}],
+            "groups.0: external_access: port 8080 given twice",
+            id="each external access has its own port",
+        ),
+        pytest.param(
+            [{"name": "web", "port": 0}],
+            "groups.0.external_access.0.port: Input should be greater than or equal to 1",
+            id="a port is 1 or more",
+        ),
+        pytest.param([{"name": "Web", "port": 80}], f"groups.0.external_access.0.name: {NAME_RULE}", id="a name"),
+        pytest.param(
+            [{"name": f"p{i}", "port": 8000 + i} for i in range(17)],
+            "groups.0.external_access: List should have at most 16 items after validation, not 17",
+            id="at most 16 ports a worker",
+        ),
+    ],
+)
+def test_external_access_is_refused_naming_the_field(access: list[dict[str, Any]], message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        parse_spec(with_group(external_access=access))
+    assert str(raised.value) == message
+
+
+def test_external_access_names_its_variables() -> None:
+    group = parse_spec(with_group(external_access=[{"name": "web-ui", "port": 8080}])).groups[0]
+    assert [(a.variable, a.port) for a in group.external_access] == [("WEB_UI", 8080)]

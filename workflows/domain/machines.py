@@ -47,6 +47,7 @@ class CompiledNode:
     memory_bytes: int
     gpus: tuple[GpuInfo, ...]
     faults: tuple[GpuInfo, ...]
+    external_ports: int = 0  # how many ports its agent may assign to workers' external access
     _matching: dict[tuple[GpuRequest, ...], tuple[int, int]] = field(default_factory=dict)
 
     @property
@@ -56,7 +57,7 @@ class CompiledNode:
         gpus = tuple((g.model, g.memory_bytes, g.fault, g.at_risk, g.index if g.fault else -1) for g in self.gpus)
         return (self.not_ready, self.pressure, self.closed, tuple(sorted(self.labels.items())), self.pools,
                 self.accepts, self.site, self.ports, self.capabilities, tuple(sorted(self.capability_notes.items())),
-                self.data_free, self.cpus, self.memory_bytes, gpus)  # fmt: skip
+                self.data_free, self.cpus, self.memory_bytes, gpus, self.external_ports)  # fmt: skip
 
     @property
     def rack(self) -> str | None:
@@ -119,6 +120,7 @@ def compile_node(view: NodeView) -> CompiledNode:
         memory_bytes=inv.memory_bytes,
         gpus=gpus,
         faults=tuple(g for g in gpus if g.fault is not None),
+        external_ports=inv.external_ports.size if inv.external_ports else 0,
     )
 
 

@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class NodeState(StrEnum):
@@ -45,6 +45,28 @@ class NetworkPort(BaseModel):
     fabric: str | None = Field(None, description="The InfiniBand fabric (subnet) it is on, e.g. ib-0.")
 
 
+class PortRange(BaseModel):
+    """Ports of the machine its agent hands out to workers' external access, first to last (both included)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    first: int = Field(ge=1, le=65535)
+    last: int = Field(ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PortRange:
+        if self.last < self.first:
+            raise ValueError(f"{self.first}-{self.last}: the first port is after the last")
+        return self
+
+    @property
+    def size(self) -> int:
+        return self.last - self.first + 1
+
+    def __str__(self) -> str:
+        return f"{self.first}-{self.last}"
+
+
 class NodeInventory(BaseModel):
     """What a machine has; the agent reports it when it registers."""
 
@@ -68,6 +90,7 @@ class NodeInventory(BaseModel):
     capabilities: list[str] = Field(default_factory=list, description="outbound_policy, sandbox, tool_gateway")
     capability_notes: dict[str, str] = Field(default_factory=dict, description="Why a capability is missing.")
     data_free_bytes: int | None = Field(None, ge=0, description="Free at its data location; None: none chosen.")
+    external_ports: PortRange | None = Field(None, description="Ports it assigns to workers' external access.")
 
 
 class NodeStatusEntry(BaseModel):

@@ -38,9 +38,9 @@ RestartPolicy = Literal["OnFailure", "Always", "Never"]
 # Fields that need infrastructure this cluster does not have yet, and what each one needs.
 NEEDS_INFRASTRUCTURE = {
     "network": "the node network (subnet assignment and mesh)",
-    "external_access": "external ports assigned to workers",
     "identity": "identity certificates issued to workers",
 }
+MAX_EXTERNAL_ACCESS = 16  # ports one worker exposes on its machine
 
 NotBuilt = Annotated[SkipJsonSchema[Any], Field(exclude=True, repr=False)]
 
@@ -122,6 +122,20 @@ class SecretSpec(_Frozen):
         if (self.env is None) == (self.path is None):
             raise ValueError("set exactly one of env and path")
         return self
+
+
+class ExternalAccess(_Frozen):
+    """A port the worker listens on, exposed on its machine: the machine assigns it a port of its own (from its
+    agent's --external-ports range), and people reach the worker at <machine address>:<that port>."""
+
+    name: Name = Field(description="Names it: the worker finds its ports in ASTRAEUS_PORT_<NAME> and "
+                       "ASTRAEUS_EXTERNAL_PORT_<NAME> (upper case, dashes as underscores).")  # fmt: skip
+    port: int = Field(ge=1, le=65535, description="The port the worker listens on in its container.")
+
+    @property
+    def variable(self) -> str:
+        """The name's part of its environment variables: `web-ui` -> `WEB_UI`."""
+        return self.name.upper().replace("-", "_")
 
 
 class HttpGet(_Frozen):
@@ -233,8 +247,12 @@ class GroupSpec(_Frozen):
         description="Host memory that scales with each worker's GPUs: placed on and limited to gpus x "
         "per_gpu.memory_bytes (instead of memory_bytes).",
     )
+    external_access: list[ExternalAccess] = Field(
+        default_factory=list,
+        max_length=MAX_EXTERNAL_ACCESS,
+        description="Ports each worker listens on, exposed on its machine at a port the machine assigns.",
+    )
     network: NotBuilt = None
-    external_access: NotBuilt = None
     identity: NotBuilt = None
 
     _refuse_needs_infrastructure = field_validator(*NEEDS_INFRASTRUCTURE)(_refuse_infrastructure)
@@ -309,6 +327,11 @@ class GroupSpec(_Frozen):
             raise ValueError(
                 f"drives: duplicate drive name {', '.join(sorted({n for n in names if names.count(n) > 1}))}"
             )
+        for field, values in (("name", [a.name for a in self.external_access]),
+                              ("port", [str(a.port) for a in self.external_access])):  # fmt: skip
+            twice = sorted({v for v in values if values.count(v) > 1})
+            if twice:
+                raise ValueError(f"external_access: {field} {', '.join(twice)} given twice")
         variables = [s.env for s in self.secrets if s.env]
         clash = sorted({v for v in variables if variables.count(v) > 1 or v in self.env})
         if clash:
