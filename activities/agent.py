@@ -27,6 +27,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.deletion import tombstones
 from activities.gpus import GpuWatch
+from activities.identities import Identities
 from activities.machine import PressureWatch
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime, TaskKey
@@ -91,6 +92,7 @@ class AgentActivities:
         pressure_watch: PressureWatch | None = None,
         settings: Settings | None = None,
         instance: str = "",
+        identities: Identities | None = None,
     ) -> None:
         self._client = client
         self._inventory = inventory
@@ -105,8 +107,15 @@ class AgentActivities:
         self._pressure_watch = pressure_watch
         self._pressure = list(inventory.pressure)  # as last reported to the machine's workflow
         self._pressure_read: asyncio.Future[list[str]] | None = None
+        self._identities = identities
+        self._identity_renewal: asyncio.Task[None] | None = None  # the renewal of certificates under way
         self._starter = Starter(
-            runtime, preparer, lambda: self._gpus, self._report_progress, ports=inventory.external_ports
+            runtime,
+            preparer,
+            lambda: self._gpus,
+            self._report_progress,
+            ports=inventory.external_ports,
+            identities=identities,
         )
         self._settings = settings or Settings()
         self._orphan_look: asyncio.Task[None] | None = None  # the look for orphaned workers under way
@@ -190,6 +199,7 @@ class AgentActivities:
                 last = self._lease_seen = now
                 activity.heartbeat()
                 self._look_for_orphans()
+                self._renew_identities()
                 await self._report_gpu_health()
                 await self._report_pressure()
                 # Twice per renewal: a crashed agent's lease expires at least 5/6 of its TTL after its last look.
@@ -605,6 +615,19 @@ class AgentActivities:
                 del self._live[key]
 
     # ---- orphans: workers whose run's workflow is no longer open ------------------------------------------------
+
+    def _renew_identities(self) -> None:
+        """Renew the certificates of running workers past half their life, beside the lease's heartbeats."""
+        if self._identities is None or (self._identity_renewal is not None and not self._identity_renewal.done()):
+            return
+        self._identity_renewal = asyncio.ensure_future(self._renew_running_identities(self._identities))
+
+    async def _renew_running_identities(self, identities: Identities) -> None:
+        try:
+            if await asyncio.to_thread(identities.held):
+                await identities.renew(await asyncio.to_thread(self._runtime.running))
+        except Exception as err:  # the engine or Temporal does not answer: next time
+            log.warning("%s: could not renew its workers' identities: %s", self._inventory.name, err)
 
     def _look_for_orphans(self) -> None:
         """Start a look for orphaned workers when one is due and none is under way. It runs beside the lease's

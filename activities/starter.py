@@ -19,8 +19,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from activities.identities import Identities
 from activities.prepare import Preparer, Waiting
-from activities.runtime.base import Launch, OnProgress, PortMapping, Runtime, RuntimeFailure, TaskKey
+from activities.runtime.base import Launch, Mount, OnProgress, PortMapping, Runtime, RuntimeFailure, TaskKey
 from workflows.domain.nodes import GpuInfo, PortRange
 from workflows.domain.reasons import R, Reason
 from workflows.domain.spec import GroupSpec
@@ -70,6 +71,7 @@ class Starter:
         report: Report,
         retry_seconds: float = PREPARE_RETRY_SECONDS,
         ports: PortRange | None = None,
+        identities: Identities | None = None,
     ) -> None:
         self._runtime = runtime
         self._threads = ThreadPoolExecutor(max_workers=START_THREADS, thread_name_prefix="start")
@@ -84,6 +86,7 @@ class Starter:
         self._pulled: set[str] = set()  # attempts whose image is ready (set up at the barrier), by slug
         self._doing: dict[str, str] = {}  # what the runtime does for an attempt now (a pull), by slug
         self._port_range = ports  # the machine's ports for external access (--external-ports); None: none
+        self._identities = identities  # where attempts' certificates are asked for and kept
         self._ports: dict[str, list[PortMapping]] = {}  # ports of attempts being set up, by slug
 
     def _unreserve(self, slug: str) -> None:
@@ -148,6 +151,8 @@ class Starter:
             await self.stop(key, grace_seconds)
         await asyncio.to_thread(self._runtime.delete, key)
         await asyncio.to_thread(shutil.rmtree, self._preparer.config_root / key.slug, True)
+        if self._identities is not None:
+            await asyncio.to_thread(shutil.rmtree, self._identities.directory(key), True)
 
     # ---- steps ------------------------------------------------------------------------------------------------
 
@@ -200,6 +205,8 @@ class Starter:
             if key.slug in self._reserved:
                 return self._reserved[key.slug], False
             self._preparer.forget(keep=[*in_use, *self._reserved, key.slug])
+            if self._identities is not None:
+                self._identities.forget(keep=[*in_use, *self._reserved, key.slug])
             taken = {index for indices in [*in_use.values(), *self._reserved.values()] for index in indices}
             usable = [gpu for gpu in self._gpus() if gpu.index not in taken and gpu.fault is None]
             usable.sort(key=lambda gpu: (gpu.at_risk is not None, gpu.index))
@@ -225,6 +232,9 @@ class Starter:
                 )
             except RuntimeFailure as failure:
                 raise SetupEnded(failure.reason) from None
+            if not isinstance(outcome, Waiting) and group.identity:  # the last step: its certificate
+                waits = await self._identity(key)
+                outcome = Waiting(waits) if waits is not None else outcome
             if not isinstance(outcome, Waiting):
                 break
             if outcome.reason.text != reported:
@@ -232,18 +242,28 @@ class Starter:
                 reported = outcome.reason.text
             beat(reported)
             await asyncio.sleep(self._retry_seconds)
+        identity_env: dict[str, str] = {}
+        identity_mounts: list[Mount] = []
+        if group.identity and self._identities is not None:
+            identity_env, identity_mounts = self._identities.files(key, in_container=self._runtime.name != "process")
         return Launch(
             command=group.command,
-            env={**env, **outcome.env},
+            env={**env, **outcome.env, **identity_env},
             image=group.image,
             gpu_indices=gpus,
             cpu=group.cpu,
             memory_bytes=group.worker_memory_bytes,
             pull_policy=group.pull_policy,
             registry_auth=outcome.registry_auth,
-            mounts=outcome.mounts,
+            mounts=[*outcome.mounts, *identity_mounts],
             ports=ports or [],
         )
+
+    async def _identity(self, key: TaskKey) -> Reason | None:
+        """Why the attempt still waits for its certificate, or None once it holds one."""
+        if self._identities is None:
+            raise SetupEnded(R.ContainerStartFailed(error="identity: this machine's agent issues no identities"))
+        return await self._identities.ensure(key)
 
     async def _assign_ports(self, key: TaskKey, group: GroupSpec) -> list[PortMapping] | None:
         """The machine's ports for the attempt's external access, each from the range, held by no attempt that

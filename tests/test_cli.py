@@ -239,3 +239,19 @@ def test_an_agent_that_refuses_runs_must_say_why_before_connecting() -> None:
 def test_an_agents_external_ports_are_a_range_of_ports(given: str, error: str) -> None:
     result = astraeus("agent", "--name", "m0", "--external-ports", given, "--temporal", NOWHERE)
     assert (result.returncode, result.stderr.splitlines()[-1]) == (2, f"astraeus: {error}")
+
+
+def test_ca_init_makes_the_cluster_ca_once_and_ca_show_prints_its_certificate(tmp_path: Path) -> None:
+    where = tmp_path / "ca"
+    missing = astraeus("ca", "show", "--ca-dir", str(where))
+    assert (missing.returncode, missing.stderr.strip()) == (
+        2,
+        f"astraeus: no cluster CA in {where}: `astraeus ca init` makes one (so does the control plane, when it "
+        "issues its first identity)",
+    )
+    made = astraeus("ca", "init", "--ca-dir", str(where))
+    assert made.stdout == f"made the cluster CA in {where} (its certificate: {where / 'ca.pem'})\n"
+    kept = astraeus("ca", "init", "--ca-dir", str(where), env={**os.environ, "ASTRAEUS_CA_DIR": "/nowhere"})
+    assert kept.stdout == f"kept the cluster CA in {where} (its certificate: {where / 'ca.pem'})\n"
+    shown = astraeus("ca", "show", env={**os.environ, "ASTRAEUS_CA_DIR": str(where)})
+    assert shown.stdout == (where / "ca.pem").read_text() and shown.stdout.startswith("-----BEGIN CERTIFICATE-----")

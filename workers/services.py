@@ -22,8 +22,9 @@ from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.agent import EXPIRED, TAKEN_OVER, AgentActivities
-from activities.control import ControlActivities
+from activities.control import DEFAULT_CA_DIR, ControlActivities
 from activities.gpus import GpusUnavailable, GpuWatch, NvmlWatch, read_inventory_gpus
+from activities.identities import Identities
 from activities.machine import PROCFS, SYSFS, PressureWatch, data_free_bytes, read_rdma_ports
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime
@@ -38,6 +39,7 @@ from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.node import Registered
 from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView, PortRange
 from workflows.domain.settings import Settings
+from workflows.identity import IdentityWorkflow
 from workflows.job import JobWorkflow
 from workflows.logs import LogsWorkflow
 from workflows.messages import NodeInput
@@ -104,9 +106,11 @@ def control_serves(control: ControlActivities, link: SchedulerLink) -> Serves:
             TokensWorkflow,
             DeleteRunWorkflow,
             DeletedRunsWorkflow,
+            IdentityWorkflow,
         ],
         [
             control.load_settings,
+            control.issue_identity,
             control.tell_runs_machine_lost,
             control.cancel_run_workflow,
             link.place,
@@ -164,8 +168,10 @@ class ControlWorker:
     scheduler's door at `scheduler` (HOST:PORT: the runs' `place` and `release`, as local activities), closed when
     the worker ends."""
 
-    def __init__(self, client: Client, settings: Settings, scheduler: str = DEFAULT_ADDRESS) -> None:
-        control = ControlActivities(settings, client)
+    def __init__(
+        self, client: Client, settings: Settings, scheduler: str = DEFAULT_ADDRESS, ca_dir: Path = DEFAULT_CA_DIR
+    ) -> None:
+        control = ControlActivities(settings, client, ca_dir)
         self.link = SchedulerLink(scheduler)
         self.worker = serving(
             client, control_serves(control, self.link), workflow_runner=WORKFLOW_RUNNER, **WORKFLOW_TASK_OPTIONS
@@ -534,8 +540,17 @@ async def start_agent(client: Client, options: AgentOptions, settings: Settings)
     runtime = make_runtime(options)
     preparer = Preparer(options.data_dir, options.host_paths)
     instance = new_instance()
+    identities = Identities(client, options.data_dir, node.name)
     activities = AgentActivities(
-        client, node, runtime, preparer, gpu_watch(node), pressure_watch(options), settings, instance=instance
+        client,
+        node,
+        runtime,
+        preparer,
+        gpu_watch(node),
+        pressure_watch(options),
+        settings,
+        instance=instance,
+        identities=identities,
     )
     agent = Agent(client, activities, settings.stop_grace_seconds, settings)
     await activities.adopt_attempts()

@@ -8,12 +8,17 @@ import itertools
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from docker.models.containers import Container
+from temporalio.client import Client
 
+from activities.identities import Identities
+from activities.identity import AttemptIdentity, ClusterCA, spiffe_id
 from activities.prepare import Preparer
 from activities.runtime.base import (
     Launch,
@@ -438,3 +443,22 @@ def test_external_access_maps_the_machines_port_to_the_workers_and_a_restarted_r
         assert k.slug not in again.ports_in_use()  # it ended: its port is free again
     finally:
         again.close()
+
+
+def test_a_workers_identity_is_mounted_read_only_and_named_by_its_variables(
+    runtime: DockerRuntime, tmp_path: Path
+) -> None:
+    k = key("ident-0")
+    identities = Identities(cast(Client, None), tmp_path, "unit-node")  # no issue here: the files are made below
+    ca = ClusterCA(tmp_path / "ca")
+    attempt = AttemptIdentity(identities.directory(k))
+    identity = spiffe_id(k.namespace, k.job, k.task, k.attempt)
+    attempt.keep(ca.sign(attempt.request(identity), identity, timedelta(hours=1), datetime.now(UTC)), b"bundle\n")
+    env, mounts = identities.files(k, in_container=True)
+    script = 'cat "$ASTRAEUS_IDENTITY_BUNDLE"; head -1 "$ASTRAEUS_IDENTITY_KEY"; echo x > "$ASTRAEUS_IDENTITY_CERT"'
+    runtime.start(k, sh(script, env=env, mounts=mounts))
+
+    assert wait_until_ended(runtime, k) == Observed(running=False, exit_code=1)  # read-only: it cannot write
+    log = runtime.log_tail(k, lines=50, max_bytes=16384)
+    assert log.startswith("bundle\n-----BEGIN PRIVATE KEY-----\n")
+    assert "Read-only file system" in log

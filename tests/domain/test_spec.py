@@ -116,6 +116,7 @@ def test_every_built_field_is_kept() -> None:
                 "node_selection": {"names": (), "labels": {"gpu": "h100"}, "pools": ()},
                 "per_gpu": None,
                 "external_access": [{"name": "web", "port": 8080}],
+                "identity": True,
                 "depends_on": [],
                 "array": None,
                 "readiness": {
@@ -147,6 +148,7 @@ def test_every_built_field_is_kept() -> None:
     eval_defaults |= {"pull_policy": "IfNotPresent", "registry_secret": None, "drives": [], "secrets": []}
     eval_defaults |= {"gpu_requests": None, "healthy_only": False, "node_selection": None, "readiness": None}
     eval_defaults |= {"total_gpus": None, "machines": None, "per_gpu": None, "external_access": []}
+    eval_defaults |= {"identity": False}
     expected = data | {"groups": [data["groups"][0], data["groups"][1] | eval_defaults]}
     assert parse_spec(data).model_dump() == expected
 
@@ -183,6 +185,7 @@ def test_the_dump_leaves_out_the_fields_that_are_not_built() -> None:
         "readiness",
         "per_gpu",
         "external_access",
+        "identity",
     }
 
 
@@ -445,7 +448,7 @@ def test_a_spec_larger_than_128_kib_is_refused_naming_its_largest_part() -> None
     with pytest.raises(ValueError) as raised:
         parse_spec(data)
     assert str(raised.value) == (
-        "groups.4: the run spec is 152416 bytes as JSON, at most 131072; this is its largest part (30443 bytes)"
+        "groups.4: the run spec is 152501 bytes as JSON, at most 131072; this is its largest part (30460 bytes)"
     )
 
 
@@ -608,7 +611,6 @@ def test_a_bad_drive_secret_or_pull_policy_is_refused_naming_the_field(group: di
     ("field", "value", "needs"),
     [
         pytest.param("network", {"mesh": True}, "the node network (subnet assignment and mesh)", id="node network"),
-        pytest.param("identity", True, "identity certificates issued to workers", id="worker identity"),
     ],
 )
 def test_a_field_needing_infrastructure_we_lack_is_refused_saying_what_it_needs(

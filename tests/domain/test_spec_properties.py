@@ -120,6 +120,7 @@ GANG: dict[str, Any] = {
             "command": ["x"],
             "readiness": {"http_get": {"port": 8080, "path": "/h"}},
             "external_access": [{"name": "web", "port": 8080}],
+            "identity": True,
             "drives": [{"name": "v", "volume": "vol", "mount_path": "/v", "read_only": True}],
             "secrets": [{"name": "s", "key": "k", "path": "/run/k"}],
         },

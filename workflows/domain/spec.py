@@ -38,7 +38,6 @@ RestartPolicy = Literal["OnFailure", "Always", "Never"]
 # Fields that need infrastructure this cluster does not have yet, and what each one needs.
 NEEDS_INFRASTRUCTURE = {
     "network": "the node network (subnet assignment and mesh)",
-    "identity": "identity certificates issued to workers",
 }
 MAX_EXTERNAL_ACCESS = 16  # ports one worker exposes on its machine
 
@@ -252,8 +251,13 @@ class GroupSpec(_Frozen):
         max_length=MAX_EXTERNAL_ACCESS,
         description="Ports each worker listens on, exposed on its machine at a port the machine assigns.",
     )
+    identity: bool = Field(
+        False,
+        description="Give each worker attempt an X.509 certificate naming its workspace, run, worker and attempt "
+        "(spiffe://astraeus/ns/<ns>/run/<run>/worker/<worker>/attempt/<n>), issued by the cluster CA, renewed while "
+        "it runs, as files named by ASTRAEUS_IDENTITY_CERT, ASTRAEUS_IDENTITY_KEY and ASTRAEUS_IDENTITY_BUNDLE.",
+    )
     network: NotBuilt = None
-    identity: NotBuilt = None
 
     _refuse_needs_infrastructure = field_validator(*NEEDS_INFRASTRUCTURE)(_refuse_infrastructure)
 
