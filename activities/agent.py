@@ -28,6 +28,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.deletion import tombstones
 from activities.drives import DriveActivities, DriveStore
 from activities.gpus import GpuWatch
+from activities.identities import Identities
 from activities.machine import PressureWatch
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime, TaskKey
@@ -93,6 +94,7 @@ class AgentActivities:
         pressure_watch: PressureWatch | None = None,
         settings: Settings | None = None,
         instance: str = "",
+        identities: Identities | None = None,
     ) -> None:
         self._client = client
         self._inventory = inventory
@@ -110,8 +112,16 @@ class AgentActivities:
         if preparer.store is None:
             preparer.store = DriveStore(inventory.name)
         self.drives = DriveActivities(client, preparer.store)  # its data location and copies of drives
+        self._identities = identities
+        self._identity_renewal: asyncio.Task[None] | None = None  # the renewal of certificates under way
         self._starter = Starter(
-            runtime, preparer, lambda: self._gpus, self._report_progress, catalogue=self.drives.catalogue
+            runtime,
+            preparer,
+            lambda: self._gpus,
+            self._report_progress,
+            catalogue=self.drives.catalogue,
+            ports=inventory.external_ports,
+            identities=identities,
         )
         self._settings = settings or Settings()
         self._orphan_look: asyncio.Task[None] | None = None  # the look for orphaned workers under way
@@ -199,6 +209,7 @@ class AgentActivities:
                 last = self._lease_seen = now
                 activity.heartbeat()
                 self._look_for_orphans()
+                self._renew_identities()
                 await self._report_gpu_health()
                 await self._report_pressure()
                 await self.drives.report()
@@ -251,8 +262,17 @@ class AgentActivities:
         runs, then watch it until it ends (as supervise_task). Called again, it finds what it started."""
         _, _, picked_up = await self._start(input.start)
         ref = input.start.ref
-        report = TaskRunning(**ref.ids(), started=True, picked_up_at=picked_up, started_at=datetime.now(UTC))
+        started_at = datetime.now(UTC)
+        external = await self._external(task_key(ref)) if input.start.group.external_access else {}
+        report = TaskRunning(
+            **ref.ids(), started=True, picked_up_at=picked_up, started_at=started_at, external=external
+        )
         return await self._watch(ref, input.settings, input.readiness, report)
+
+    async def _external(self, key: TaskKey) -> dict[str, str]:
+        """Where people reach the attempt's external access: this machine's address and the ports it holds."""
+        held = await asyncio.to_thread(self._runtime.ports_in_use)
+        return {name: f"{self._inventory.address}:{port}" for name, port in sorted(held.get(key.slug, {}).items())}
 
     async def _start(self, input: StartTaskInput) -> tuple[list[int], bool, datetime]:
         """Its GPUs, whether it started, and when this agent picked it up. A setup that takes longer than
@@ -606,6 +626,19 @@ class AgentActivities:
                 del self._live[key]
 
     # ---- orphans: workers whose run's workflow is no longer open ------------------------------------------------
+
+    def _renew_identities(self) -> None:
+        """Renew the certificates of running workers past half their life, beside the lease's heartbeats."""
+        if self._identities is None or (self._identity_renewal is not None and not self._identity_renewal.done()):
+            return
+        self._identity_renewal = asyncio.ensure_future(self._renew_running_identities(self._identities))
+
+    async def _renew_running_identities(self, identities: Identities) -> None:
+        try:
+            if await asyncio.to_thread(identities.held):
+                await identities.renew(await asyncio.to_thread(self._runtime.running))
+        except Exception as err:  # the engine or Temporal does not answer: next time
+            log.warning("%s: could not renew its workers' identities: %s", self._inventory.name, err)
 
     def _look_for_orphans(self) -> None:
         """Start a look for orphaned workers when one is due and none is under way. It runs beside the lease's

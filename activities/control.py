@@ -2,21 +2,67 @@
 
 from __future__ import annotations
 
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import deletion
+from activities.identity import ClusterCA, IdentityRefused, spiffe_id
 from workflows import contracts
 from workflows.contracts import SA_NODES, implements
 from workflows.domain.events import MachineLost
 from workflows.domain.settings import Settings
-from workflows.messages import PROTOCOL, CancelRunInput, EndedRun, EndRunInput, ForgetRunInput, LoadSettingsResult
+from workflows.domain.spec import job_id
+from workflows.messages import (
+    PROTOCOL,
+    AttemptsQuery,
+    CancelRunInput,
+    EndedRun,
+    EndRunInput,
+    ForgetRunInput,
+    IssuedIdentity,
+    IssueIdentityInput,
+    LoadSettingsResult,
+)
+
+DEFAULT_CA_DIR = Path(".astraeus/ca")
 
 
 class ControlActivities:
-    def __init__(self, settings: Settings, client: Client) -> None:
+    def __init__(self, settings: Settings, client: Client, ca_dir: Path = DEFAULT_CA_DIR) -> None:
         self._settings = settings
         self._client = client
+        self._ca = ClusterCA(ca_dir)
+
+    @implements(contracts.issue_identity)
+    async def issue_identity(self, input: IssueIdentityInput) -> IssuedIdentity:
+        """Sign the attempt's certificate request, once its run says it has that attempt on that machine. Refused
+        (not retried: the machine asks again) when it has not, or the request names another identity."""
+        ref = input.ref
+        handle = self._client.get_workflow_handle(job_id(ref.namespace, ref.job))
+        try:
+            held = await contracts.query(handle, contracts.ATTEMPTS_ON, AttemptsQuery(node=input.node))
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+            held = None
+        if held is None or not held.open or held.attempts.get(ref.task_id) != ref.attempt:
+            why = f"run {ref.namespace}/{ref.job} has no attempt {ref.attempt} of {ref.task_id} on {input.node}"
+            raise ApplicationError(why, type="IdentityRefused", non_retryable=True)
+        identity = spiffe_id(ref.namespace, ref.job, ref.task_id, ref.attempt)
+        ttl = timedelta(seconds=self._settings.identity_ttl_seconds)
+        try:
+            cert = await asyncio.to_thread(self._ca.sign, input.csr_pem.encode(), identity, ttl, datetime.now(UTC))
+            bundle = await asyncio.to_thread(self._ca.certificate_pem)
+        except IdentityRefused as refused:
+            raise ApplicationError(str(refused), type="IdentityRefused", non_retryable=True) from None
+        except OSError as error:
+            raise ApplicationError(f"the cluster CA cannot sign: {error}", type="CaUnavailable") from None
+        return IssuedIdentity(cert_pem=cert.decode(), bundle_pem=bundle.decode())
 
     @implements(contracts.load_settings)
     async def load_settings(self) -> LoadSettingsResult:

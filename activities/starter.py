@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import shutil
+import socket
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from activities.identities import Identities
 from activities.prepare import Preparer, Waiting
-from activities.runtime.base import Launch, OnProgress, Runtime, RuntimeFailure, TaskKey
+from activities.runtime.base import Launch, Mount, OnProgress, PortMapping, Runtime, RuntimeFailure, TaskKey
 from workflows.domain.constraints import Drive
-from workflows.domain.nodes import GpuInfo
+from workflows.domain.nodes import GpuInfo, PortRange
 from workflows.domain.reasons import R, Reason
 from workflows.domain.requests import placed_drives
 from workflows.domain.spec import GroupSpec
@@ -44,6 +47,17 @@ REPORT_TIMEOUT_SECONDS = 30.0
 START_THREADS = 16
 
 
+def bindable(port: int) -> bool:
+    """Whether nothing on the machine holds the port now (another program, or a worker this agent does not know)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 class SetupEnded(Exception):
     """The attempt cannot be set up; `reason` says why (a RuntimeFailure's, or a stop)."""
 
@@ -61,6 +75,8 @@ class Starter:
         report: Report,
         retry_seconds: float = PREPARE_RETRY_SECONDS,
         catalogue: Catalogue | None = None,
+        ports: PortRange | None = None,
+        identities: Identities | None = None,
     ) -> None:
         self._runtime = runtime
         self._catalogue = catalogue
@@ -75,6 +91,14 @@ class Starter:
         self._stops: set[str] = set()  # attempts asked to stop
         self._pulled: set[str] = set()  # attempts whose image is ready (set up at the barrier), by slug
         self._doing: dict[str, str] = {}  # what the runtime does for an attempt now (a pull), by slug
+        self._port_range = ports  # the machine's ports for external access (--external-ports); None: none
+        self._identities = identities  # where attempts' certificates are asked for and kept
+        self._ports: dict[str, list[PortMapping]] = {}  # ports of attempts being set up, by slug
+
+    def _unreserve(self, slug: str) -> None:
+        """What an attempt being set up held goes back: its GPUs and its ports (a started one's are its own)."""
+        self._reserved.pop(slug, None)
+        self._ports.pop(slug, None)
 
     async def start(
         self,
@@ -99,7 +123,7 @@ class Starter:
                 self._not_stopped(key)  # a stop may have come while the run was asked
             except BaseException:
                 if key.slug not in self._starting:
-                    self._reserved.pop(key.slug, None)
+                    self._unreserve(key.slug)
                     self._pulled.discard(key.slug)
                 raise
         await self._run_start(key, launch, beat)
@@ -122,7 +146,7 @@ class Starter:
         if starting is not None:
             await asyncio.wait([starting])
         else:
-            self._reserved.pop(key.slug, None)  # a setup still in flight ends at its next step
+            self._unreserve(key.slug)  # a setup still in flight ends at its next step
             self._pulled.discard(key.slug)
         await asyncio.to_thread(self._runtime.stop, key, grace_seconds)
 
@@ -133,6 +157,8 @@ class Starter:
             await self.stop(key, grace_seconds)
         await asyncio.to_thread(self._runtime.delete, key)
         await asyncio.to_thread(shutil.rmtree, self._preparer.config_root / key.slug, True)
+        if self._identities is not None:
+            await asyncio.to_thread(shutil.rmtree, self._identities.directory(key), True)
 
     # ---- steps ------------------------------------------------------------------------------------------------
 
@@ -164,7 +190,7 @@ class Starter:
             self._not_stopped(key)  # nothing is awaited from here to the start
         except BaseException:
             if key.slug not in self._starting:
-                self._reserved.pop(key.slug, None)
+                self._unreserve(key.slug)
                 self._pulled.discard(key.slug)
             raise
         # The image is ready: Always was honoured by that pull, and the start need not pull it again.
@@ -185,6 +211,8 @@ class Starter:
             if key.slug in self._reserved:
                 return self._reserved[key.slug], False
             self._preparer.forget(keep=[*in_use, *self._reserved, key.slug])
+            if self._identities is not None:
+                self._identities.forget(keep=[*in_use, *self._reserved, key.slug])
             taken = {index for indices in [*in_use.values(), *self._reserved.values()] for index in indices}
             usable = [gpu for gpu in self._gpus() if gpu.index not in taken and gpu.fault is None]
             usable.sort(key=lambda gpu: (gpu.at_risk is not None, gpu.index))
@@ -201,11 +229,19 @@ class Starter:
         """Prepare until every step is ready, reporting each new wait to the run once."""
         while True:
             self._not_stopped(key)
+            ports = await self._assign_ports(key, group)
             catalogue = await self._catalogue() if self._catalogue is not None and placed_drives(group) else None
             try:
-                outcome = await asyncio.to_thread(self._preparer.prepare, key, group, catalogue)
+                outcome = (
+                    Waiting(R.WaitingForExternalPort())
+                    if ports is None
+                    else await asyncio.to_thread(self._preparer.prepare, key, group, catalogue)
+                )
             except RuntimeFailure as failure:
                 raise SetupEnded(failure.reason) from None
+            if not isinstance(outcome, Waiting) and group.identity:  # the last step: its certificate
+                waits = await self._identity(key)
+                outcome = Waiting(waits) if waits is not None else outcome
             if not isinstance(outcome, Waiting):
                 break
             if outcome.reason.text != reported:
@@ -213,17 +249,50 @@ class Starter:
                 reported = outcome.reason.text
             beat(reported)
             await asyncio.sleep(self._retry_seconds)
+        identity_env: dict[str, str] = {}
+        identity_mounts: list[Mount] = []
+        if group.identity and self._identities is not None:
+            identity_env, identity_mounts = self._identities.files(key, in_container=self._runtime.name != "process")
         return Launch(
             command=group.command,
-            env={**env, **outcome.env},
+            env={**env, **outcome.env, **identity_env},
             image=group.image,
             gpu_indices=gpus,
             cpu=group.cpu,
-            memory_bytes=group.memory_bytes,
+            memory_bytes=group.worker_memory_bytes,
             pull_policy=group.pull_policy,
             registry_auth=outcome.registry_auth,
-            mounts=outcome.mounts,
+            mounts=[*outcome.mounts, *identity_mounts],
+            ports=ports or [],
         )
+
+    async def _identity(self, key: TaskKey) -> Reason | None:
+        """Why the attempt still waits for its certificate, or None once it holds one."""
+        if self._identities is None:
+            raise SetupEnded(R.ContainerStartFailed(error="identity: this machine's agent issues no identities"))
+        return await self._identities.ensure(key)
+
+    async def _assign_ports(self, key: TaskKey, group: GroupSpec) -> list[PortMapping] | None:
+        """The machine's ports for the attempt's external access, each from the range, held by no attempt that
+        runs or is being set up, and free on the machine now; None while not enough are (it waits)."""
+        if not group.external_access:
+            return []
+        async with self._admission:  # chosen and taken in one step, as GPUs are
+            if key.slug in self._ports:
+                return self._ports[key.slug]
+            if self._port_range is None:
+                error = "external_access needs ports, and this machine's agent has no --external-ports range"
+                raise SetupEnded(R.ContainerStartFailed(error=error))
+            held = await asyncio.to_thread(self._runtime.ports_in_use)
+            taken = {port for ports in held.values() for port in ports.values()}
+            taken |= {m.host_port for mappings in self._ports.values() for m in mappings}
+            candidates = (p for p in range(self._port_range.first, self._port_range.last + 1) if p not in taken)
+            free = list(itertools.islice((p for p in candidates if bindable(p)), len(group.external_access)))
+            if len(free) < len(group.external_access):
+                return None
+            mappings = [PortMapping(a.name, a.port, p) for a, p in zip(group.external_access, free, strict=True)]
+            self._ports[key.slug] = mappings
+            return mappings
 
     async def _run_start(self, key: TaskKey, launch: Launch, beat: Beat) -> None:
         """Hand the start to the runtime. It is not interrupted: if this activity is cancelled, the start still
@@ -237,7 +306,7 @@ class Starter:
 
             def done(_: asyncio.Future[None]) -> None:
                 self._starting.pop(key.slug, None)
-                self._reserved.pop(key.slug, None)
+                self._unreserve(key.slug)
                 self._pulled.discard(key.slug)
 
             starting.add_done_callback(done)

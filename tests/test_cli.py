@@ -218,3 +218,40 @@ def test_a_run_named_with_too_many_parts_is_refused() -> None:
 )
 def test_following_a_log_prints_only_what_is_new(shown: str, text: str, new: str) -> None:
     assert new_output(shown, text) == new
+
+
+def test_an_agent_that_refuses_runs_must_say_why_before_connecting() -> None:
+    result = astraeus("agent", "--name", "m0", "--refuse-runs", " ", "--temporal", NOWHERE)
+    assert (result.returncode, result.stderr.splitlines()[-1]) == (
+        2,
+        "astraeus: --refuse-runs: say why the machine takes no new runs",
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "error"),
+    [
+        ("30000", "--external-ports 30000: expected FIRST-LAST, e.g. 30000-30099"),
+        ("30010-30000", "--external-ports 30010-30000: 30010-30000: the first port is after the last"),
+        ("0-10", "--external-ports 0-10: first: Input should be greater than or equal to 1"),
+    ],
+)
+def test_an_agents_external_ports_are_a_range_of_ports(given: str, error: str) -> None:
+    result = astraeus("agent", "--name", "m0", "--external-ports", given, "--temporal", NOWHERE)
+    assert (result.returncode, result.stderr.splitlines()[-1]) == (2, f"astraeus: {error}")
+
+
+def test_ca_init_makes_the_cluster_ca_once_and_ca_show_prints_its_certificate(tmp_path: Path) -> None:
+    where = tmp_path / "ca"
+    missing = astraeus("ca", "show", "--ca-dir", str(where))
+    assert (missing.returncode, missing.stderr.strip()) == (
+        2,
+        f"astraeus: no cluster CA in {where}: `astraeus ca init` makes one (so does the control plane, when it "
+        "issues its first identity)",
+    )
+    made = astraeus("ca", "init", "--ca-dir", str(where))
+    assert made.stdout == f"made the cluster CA in {where} (its certificate: {where / 'ca.pem'})\n"
+    kept = astraeus("ca", "init", "--ca-dir", str(where), env={**os.environ, "ASTRAEUS_CA_DIR": "/nowhere"})
+    assert kept.stdout == f"kept the cluster CA in {where} (its certificate: {where / 'ca.pem'})\n"
+    shown = astraeus("ca", "show", env={**os.environ, "ASTRAEUS_CA_DIR": str(where)})
+    assert shown.stdout == (where / "ca.pem").read_text() and shown.stdout.startswith("-----BEGIN CERTIFICATE-----")

@@ -123,3 +123,12 @@ def test_the_free_room_comes_from_the_schedulers_door_and_from_the_runs_while_it
         assert [asked(), asked()] == [8, 8] and (scheduler.calls, runs.calls) == (2, 0)
         scheduler.answers = False
         assert [asked(), asked()] == [3, 3] and (scheduler.calls, runs.calls) == (3, 2)
+
+
+def test_an_oom_kill_says_to_raise_memory_bytes_or_per_gpu_memory_bytes() -> None:
+    failures = table()["failures"]
+    assert list(failures) == ["OOMKilled: the container exceeded its memory limit"]
+    assert failures["OOMKilled: the container exceeded its memory limit"]["advice"] == (
+        "The worker used more host memory than its limit. Raise memory_bytes (or per_gpu.memory_bytes, which its "
+        "GPUs multiply)."
+    )

@@ -26,7 +26,7 @@ from workflows import contracts
 from workflows.domain.settings import Settings
 from workflows.messages import PlaceInput, PlaceResult
 
-WORKFLOW_MODULES = ["job", "node", "quotas", "logs", "tokens", "deletion", "deleted_runs", "drives"]
+WORKFLOW_MODULES = ["job", "node", "quotas", "logs", "tokens", "deletion", "deleted_runs", "drives", "identity"]
 SOURCE = Path(contracts.__file__).parent
 MACHINE, INSTANCE = "m1", "host:42:cafe"
 
@@ -237,8 +237,8 @@ def test_the_processes_poll_the_queues_the_workflows_address() -> None:
     defined = [workflow._Definition.must_from_class(cls).name for cls in served["control"].workflows]
     names = [contracts.JOB_WORKFLOW, contracts.NODE_WORKFLOW, contracts.LOGS_WORKFLOW, contracts.QUOTAS_WORKFLOW]
     names += [contracts.TOKENS_WORKFLOW, contracts.DELETE_RUN_WORKFLOW, contracts.DELETED_RUNS_WORKFLOW]
-    names += [contracts.DRIVES_WORKFLOW]
-    assert defined == names
+    names += [contracts.DRIVES_WORKFLOW, contracts.IDENTITY_WORKFLOW]
+    assert (defined, contracts.IDENTITY_WORKFLOW) == (names, "IdentityWorkflow")
 
 
 def test_names_on_the_wire_are_those_the_committed_histories_and_running_clusters_use() -> None:
@@ -246,7 +246,8 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
     served = processes()
     assert {k: sorted(_activity_name(fn) for fn in s.activities) for k, s in served.items()} == {
         "control": [
-            *("cancel_run_workflow", "end_run", "forget_run", "load_settings", "machine_lost", "place", "release")
+            *("cancel_run_workflow", "end_run", "forget_run", "issue_identity", "load_settings", "machine_lost"),
+            *("place", "release"),
         ],
         "scheduler": [
             *("drive_users", "drives_changed", "machine_lost", "node_changed", "place", "plan_workers"),

@@ -31,6 +31,7 @@ from workers.render import render_describe, render_events, render_history, rende
 from workers.telemetry import Telemetry, TelemetryError, set_up
 from workflows.domain.constraints import RACK_LABEL, Capability
 from workflows.domain.drives import NewDrive
+from workflows.domain.nodes import PortRange
 from workflows.domain.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, format_errors, parse_spec
@@ -257,7 +258,7 @@ async def cmd_control(args: argparse.Namespace) -> int:
     scheduler = scheduler_address(args.scheduler)
     client = await _connect(args)
     await ensure_search_attributes(client)
-    await ControlWorker(client, load_settings(args.settings), scheduler).run()
+    await ControlWorker(client, load_settings(args.settings), scheduler, ca_dir(args.ca_dir)).run()
     return 0
 
 
@@ -330,6 +331,8 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         capabilities=capabilities,
         capability_notes=notes,
         data_location=location,
+        refuses_runs=_refusal(args.refuse_runs),
+        external_ports=_port_range(args.external_ports),
         sysfs=given_path(args.sysfs),
         procfs=given_path(args.procfs),
     )
@@ -352,6 +355,28 @@ def _label(item: str, flag: str = "--label") -> tuple[str, str]:
     if not sep or not key:
         raise AstraeusError(f"{flag} {item}: expected KEY=VALUE")
     return key, value
+
+
+def _port_range(text: str | None) -> PortRange | None:
+    """--external-ports FIRST-LAST."""
+    if text is None:
+        return None
+    first, sep, last = text.partition("-")
+    try:
+        if not sep:
+            raise ValueError("expected FIRST-LAST")
+        return PortRange(first=int(first), last=int(last))
+    except ValidationError as error:
+        raise AstraeusError(f"--external-ports {text}: {format_errors(error)}") from None
+    except ValueError:
+        raise AstraeusError(f"--external-ports {text}: expected FIRST-LAST, e.g. 30000-30099") from None
+
+
+def _refusal(why: str | None) -> str | None:
+    """--refuse-runs WHY: a reason people read, so never blank."""
+    if why is not None and not why.strip():
+        raise AstraeusError("--refuse-runs: say why the machine takes no new runs")
+    return None if why is None else why.strip()
 
 
 def _capabilities(names: list[str], notes: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -687,6 +712,37 @@ async def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+CA_DIR_HELP = (
+    "the cluster CA's directory, its key readable by its owner only (default $ASTRAEUS_CA_DIR, else .astraeus/ca)"
+)
+
+
+def ca_dir(given: str | None) -> Path:
+    """--ca-dir, else $ASTRAEUS_CA_DIR, else .astraeus/ca: where the control plane keeps the cluster CA."""
+    from activities.control import DEFAULT_CA_DIR
+
+    return given_path(given or os.environ.get("ASTRAEUS_CA_DIR") or str(DEFAULT_CA_DIR))
+
+
+async def cmd_ca(args: argparse.Namespace) -> int:
+    from activities.identity import CA_CERT, ClusterCA
+
+    ca = ClusterCA(ca_dir(args.ca_dir))
+    try:
+        if args.action == "init":
+            made = ca.ensure()
+            print(f"{'made' if made else 'kept'} the cluster CA in {ca.directory} (its certificate: "
+                  f"{ca.directory / CA_CERT})")  # fmt: skip
+            return 0
+        if not (ca.directory / CA_CERT).exists():
+            raise AstraeusError(f"no cluster CA in {ca.directory}: `astraeus ca init` makes one (so does the control "
+                                "plane, when it issues its first identity)")  # fmt: skip
+        print(ca.certificate_pem().decode(), end="")
+    except OSError as error:
+        raise AstraeusError(f"--ca-dir {ca.directory}: {error}") from None
+    return 0
+
+
 async def cmd_schema(args: argparse.Namespace) -> int:
     print(json.dumps(JobSpec.model_json_schema(), indent=2))
     return 0
@@ -746,8 +802,8 @@ def parser() -> argparse.ArgumentParser:
     def command(name: str, handler: Handler, help: str, *, process: bool = False, read: bool = False) -> Any:
         p = sub.add_parser(name, help=help, description=help)
         takes = [
-            *(["temporal"] if name not in ("schema", "completion") else []),
-            *(["profile"] if name not in ("schema", "completion", "dev") else []),  # dev starts its own Temporal
+            *(["temporal"] if name not in ("schema", "completion", "ca") else []),
+            *(["profile"] if name not in ("schema", "completion", "dev", "ca") else []),  # dev starts its own Temporal
             *(["settings"] if process else []),
             *(["json", "utc"] if read else []),
             *(["api_url", "token"] if name in THROUGH_API else []),
@@ -790,6 +846,7 @@ def parser() -> argparse.ArgumentParser:
 
     control = command("control", cmd_control, "the control plane: hosts every run's and machine's workflow",
                       process=True)  # fmt: skip
+    control.add_argument("--ca-dir", help=CA_DIR_HELP)
     control.add_argument("--scheduler", help="the scheduler's door HOST:PORT (default $ASTRAEUS_SCHEDULER or "
                          "127.0.0.1:7244)")  # fmt: skip
     scheduler = command("scheduler", cmd_scheduler, "the scheduler service: places workers on machines", process=True)
@@ -833,6 +890,11 @@ def parser() -> argparse.ArgumentParser:
                        help="NAME=WHY: why a capability is missing, shown in the reason (repeatable)")  # fmt: skip
     agent.add_argument("--data-location", help="where data of drives held elsewhere is copied (its free space is "
                                                "reported)")  # fmt: skip
+    agent.add_argument("--external-ports", metavar="FIRST-LAST",
+                       help="the machine's ports it assigns to workers' external access, e.g. 30000-30099")  # fmt: skip
+    agent.add_argument("--refuse-runs", metavar="WHY",
+                       help="the machine takes no new runs, and placement says why: \"machine does not accept runs: "
+                            "WHY\" (its own setting, kept by its agent; cordon is the cluster's)")  # fmt: skip
     agent.add_argument("--sysfs", default="/sys", help="where the host's /sys is (an agent in a container)")
     agent.add_argument("--procfs", default="/proc", help="where the host's /proc is (an agent in a container)")
     machine_flags(agent)
@@ -911,6 +973,10 @@ def parser() -> argparse.ArgumentParser:
                        "to machines and quotas")  # fmt: skip
     token.add_argument("--note", help="create: what the token is for, shown by token ls")
     command("schema", cmd_schema, "print the run spec's JSON Schema")
+    ca = command("ca", cmd_ca, "the cluster CA that issues workers' identities: init makes it, show prints its "
+                 "certificate (what a worker's peers trust)")  # fmt: skip
+    ca.add_argument("action", choices=["init", "show"])
+    ca.add_argument("--ca-dir", help=CA_DIR_HELP)
     completion = command("completion", cmd_completion, "print a shell completion script: bash or zsh")
     completion.add_argument("shell", choices=["bash", "zsh"])
     return top

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from workers.client import RunSummary
+from workers.console.advice import FAILURES
 from workflows.domain.nodes import NodeView
 from workflows.domain.status import Status, StatusEntry
 from workflows.domain.views import Event, JobDescription
@@ -79,8 +80,13 @@ def render_describe(d: JobDescription, utc: bool = False) -> str:
         rows.append((t.id, state, t.node or "-", str(t.restarts), reason))
     lines.append(_table(rows))
     for t in d.tasks:
+        if t.external:
+            lines += ["", f"External access of {t.id}: " + ", ".join(f"{n} {a}" for n, a in t.external.items())]
+    for t in d.tasks:
         if t.last_failure:
             lines += ["", f"Last failure of {t.id}: {t.last_failure.reason}"]
+            help = FAILURES.get(t.last_failure.reason)
+            lines += [f"  {help.advice}"] if help else []
             lines += [f"  | {line}" for line in t.last_failure.log_tail.splitlines()]
     if d.placement.nodes:
         lines += ["", "Why it waits, machine by machine:"]

@@ -22,9 +22,10 @@ from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.agent import EXPIRED, TAKEN_OVER, AgentActivities
-from activities.control import ControlActivities
+from activities.control import DEFAULT_CA_DIR, ControlActivities
 from activities.drives import DriveStore
 from activities.gpus import GpusUnavailable, GpuWatch, NvmlWatch, read_inventory_gpus
+from activities.identities import Identities
 from activities.machine import PROCFS, SYSFS, PressureWatch, data_free_bytes, read_rdma_ports
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime
@@ -37,9 +38,10 @@ from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_
 from workflows.deleted_runs import DeletedRunsWorkflow
 from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.node import Registered
-from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView
+from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView, PortRange
 from workflows.domain.settings import Settings
 from workflows.drives import DrivesWorkflow
+from workflows.identity import IdentityWorkflow
 from workflows.job import JobWorkflow
 from workflows.logs import LogsWorkflow
 from workflows.messages import NodeInput
@@ -107,9 +109,11 @@ def control_serves(control: ControlActivities, link: SchedulerLink) -> Serves:
             DeleteRunWorkflow,
             DeletedRunsWorkflow,
             DrivesWorkflow,
+            IdentityWorkflow,
         ],
         [
             control.load_settings,
+            control.issue_identity,
             control.tell_runs_machine_lost,
             control.cancel_run_workflow,
             link.place,
@@ -170,8 +174,10 @@ class ControlWorker:
     scheduler's door at `scheduler` (HOST:PORT: the runs' `place` and `release`, as local activities), closed when
     the worker ends."""
 
-    def __init__(self, client: Client, settings: Settings, scheduler: str = DEFAULT_ADDRESS) -> None:
-        control = ControlActivities(settings, client)
+    def __init__(
+        self, client: Client, settings: Settings, scheduler: str = DEFAULT_ADDRESS, ca_dir: Path = DEFAULT_CA_DIR
+    ) -> None:
+        control = ControlActivities(settings, client, ca_dir)
         self.link = SchedulerLink(scheduler)
         self.worker = serving(
             client, control_serves(control, self.link), workflow_runner=WORKFLOW_RUNNER, **WORKFLOW_TASK_OPTIONS
@@ -247,6 +253,8 @@ class AgentOptions:
     capabilities: list[str] = field(default_factory=list)  # outbound_policy, sandbox, tool_gateway
     capability_notes: dict[str, str] = field(default_factory=dict)  # why a capability is missing
     data_location: Path | None = None  # where drives held elsewhere are copied; None: none chosen
+    refuses_runs: str | None = None  # why the machine takes no new runs (--refuse-runs); None: it takes them
+    external_ports: PortRange | None = None  # ports it assigns to workers' external access (--external-ports)
     sysfs: Path = SYSFS  # where the host's /sys and /proc are (an agent in a container mounts them elsewhere)
     procfs: Path = PROCFS
 
@@ -298,6 +306,8 @@ def inventory(options: AgentOptions) -> NodeInventory:
         capabilities=options.capabilities,
         capability_notes=options.capability_notes,
         data_free_bytes=data_free_bytes(options.data_location),
+        refuses_runs=options.refuses_runs,
+        external_ports=options.external_ports,
     )
 
 
@@ -537,8 +547,17 @@ async def start_agent(client: Client, options: AgentOptions, settings: Settings)
     runtime = make_runtime(options)
     preparer = Preparer(options.data_dir, options.host_paths, store, mounts=options.runtime == "docker")
     instance = new_instance()
+    identities = Identities(client, options.data_dir, node.name)
     activities = AgentActivities(
-        client, node, runtime, preparer, gpu_watch(node), pressure_watch(options), settings, instance=instance
+        client,
+        node,
+        runtime,
+        preparer,
+        gpu_watch(node),
+        pressure_watch(options),
+        settings,
+        instance=instance,
+        identities=identities,
     )
     agent = Agent(client, activities, settings.stop_grace_seconds, settings)
     await activities.adopt_attempts()

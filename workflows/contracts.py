@@ -54,6 +54,8 @@ from workflows.messages import (
     EndedRun,
     EndRunInput,
     ForgetRunInput,
+    IssuedIdentity,
+    IssueIdentityInput,
     LeaseInput,
     LoadSettingsResult,
     LogText,
@@ -108,6 +110,7 @@ TOKENS_WORKFLOW = "TokensWorkflow"
 DELETE_RUN_WORKFLOW = "DeleteRunWorkflow"
 DELETED_RUNS_WORKFLOW = "DeletedRunsWorkflow"
 DRIVES_WORKFLOW = "DrivesWorkflow"
+IDENTITY_WORKFLOW = "IdentityWorkflow"
 
 QUOTAS_WORKFLOW_ID = "quotas"
 TOKENS_WORKFLOW_ID = "tokens"  # the HTTP API's tokens (their digests), for every API process alike
@@ -130,6 +133,11 @@ def delete_id(namespace: str, name: str) -> str:
 def logs_id_prefix(namespace: str, name: str) -> str:
     """The ids of the run's LogsWorkflows begin so (`logs/<ns>/<name>/<worker>/<uuid>`)."""
     return f"logs/{namespace}/{name}/"
+
+
+def identity_id(namespace: str, name: str, task: str, attempt: int, serial: str) -> str:
+    """One issue of an attempt's certificate (`identity/<ns>/<name>/<worker>/<attempt>/<serial>`)."""
+    return f"identity/{namespace}/{name}/{task}/{attempt}/{serial}"
 
 
 def node_id(name: str) -> str:
@@ -209,6 +217,12 @@ async def end_run(input: EndRunInput) -> EndedRun:
 @activity.defn
 async def forget_run(input: ForgetRunInput) -> None:
     """Keep a deleted run's tombstone, then remove its workflow runs and its logs' workflows from Temporal."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def issue_identity(input: IssueIdentityInput) -> IssuedIdentity:
+    """Sign an attempt's certificate with the cluster CA, whose key only this activity reads (IdentityWorkflow)."""
     raise NotImplementedError
 
 

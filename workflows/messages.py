@@ -339,6 +339,22 @@ class LogsInput(_Msg):
     answer_within_seconds: float = Field(20, gt=0, description="How long a person waits for the machine.")
 
 
+class IssueIdentityInput(_Msg):
+    """IdentityWorkflow: a certificate for one attempt, asked by the machine it is on (`node`), for the key of the
+    certificate request it sends (the key itself never leaves the machine)."""
+
+    ref: TaskRef
+    node: str
+    csr_pem: str
+
+
+class IssuedIdentity(_Msg):
+    """The attempt's certificate and the CA's, PEM (public: neither holds a key)."""
+
+    cert_pem: str
+    bundle_pem: str
+
+
 # ---- NodeWorkflow -----------------------------------------------------------------------------------------------
 
 

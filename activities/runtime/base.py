@@ -46,6 +46,31 @@ PullPolicy = Literal["Always", "IfNotPresent", "None"]
 
 
 @dataclass(frozen=True)
+class PortMapping:
+    """One external access of an attempt: the worker listens on `port` (in its container), people reach it at
+    `host_port` of its machine (assigned by the agent from its --external-ports range)."""
+
+    name: str
+    port: int
+    host_port: int
+
+    @property
+    def variable(self) -> str:
+        return self.name.upper().replace("-", "_")
+
+
+def port_environment(ports: list[PortMapping], mapped: bool) -> dict[str, str]:
+    """What a worker is told of its external access: ASTRAEUS_EXTERNAL_PORT_<NAME>, the machine's port people
+    use, and ASTRAEUS_PORT_<NAME>, where it listens: its own port when the runtime maps the machine's port to it
+    (a container on its own network), else the machine's port itself (a process, or the host's network)."""
+    env: dict[str, str] = {}
+    for p in ports:
+        env[f"ASTRAEUS_EXTERNAL_PORT_{p.variable}"] = str(p.host_port)
+        env[f"ASTRAEUS_PORT_{p.variable}"] = str(p.port if mapped else p.host_port)
+    return env
+
+
+@dataclass(frozen=True)
 class Launch:
     """What to run: the command, its environment, the GPUs it was given, its limits, image and mounts."""
 
@@ -59,6 +84,7 @@ class Launch:
     registry_auth: RegistryAuth | None = field(default=None, repr=False)
     mounts: list[Mount] = field(default_factory=list)
     host_network: bool = False  # share the machine's network (a gang member: reachable at MASTER_ADDR:MASTER_PORT)
+    ports: list[PortMapping] = field(default_factory=list)  # its external access, with the machine's ports
 
 
 # Told what a start is doing while it takes time (R.Pulling before an image pull); it must not raise.
@@ -124,6 +150,10 @@ class Runtime(Protocol):
 
     def gpus_in_use(self) -> dict[str, list[int]]:
         """GPU indices held by attempts that still run, by attempt slug."""
+
+    def ports_in_use(self) -> dict[str, dict[str, int]]:
+        """The machine's ports held by attempts that still run for their external access, by attempt slug: name
+        -> port. Kept with the attempt (its files, its container), so an agent that restarts finds them."""
 
     def attempts(self) -> list[TaskKey]:
         """Every attempt this machine knows, running or ended: what an agent that restarts finds."""

@@ -31,10 +31,12 @@ from activities.runtime.base import (
     Launch,
     Observed,
     OnProgress,
+    PortMapping,
     RuntimeFailure,
     RuntimeUnavailable,
     TaskKey,
     ignore_progress,
+    port_environment,
 )
 from activities.runtime.probes import exited, http_get, timed_out
 from workflows.domain.reasons import R, Template
@@ -167,6 +169,17 @@ class DockerRuntime:
                 held[key.slug] = [int(index) for index in gpus.split(",") if index]
         return held
 
+    def ports_in_use(self) -> dict[str, dict[str, int]]:
+        """The machine's ports held by containers that still run, by attempt slug (from their labels)."""
+        held: dict[str, dict[str, int]] = {}
+        for container in self._containers(status=_RUNNING_STATES):
+            key = _key_of(container.labels)
+            text = container.labels.get(LABEL_PREFIX + "ports", "")
+            if key is not None and text:
+                pairs = (item.partition("=") for item in text.split(","))
+                held[key.slug] = {name: int(port) for name, _, port in pairs}
+        return held
+
     def attempts(self) -> list[TaskKey]:
         """Every attempt this machine has a container for, running or ended."""
         keys = (_key_of(container.labels) for container in self._containers())
@@ -215,7 +228,7 @@ class DockerRuntime:
             "image": launch.image,
             "command": launch.command,
             "name": container_name(key),
-            "labels": _labels(key, self.node, launch.gpu_indices),
+            "labels": _labels(key, self.node, launch.gpu_indices, launch.ports),
             "environment": _environment(key, launch),
             "detach": True,
             "mounts": [
@@ -224,6 +237,8 @@ class DockerRuntime:
         }
         if launch.host_network:
             options["network_mode"] = "host"
+        elif launch.ports:  # the machine's port, on every address, to the port the worker listens on
+            options["ports"] = {f"{p.port}/tcp": p.host_port for p in launch.ports}
         if launch.memory_bytes > 0:
             # Swap counted in the same limit, so that exceeding it is an OOM kill rather than swapping.
             options.update(mem_limit=launch.memory_bytes, memswap_limit=launch.memory_bytes)
@@ -372,8 +387,10 @@ def container_address(container: Container) -> str | None:
     return next((address for address in addresses if address), None)
 
 
-def _labels(key: TaskKey, node: str, gpus: list[int]) -> dict[str, str]:
+def _labels(key: TaskKey, node: str, gpus: list[int], ports: list[PortMapping]) -> dict[str, str]:
     return {
+        # Its external access, name=machine's port: what an agent that restarts reads as held (ports_in_use).
+        LABEL_PREFIX + "ports": ",".join(f"{p.name}={p.host_port}" for p in ports),
         LABEL_PREFIX + "namespace": key.namespace,
         LABEL_PREFIX + "job": key.job,
         LABEL_PREFIX + "task": key.task,
@@ -403,6 +420,7 @@ def _environment(key: TaskKey, launch: Launch) -> dict[str, str]:
         "ASTRAEUS_JOB": key.job,
         "ASTRAEUS_NAMESPACE": key.namespace,
         "ASTRAEUS_ATTEMPT": str(key.attempt),
+        **port_environment(launch.ports, mapped=not launch.host_network),
     }
 
 

@@ -22,7 +22,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from activities.runtime.base import Launch, Observed, OnProgress, RuntimeFailure, TaskKey, ignore_progress
+from activities.runtime.base import (
+    Launch,
+    Observed,
+    OnProgress,
+    RuntimeFailure,
+    TaskKey,
+    ignore_progress,
+    port_environment,
+)
 from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from activities.runtime.probes import exited, http_get, timed_out
 from activities.runtime.shim import end_cgroup, write_atomically
@@ -157,6 +165,17 @@ class ProcessRuntime:
                 held[key.slug] = list(launch["gpu_indices"])
         return held
 
+    def ports_in_use(self) -> dict[str, dict[str, int]]:
+        """The machine's ports held by attempts that still run (from their launch.json), by attempt slug."""
+        held: dict[str, dict[str, int]] = {}
+        for key in self.attempts():
+            if self.observe(key).running:
+                launch = json.loads((self._dir(key) / "launch.json").read_text())
+                ports = {p["name"]: int(p["host_port"]) for p in launch.get("ports", [])}
+                if ports:
+                    held[key.slug] = ports
+        return held
+
     def delete(self, key: TaskKey) -> None:
         """Remove an ended attempt's directory, its log included. Deleting a missing attempt does nothing."""
         if self.observe(key).running:
@@ -281,6 +300,7 @@ def _environment(key: TaskKey, launch: Launch) -> dict[str, str]:
         ASTRAEUS_NAMESPACE=key.namespace,
         ASTRAEUS_ATTEMPT=str(key.attempt),
     )
+    env.update(port_environment(launch.ports, mapped=False))  # a process listens on the machine's port itself
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PROGRAMS), env.get("PYTHONPATH", "")) if p)
     return env
 

@@ -8,15 +8,28 @@ import itertools
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from docker.models.containers import Container
+from temporalio.client import Client
 
 from activities.drives import DriveStore
+from activities.identities import Identities
+from activities.identity import AttemptIdentity, ClusterCA, spiffe_id
 from activities.prepare import Preparer
-from activities.runtime.base import Launch, Mount, Observed, RuntimeFailure, RuntimeUnavailable, TaskKey
+from activities.runtime.base import (
+    Launch,
+    Mount,
+    Observed,
+    PortMapping,
+    RuntimeFailure,
+    RuntimeUnavailable,
+    TaskKey,
+)
 from activities.runtime.docker import DockerRuntime, container_address, container_name
 from activities.starter import SetupEnded, Starter
 from tests.activities.runtimes import check, probe_until, wait_until_ended
@@ -122,6 +135,7 @@ def test_cpu_memory_env_and_labels_reach_the_container(runtime: DockerRuntime, d
         "astraeus.attempt": str(k.attempt),
         "astraeus.node": "unit-node",
         "astraeus.gpus": "",
+        "astraeus.ports": "",
     }
 
 
@@ -440,3 +454,44 @@ async def test_a_placed_drive_is_filled_then_bind_mounted_read_only_where_the_wo
     assert wait_until_ended(runtime, k) == Observed(running=False, exit_code=0)
     assert runtime.log_tail(k, lines=50, max_bytes=16384) == "cat\ndog\n/data\nread-only\n"
     assert reported == ["Waiting for drive imagenet to be filled on unit-node"]
+
+
+def test_external_access_maps_the_machines_port_to_the_workers_and_a_restarted_runtime_finds_it(
+    runtime: DockerRuntime, docker_engine: DockerEngine
+) -> None:
+    k = key("web-0")
+    host_port = free_port()
+    runtime.start(k, sh("sleep 30", ports=[PortMapping("web-ui", 8080, host_port)]))
+    again = DockerRuntime("unit-node", docker_engine.host)  # the agent restarted: the port is held still
+    try:
+        container = inspect(docker_engine, k)
+        bindings = container["HostConfig"]["PortBindings"]  # type: ignore[index]
+        assert bindings == {"8080/tcp": [{"HostIp": "", "HostPort": str(host_port)}]}
+        env = container["Config"]["Env"]  # type: ignore[index]
+        # In a container the worker listens on its own port; people use the machine's.
+        assert {"ASTRAEUS_PORT_WEB_UI=8080", f"ASTRAEUS_EXTERNAL_PORT_WEB_UI={host_port}"} <= set(env)
+        assert container["Config"]["Labels"]["astraeus.ports"] == f"web-ui={host_port}"  # type: ignore[index]
+        assert again.ports_in_use()[k.slug] == {"web-ui": host_port}
+        again.stop(k, grace_seconds=0)
+        assert k.slug not in again.ports_in_use()  # it ended: its port is free again
+    finally:
+        again.close()
+
+
+def test_a_workers_identity_is_mounted_read_only_and_named_by_its_variables(
+    runtime: DockerRuntime, tmp_path: Path
+) -> None:
+    k = key("ident-0")
+    identities = Identities(cast(Client, None), tmp_path, "unit-node")  # no issue here: the files are made below
+    ca = ClusterCA(tmp_path / "ca")
+    attempt = AttemptIdentity(identities.directory(k))
+    identity = spiffe_id(k.namespace, k.job, k.task, k.attempt)
+    attempt.keep(ca.sign(attempt.request(identity), identity, timedelta(hours=1), datetime.now(UTC)), b"bundle\n")
+    env, mounts = identities.files(k, in_container=True)
+    script = 'cat "$ASTRAEUS_IDENTITY_BUNDLE"; head -1 "$ASTRAEUS_IDENTITY_KEY"; echo x > "$ASTRAEUS_IDENTITY_CERT"'
+    runtime.start(k, sh(script, env=env, mounts=mounts))
+
+    assert wait_until_ended(runtime, k) == Observed(running=False, exit_code=1)  # read-only: it cannot write
+    log = runtime.log_tail(k, lines=50, max_bytes=16384)
+    assert log.startswith("bundle\n-----BEGIN PRIVATE KEY-----\n")
+    assert "Read-only file system" in log

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -15,10 +16,10 @@ from typing import Any
 import pytest
 
 from activities.prepare import Preparer
-from activities.runtime.base import Observed, TaskKey
+from activities.runtime.base import Launch, Observed, OnProgress, TaskKey, ignore_progress
 from activities.runtime.process import ProcessRuntime
-from activities.starter import SetupEnded, Starter
-from workflows.domain.nodes import GpuInfo
+from activities.starter import SetupEnded, Starter, bindable
+from workflows.domain.nodes import GpuInfo, PortRange
 from workflows.domain.reasons import Reason
 from workflows.domain.spec import GroupSpec
 
@@ -233,3 +234,128 @@ async def test_starts_wait_on_threads_of_their_own_not_on_the_shared_pool(tmp_pa
     finally:
         for k in m.runtime.attempts():
             m.runtime.stop(k, grace_seconds=0)
+
+
+class Recording(ProcessRuntime):
+    """The process runtime, keeping each Launch it is handed (what the docker runtime would be handed too)."""
+
+    launches: list[Launch]
+
+    def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
+        self.launches = [*getattr(self, "launches", []), launch]
+        super().start(key, launch, on_progress)
+
+
+async def test_a_worker_with_memory_per_gpu_is_launched_with_its_gpus_times_it(tmp_path: Path) -> None:
+    runtime = Recording(tmp_path / "tasks")
+
+    async def report(task_key: TaskKey, reason: Reason) -> None:
+        pass
+
+    starter = Starter(runtime, Preparer(tmp_path), lambda: [gpu(0), gpu(1), gpu(3)], report, retry_seconds=0.05)
+    try:
+        await starter.start(key(), group(gpus=2, per_gpu={"memory_bytes": 48 << 20}), {}, lambda _: None)
+        assert [launch.memory_bytes for launch in runtime.launches] == [96 << 20]
+    finally:
+        runtime.stop(key(), grace_seconds=0)
+
+
+def serving(ports: str) -> GroupSpec:
+    """A worker with external access that stays up, each port named as given ("web:8080,api:9090")."""
+    access = [{"name": n, "port": int(p)} for n, p in (item.split(":") for item in ports.split(","))]
+    return group(external_access=access)
+
+
+def free_range(size: int) -> PortRange:
+    """`size` ports in a row that nothing on this machine holds now."""
+    for first in range(41000, 60000, 97):
+        if all(bindable(p) for p in range(first, first + size)):
+            return PortRange(first=first, last=first + size - 1)
+    raise AssertionError("no free ports here")
+
+
+def ported(root: Path, ports: PortRange, runtime: ProcessRuntime | None = None) -> tuple[Starter, list[str]]:
+    reported: list[str] = []
+
+    async def report(task_key: TaskKey, reason: Reason) -> None:
+        reported.append(f"{task_key.task}: {reason.text}")
+
+    runtime = runtime or ProcessRuntime(root / "tasks")
+    return Starter(runtime, Preparer(root), lambda: [], report, retry_seconds=0.05, ports=ports), reported
+
+
+def environment(runtime: ProcessRuntime, task_key: TaskKey) -> dict[str, str]:
+    variables = Path(f"/proc/{(runtime.root / task_key.slug / 'pid').read_text().strip()}/environ").read_bytes()
+    pairs = (item.partition("=") for item in variables.decode().split("\0") if item)
+    return {k: v for k, _, v in pairs if k.startswith("ASTRAEUS_") and "PORT" in k}
+
+
+async def test_external_access_gets_ports_of_the_range_that_no_live_worker_holds(tmp_path: Path) -> None:
+    ports = free_range(3)
+    starter, _ = ported(tmp_path, ports)
+    runtime = ProcessRuntime(tmp_path / "tasks")
+    try:
+        await starter.start(key("a"), serving("web:8080,api:9090"), {}, lambda _: None)
+        await starter.start(key("b"), serving("web:8080"), {}, lambda _: None)
+        first = ports.first
+        assert runtime.ports_in_use() == {
+            key("a").slug: {"web": first, "api": first + 1},
+            key("b").slug: {"web": first + 2},
+        }
+        # A process listens on the machine's port itself: both variables name it.
+        assert environment(runtime, key("b")) == {
+            "ASTRAEUS_EXTERNAL_PORT_WEB": str(first + 2),
+            "ASTRAEUS_PORT_WEB": str(first + 2),
+        }
+    finally:
+        for task in ("a", "b"):
+            runtime.stop(key(task), grace_seconds=0)
+
+
+async def test_a_worker_waits_for_its_port_until_one_is_free_and_an_agent_that_restarts_keeps_them(
+    tmp_path: Path,
+) -> None:
+    ports = free_range(1)
+    starter, _ = ported(tmp_path, ports)
+    runtime = ProcessRuntime(tmp_path / "tasks")
+    try:
+        await starter.start(key("a"), serving("web:8080"), {}, lambda _: None)
+        # A new agent over the same machine (it restarted): the port is held by the worker that runs.
+        again, reported = ported(tmp_path, ports)
+        waiting = asyncio.ensure_future(again.start(key("b"), serving("web:8080"), {}, lambda _: None))
+        await asyncio.sleep(0.5)
+        assert (waiting.done(), reported) == (False, ["b: Waiting for its external port to be assigned"])
+        runtime.stop(key("a"), grace_seconds=0)
+        await asyncio.wait_for(waiting, 10)
+        assert runtime.ports_in_use() == {key("b").slug: {"web": ports.first}}
+    finally:
+        for task in ("a", "b"):
+            runtime.stop(key(task), grace_seconds=0)
+
+
+async def test_a_port_another_program_holds_is_never_assigned(tmp_path: Path) -> None:
+    ports = free_range(2)
+    starter, _ = ported(tmp_path, ports)
+    runtime = ProcessRuntime(tmp_path / "tasks")
+    with socket.socket() as other:
+        other.bind(("0.0.0.0", ports.first))
+        other.listen()
+        try:
+            await starter.start(key("a"), serving("web:8080"), {}, lambda _: None)
+            assert runtime.ports_in_use() == {key("a").slug: {"web": ports.last}}
+        finally:
+            runtime.stop(key("a"), grace_seconds=0)
+
+
+async def test_external_access_on_a_machine_without_a_range_cannot_start(tmp_path: Path) -> None:
+    runtime = ProcessRuntime(tmp_path / "tasks")
+
+    async def report(task_key: TaskKey, reason: Reason) -> None:
+        pass
+
+    starter = Starter(runtime, Preparer(tmp_path), lambda: [], report, retry_seconds=0.05)
+    with pytest.raises(SetupEnded) as ended:
+        await starter.start(key("a"), serving("web:8080"), {}, lambda _: None)
+    assert ended.value.reason.text == (
+        "Container start failed: external_access needs ports, and this machine's agent has no --external-ports range"
+    )

@@ -9,7 +9,7 @@ import pytest
 from tests.domain.builders import GB, T0, gpu, holding, ib, machine, request, unreported
 from workflows.domain.constraints import Drive, GpuRequest, Network
 from workflows.domain.machines import Cluster, Free, free_capacity, size_text
-from workflows.domain.nodes import DriveCopy, NetworkPort, NodeState, NodeView
+from workflows.domain.nodes import DriveCopy, NetworkPort, NodeState, NodeView, PortRange
 from workflows.domain.placement import CHECKS, ask_for, explain, fits
 from workflows.domain.requests import Allocation, TaskRequest
 from workflows.domain.scheduling import schedule
@@ -300,7 +300,7 @@ def test_checks_run_cheap_first_in_the_spec_order() -> None:
     names = [check.__name__ for check in CHECKS]
     assert names[:3] == ["check_ready", "check_pressure", "check_open"]
     assert names.index("check_cpu") < names.index("check_gpus") < names.index("check_topology")
-    assert names[-2:] == ["check_drives", "check_capabilities"]
+    assert names[-3:] == ["check_drives", "check_capabilities", "check_external_ports"]
 
 
 def test_a_faulted_machine_still_takes_cpu_only_work() -> None:
@@ -400,3 +400,26 @@ def test_fits_agrees_with_explain() -> None:
     node, free = cluster.machines["n0"], cluster.free["n0"]
     assert not fits(node, free, ask)
     assert explain(node, free, ask)
+
+
+@pytest.mark.parametrize(
+    ("node", "asked", "expected"),
+    [
+        pytest.param(
+            machine("n0"),
+            1,
+            ["machine exposes no external ports to its workers (its agent has no --external-ports range)"],
+            id="a machine without a port range",
+        ),
+        pytest.param(
+            machine("n0", external_ports=PortRange(first=30000, last=30001)),
+            3,
+            ["machine exposes no external ports to its workers (its range holds 2, the worker needs 3)"],
+            id="a range smaller than the worker asks",
+        ),
+        pytest.param(machine("n0", external_ports=PortRange(first=30000, last=30001)), 2, [], id="a range enough"),
+        pytest.param(machine("n0"), 0, [], id="no external access asks nothing"),
+    ],
+)
+def test_external_access_needs_a_machine_that_assigns_ports(node: NodeView, asked: int, expected: list[str]) -> None:
+    assert reasons(node, request(external_ports=asked)) == expected

@@ -115,3 +115,14 @@ def test_a_group_is_never_split_into_more_workers_than_a_run_may_have() -> None:
     assert (
         plan.reason == "Cannot plan workers: no way to run 1024 GPUs on these machines: 1 free on the largest one now"
     )
+
+
+def test_memory_per_gpu_bounds_the_gpus_a_machine_can_take() -> None:
+    """8 GPUs each, but room for 4 GiB per GPU on only 4 of them: 16 GPUs take four machines of 4, not two of 8."""
+    nodes = [machine(f"n{i}", gpus=8, memory=16 * 2**30) for i in range(4)]
+    result = plan_group(request(group="train", memory_per_gpu_bytes=4 * 2**30), 16, None, nodes, [], T0)
+    assert (result.workers, result.gpus_per_worker) == (4, 4)
+    result = plan_group(request(group="train", memory_per_gpu_bytes=4 * 2**30), 32, None, nodes, [], T0)
+    assert result.reason == (
+        "Cannot plan workers: no way to run 32 GPUs on these machines: 4 free on the largest one now"
+    )

@@ -278,6 +278,11 @@ SPEC_TABLES: dict[str, list[Row]] = {
 
 # Not in the spec's tables: Astraeus additions, documented in reasons.py (and workflows/README.md).
 ADDITIONS: list[Row] = [
+    (
+        "NoExternalPorts",
+        {"why": "its agent has no --external-ports range"},
+        "machine exposes no external ports to its workers (its agent has no --external-ports range)",
+    ),
     ("Placed", {"node": "n0"}, "Placed on n0"),
     ("PickedUp", {"node": "n0"}, "Picked up by n0"),
     ("NodeRegistered", {}, "Registered by its agent"),

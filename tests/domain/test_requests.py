@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.domain.builders import request
+from tests.domain.builders import T0, machine, request
 from workflows.domain.constraints import GpuRequest, NodeSelection
+from workflows.domain.machines import Cluster
+from workflows.domain.placement import ask_for, explain
 from workflows.domain.requests import request_fields
+from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
+from workflows.domain.tasks import allocation, groups_of, new_job, plan_tasks, task_request
 
 
 def test_a_worker_asks_with_its_group_and_time_limit() -> None:
@@ -26,6 +30,8 @@ def test_a_worker_asks_with_its_group_and_time_limit() -> None:
         "min_available": None,
         "spread": False,
         "drives": (),
+        "memory_per_gpu_bytes": 0,
+        "external_ports": 0,
     }
     limit = fields.pop("time_limit_seconds")
     assert request(limit=limit, **fields).time_limit_seconds == 60.0
@@ -128,3 +134,20 @@ def test_placement_fields_are_checked_at_submit(field: str, value: object, messa
 def test_a_gpu_request_takes_a_model_or_models_but_not_both() -> None:
     with pytest.raises(ValueError):
         GpuRequest.model_validate({"model": "H100", "models": ["H200"]})
+
+
+def test_a_worker_with_memory_per_gpu_asks_and_holds_its_gpus_times_it() -> None:
+    per_gpu = 3 * 2**30
+    spec = parse_spec(
+        {"name": "a", "groups": [{"name": "w", "command": ["x"], "gpus": 4, "per_gpu": {"memory_bytes": per_gpu}}]}
+    )
+    job = new_job(spec, Settings(), T0)
+    job.tasks = plan_tasks(groups_of(job), T0)
+    asked = task_request(job, job.tasks[0])
+    assert (asked.memory_bytes, asked.memory_per_gpu_bytes) == (4 * per_gpu, per_gpu)
+    node = machine("n0", gpus=8, memory=8 * 2**30)
+    cluster = Cluster([node], [], T0)
+    why = explain(cluster.machines["n0"], cluster.free["n0"], ask_for(asked, cluster, {}))
+    assert [r.text for r in why] == ["insufficient memory: need 12884901888 bytes, 8589934592 free"]
+    placed = job.tasks[0].model_copy(update={"attempt": job.tasks[0].attempt.model_copy(update={"node": "n0"})})
+    assert allocation(job, placed).memory_bytes == 4 * per_gpu

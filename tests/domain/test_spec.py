@@ -130,6 +130,9 @@ def test_every_built_field_is_kept() -> None:
                 "gpu_requests": [{"vendor": "nvidia", "models": ("H100", "H200"), "min_memory_bytes": 80 * 10**9}],
                 "healthy_only": True,
                 "node_selection": {"names": (), "labels": {"gpu": "h100"}, "pools": ()},
+                "per_gpu": None,
+                "external_access": [{"name": "web", "port": 8080}],
+                "identity": True,
                 "depends_on": [],
                 "array": None,
                 "readiness": {
@@ -160,7 +163,8 @@ def test_every_built_field_is_kept() -> None:
     }
     eval_defaults |= {"pull_policy": "IfNotPresent", "registry_secret": None, "drives": [], "secrets": []}
     eval_defaults |= {"gpu_requests": None, "healthy_only": False, "node_selection": None, "readiness": None}
-    eval_defaults |= {"total_gpus": None, "machines": None}
+    eval_defaults |= {"total_gpus": None, "machines": None, "per_gpu": None, "external_access": []}
+    eval_defaults |= {"identity": False}
     expected = data | {"groups": [data["groups"][0], data["groups"][1] | eval_defaults]}
     assert parse_spec(data).model_dump() == expected
 
@@ -195,6 +199,9 @@ def test_the_dump_leaves_out_the_fields_that_are_not_built() -> None:
         "depends_on",
         "array",
         "readiness",
+        "per_gpu",
+        "external_access",
+        "identity",
     }
 
 
@@ -213,7 +220,7 @@ def test_job_id(namespace: str, name: str, expected: str) -> None:
 @pytest.mark.parametrize(
     "data",
     [
-        pytest.param(with_group(per_gpu=None), id="an explicit null for a field not built is no value"),
+        pytest.param(with_group(network=None), id="an explicit null for a field not built is no value"),
         pytest.param(with_group(gpus=0, cpu=0), id="a worker may ask for no cpu and no gpu"),
         pytest.param(with_top(name="a"), id="a one-letter name is a name"),
         pytest.param(with_top(name="a" * 63), id="a 63-character name is a name"),
@@ -457,7 +464,7 @@ def test_a_spec_larger_than_128_kib_is_refused_naming_its_largest_part() -> None
     with pytest.raises(ValueError) as raised:
         parse_spec(data)
     assert str(raised.value) == (
-        "groups.4: the run spec is 152236 bytes as JSON, at most 131072; this is its largest part (30407 bytes)"
+        "groups.4: the run spec is 152501 bytes as JSON, at most 131072; this is its largest part (30460 bytes)"
     )
 
 
@@ -474,23 +481,54 @@ def test_duplicate_group_names_are_refused() -> None:
         parse_spec(data)
 
 
-# Fields the spec names that Astraeus does not honour yet: refused by name rather than ignored.
-NOT_BUILT_GROUP = [
-    ("per_gpu", {"memory_bytes": 1 << 30}),
-]
+# ---- per_gpu.memory_bytes: memory that scales with a worker's GPUs ------------------------------------------------
 
 
-def _refusal(field: str) -> str:
-    return f"{field} is not built yet; Astraeus refuses it rather than ignore it"
+def test_per_gpu_memory_is_each_workers_gpus_times_it() -> None:
+    group = parse_spec(with_group(gpus=4, per_gpu={"memory_bytes": 8 << 30})).groups[0]
+    assert (group.per_gpu is not None, group.memory_bytes, group.worker_memory_bytes) == (True, 0, 32 << 30)
+    assert parse_spec(with_group(gpus=2, memory_bytes=1 << 30)).groups[0].worker_memory_bytes == 1 << 30
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [pytest.param(f, v, id=f"group field {f} is refused as not built") for f, v in NOT_BUILT_GROUP]
+    ("group", "message"),
+    [
+        pytest.param(
+            {"gpus": 1, "memory_bytes": 1 << 30, "per_gpu": {"memory_bytes": 1 << 30}},
+            "groups.0: per_gpu.memory_bytes: set memory_bytes or per_gpu.memory_bytes, not both",
+            id="memory per worker and per GPU are one or the other",
+        ),
+        pytest.param(
+            {"per_gpu": {"memory_bytes": 1 << 30}},
+            "groups.0: per_gpu.memory_bytes: the group asks for no GPUs (set gpus or total_gpus, or memory_bytes)",
+            id="memory per GPU needs GPUs",
+        ),
+        pytest.param(
+            {"gpus": 1, "per_gpu": {"memory_bytes": 0}},
+            "groups.0.per_gpu.memory_bytes: Input should be greater than 0",
+            id="memory per GPU is more than nothing",
+        ),
+        pytest.param(
+            {"gpus": 1, "per_gpu": {"memory_bytes": 1, "cpu": 2}},
+            "groups.0.per_gpu.cpu: unknown field",
+            id="per_gpu has memory_bytes only",
+        ),
+        pytest.param(
+            {"gpus": 64, "per_gpu": {"memory_bytes": 1 << 50}},
+            "groups.0: per_gpu.memory_bytes: 64 GPUs x 1125899906842624 bytes is more than 4503599627370496 bytes",
+            id="a worker's memory per GPU stays within the bound of memory_bytes",
+        ),
+    ],
 )
-def test_a_group_field_that_is_not_built_is_refused(field: str, value: Any) -> None:
+def test_per_gpu_memory_is_refused_naming_the_field(group: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError) as raised:
-        parse_spec(with_group(**{field: value}))
-    assert str(raised.value) == f"groups.0.{field}: {_refusal(field)}"
+        parse_spec(with_group(**group))
+    assert str(raised.value) == message
+
+
+def test_a_group_of_total_gpus_may_ask_memory_per_gpu() -> None:
+    group = parse_spec(with_group(total_gpus=8, per_gpu={"memory_bytes": 1 << 30})).groups[0]
+    assert group.worker_memory_bytes == 0  # not planned yet: its workers' GPUs, and so their memory, come with the plan
 
 
 def test_the_second_group_is_named_by_its_index() -> None:
@@ -599,8 +637,6 @@ def test_a_bad_drive_secret_or_pull_policy_is_refused_naming_the_field(group: di
     ("field", "value", "needs"),
     [
         pytest.param("network", {"mesh": True}, "the node network (subnet assignment and mesh)", id="node network"),
-        pytest.param("external_access", {"port": 8080}, "external ports assigned to workers", id="external port"),
-        pytest.param("identity", True, "identity certificates issued to workers", id="worker identity"),
     ],
 )
 def test_a_field_needing_infrastructure_we_lack_is_refused_saying_what_it_needs(
@@ -698,3 +734,43 @@ def test_a_gang_defaults_to_restart_job_and_its_first_worker_leads() -> None:
     spec = parse_spec(_groups({"name": "a", "replicas": 2}, gang=True))
     assert (spec.failure_policy, spec.leader_id) == ("RestartJob", "a-0")
     assert parse_spec(_groups({"name": "a"})).failure_policy == "RestartTask"
+
+
+# ---- external_access: ports a worker listens on, exposed on its machine -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("access", "message"),
+    [
+        pytest.param(
+            [{"name": "web", "port": 8080}, {"name": "web", "port": 8081}],
+            "groups.0: external_access: name web given twice",
+            id="each external access has its own name",
+        ),
+        pytest.param(
+            [{"name": "a", "port": 8080}, {"name": "b", "port": 8080}],
+            "groups.0: external_access: port 8080 given twice",
+            id="each external access has its own port",
+        ),
+        pytest.param(
+            [{"name": "web", "port": 0}],
+            "groups.0.external_access.0.port: Input should be greater than or equal to 1",
+            id="a port is 1 or more",
+        ),
+        pytest.param([{"name": "Web", "port": 80}], f"groups.0.external_access.0.name: {NAME_RULE}", id="a name"),
+        pytest.param(
+            [{"name": f"p{i}", "port": 8000 + i} for i in range(17)],
+            "groups.0.external_access: List should have at most 16 items after validation, not 17",
+            id="at most 16 ports a worker",
+        ),
+    ],
+)
+def test_external_access_is_refused_naming_the_field(access: list[dict[str, Any]], message: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        parse_spec(with_group(external_access=access))
+    assert str(raised.value) == message
+
+
+def test_external_access_names_its_variables() -> None:
+    group = parse_spec(with_group(external_access=[{"name": "web-ui", "port": 8080}])).groups[0]
+    assert [(a.variable, a.port) for a in group.external_access] == [("WEB_UI", 8080)]

@@ -87,7 +87,14 @@ FULL: dict[str, Any] = {
             "depends_on": [{"group": "db"}],
             "array": {"max_parallel": 1},
         },
-        {"name": "db", "command": ["x"], "total_gpus": 2, "machines": 1, "restart_policy": "Always"},
+        {
+            "name": "db",
+            "command": ["x"],
+            "total_gpus": 2,
+            "machines": 1,
+            "restart_policy": "Always",
+            "per_gpu": {"memory_bytes": 1000},
+        },
     ],
 }
 GANG: dict[str, Any] = {
@@ -99,11 +106,21 @@ GANG: dict[str, Any] = {
     "complete_with": "w",
     "topology": {"one_per_machine": True, "patience_seconds": 30},
     "groups": [
-        {"name": "w", "replicas": 2, "command": ["x"], "gpus": 1, "time_limit_seconds": 60, "restart_policy": "Never"},
+        {
+            "name": "w",
+            "replicas": 2,
+            "command": ["x"],
+            "gpus": 1,
+            "time_limit_seconds": 60,
+            "restart_policy": "Never",
+            "per_gpu": {"memory_bytes": 1000},
+        },
         {
             "name": "web",
             "command": ["x"],
             "readiness": {"http_get": {"port": 8080, "path": "/h"}},
+            "external_access": [{"name": "web", "port": 8080}],
+            "identity": True,
             "drives": [{"name": "v", "volume": "vol", "mount_path": "/v", "read_only": True}],
             "secrets": [{"name": "s", "key": "k", "path": "/run/k"}],
         },

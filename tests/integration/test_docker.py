@@ -35,8 +35,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, docker_engine: DockerEngin
         c.stop()
 
 
+EXTERNAL_PORT = free_port()  # the one port d0 assigns to workers' external access
+
+
 def agent_flags(engine: DockerEngine) -> list[str]:
-    return ["--runtime", "docker", "--docker-host", engine.host, "--cpus", "8", "--memory-bytes", str(8 * GIB)]
+    return ["--runtime", "docker", "--docker-host", engine.host, "--cpus", "8", "--memory-bytes", str(8 * GIB),
+            "--external-ports", f"{EXTERNAL_PORT}-{EXTERNAL_PORT}"]  # fmt: skip
 
 
 def submit(cluster: Cluster, tmp_path: Path, name: str, **group: Any) -> None:
@@ -205,3 +209,20 @@ def test_a_deleted_runs_container_and_its_log_leave_the_engine(
     with pytest.raises(RuntimeError, match="No such object"):
         container(docker_engine, "dk-gone")
     assert cluster.cli("describe", "dk-gone", check=False).returncode == 3
+
+
+def test_a_containers_external_access_is_bound_to_the_port_its_machine_assigned(
+    cluster: Cluster, tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    access = [{"name": "web", "port": 8080}]
+    submit(cluster, tmp_path, "dk-web", command=["sh", "-c", "env | grep PORT_WEB | sort; sleep 600"],
+           external_access=access)  # fmt: skip
+    described = cluster.wait_state("dk-web", "Running")
+
+    assert described["tasks"][0]["external"] == {"web": f"127.0.0.1:{EXTERNAL_PORT}"}
+    bindings = container(docker_engine, "dk-web")["HostConfig"]["PortBindings"]
+    assert bindings == {"8080/tcp": [{"HostIp": "", "HostPort": str(EXTERNAL_PORT)}]}
+    expected = f"ASTRAEUS_EXTERNAL_PORT_WEB={EXTERNAL_PORT}\nASTRAEUS_PORT_WEB=8080\n"
+    cluster.wait_for(lambda: cluster.cli("logs", "dk-web/w-0").stdout == expected, "the worker to print its ports")
+    cluster.cli("cancel", "dk-web")
+    cluster.wait_state("dk-web", "Cancelled")

@@ -224,3 +224,11 @@ def test_counts_say_how_many_machines_give_each_reason_most_first() -> None:
         NodeReasons(name="c", reasons=[R.NodeNotReady(state="Down")]),
     ]
     assert list(Placement.of(nodes).counts.items()) == [("InsufficientGpus", 2), ("Cordoned", 1), ("NodeNotReady", 1)]
+
+
+def test_a_report_with_external_access_carries_where_people_reach_it() -> None:
+    from workflows.domain.events import TaskRunning
+
+    sent = TaskRunning(task_id="w-0", attempt=0, started=True, external={"web": "10.0.0.7:30001"})
+    assert json_of(sent)["external"] == {"web": "10.0.0.7:30001"}
+    assert through_the_wire(sent, TaskRunning) == sent

@@ -129,9 +129,22 @@ RESTARTING = Advice(
 )
 
 
+# A worker's last failure, by its exact sentence (a last failure keeps the sentence, not the code): the spec's
+# "Meaning" of the failure reasons that say what to change.
+FAILURES: dict[str, Advice] = {
+    R.OOMKilled().text: Advice(
+        "Out of memory",
+        "The worker used more host memory than its limit. Raise memory_bytes (or per_gpu.memory_bytes, which its "
+        "GPUs multiply).",
+    ),
+}
+
+
 def table() -> dict[str, Any]:
-    """The advice as the console reads it (`GET /console/advice.json`): by reason code, and `restarting`."""
+    """The advice as the console reads it (`GET /console/advice.json`): by reason code, `restarting`, and by a last
+    failure's sentence."""
     return {
         "reasons": {code: asdict(advice) for code, advice in {**RUN_PENDING, **PENDING}.items()},
         "restarting": asdict(RESTARTING),
+        "failures": {text: asdict(advice) for text, advice in FAILURES.items()},
     }

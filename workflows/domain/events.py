@@ -12,7 +12,15 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from workflows.domain.placement import TaskRequest
 from workflows.domain.reasons import R, Reason
@@ -162,6 +170,17 @@ class TaskRunning(_Msg):
     started: bool = False  # the same activity started it: the container was started, and runs
     picked_up_at: datetime | None = None  # with `started`: when its machine picked it up (began to set it up)
     started_at: datetime | None = None  # with `started`: when the container was started
+    # With `started`: where people reach its external access, name -> "<machine address>:<port its machine gave>".
+    external: dict[str, str] = Field(default_factory=dict)
+
+    @model_serializer(mode="wrap")
+    def _without_empty_external(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A report of a worker without external access is sent as it was before the field (a control plane of
+        before reads it)."""
+        data: dict[str, Any] = handler(self)
+        if not self.external:
+            data.pop("external", None)
+        return data
 
 
 class HeartbeatLate(_Msg):

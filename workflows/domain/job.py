@@ -394,6 +394,8 @@ def _apply(step: Step, event: Event) -> None:
             task = _current(job, task_id, attempt)
             if task is not None and event.started:
                 _picked_up(step, task, event.picked_up_at)
+                if event.external:  # its machine assigned its external ports: describe shows where to reach it
+                    task.attempt.external = dict(event.external)
             if task is not None and event.started and task.state in (TaskState.PREPARING, TaskState.PULLING):
                 at = _reported(step, task, event.started_at)
                 step.move(task, TaskEvent.CONTAINER_STARTED, R.ContainerStarted(), at=at)

@@ -48,6 +48,7 @@ class CompiledNode:
     gpus: tuple[GpuInfo, ...]
     faults: tuple[GpuInfo, ...]
     copies: frozenset[str] = frozenset()  # the drives it holds a filled copy of at its data location
+    external_ports: int = 0  # how many ports its agent may assign to workers' external access
     _matching: dict[tuple[GpuRequest, ...], tuple[int, int]] = field(default_factory=dict)
 
     @property
@@ -57,7 +58,7 @@ class CompiledNode:
         gpus = tuple((g.model, g.memory_bytes, g.fault, g.at_risk, g.index if g.fault else -1) for g in self.gpus)
         return (self.not_ready, self.pressure, self.closed, tuple(sorted(self.labels.items())), self.pools,
                 self.accepts, self.site, self.ports, self.capabilities, tuple(sorted(self.capability_notes.items())),
-                self.data_free, self.copies, self.cpus, self.memory_bytes, gpus)  # fmt: skip
+                self.data_free, self.copies, self.cpus, self.memory_bytes, gpus, self.external_ports)  # fmt: skip
 
     @property
     def rack(self) -> str | None:
@@ -121,6 +122,7 @@ def compile_node(view: NodeView) -> CompiledNode:
         gpus=gpus,
         faults=tuple(g for g in gpus if g.fault is not None),
         copies=frozenset(copy.drive for copy in inv.drive_copies),
+        external_ports=inv.external_ports.size if inv.external_ports else 0,
     )
 
 

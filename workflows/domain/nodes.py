@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class NodeState(StrEnum):
@@ -56,6 +56,28 @@ class DriveCopy(BaseModel):
     filled_at: datetime | None = None
 
 
+class PortRange(BaseModel):
+    """Ports of the machine its agent hands out to workers' external access, first to last (both included)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    first: int = Field(ge=1, le=65535)
+    last: int = Field(ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PortRange:
+        if self.last < self.first:
+            raise ValueError(f"{self.first}-{self.last}: the first port is after the last")
+        return self
+
+    @property
+    def size(self) -> int:
+        return self.last - self.first + 1
+
+    def __str__(self) -> str:
+        return f"{self.first}-{self.last}"
+
+
 class NodeInventory(BaseModel):
     """What a machine has; the agent reports it when it registers."""
 
@@ -81,6 +103,7 @@ class NodeInventory(BaseModel):
     data_free_bytes: int | None = Field(None, ge=0, description="Free at its data location; None: none chosen.")
     data_location: str | None = Field(None, description="Where it keeps copies of drives; None: none chosen.")
     drive_copies: list[DriveCopy] = Field(default_factory=list, description="Drives it holds a filled copy of.")
+    external_ports: PortRange | None = Field(None, description="Ports it assigns to workers' external access.")
 
 
 class NodeStatusEntry(BaseModel):

@@ -249,6 +249,17 @@ def check_capabilities(node: CompiledNode, free: Free, ask: Ask) -> Reason | Non
     return None
 
 
+def check_external_ports(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
+    """A worker with external access needs a machine whose agent assigns that many ports. Whether they are free
+    now is the machine's to say: the worker waits there "Waiting for its external port to be assigned"."""
+    wanted = ask.request.external_ports
+    if not wanted or node.external_ports >= wanted:
+        return None
+    if not node.external_ports:
+        return fill(R.NoExternalPorts, why="its agent has no --external-ports range")
+    return fill(R.NoExternalPorts, why=f"its range holds {node.external_ports}, the worker needs {wanted}")
+
+
 _CAPABILITY_REASONS = {"outbound_policy": R.NoOutboundPolicy, "sandbox": R.NoSandbox, "tool_gateway": R.NoToolGateway}
 
 # The fixed order: the spec's per-machine table, cheap first. The machine's own state, then what the worker may
@@ -270,6 +281,7 @@ CHECKS: tuple[Check, ...] = (
     check_topology,
     check_drives,
     check_capabilities,
+    check_external_ports,
 )
 
 

@@ -43,13 +43,18 @@ def power_of_two(n: int) -> bool:
 
 def _room(cluster: Cluster, template: TaskRequest, names: Iterable[str], drives: Mapping[str, Drive]) -> list[int]:
     """For each machine that could host a worker of the group but for its GPU count, the GPUs it could use now."""
-    probe = template.model_copy(update={"gpus": max(template.gpus, 1)})
+    gpus = max(template.gpus, 1)
+    per_gpu = template.memory_per_gpu_bytes  # memory that scales with the GPUs bounds them too
+    probe = template.model_copy(
+        update={"gpus": gpus, "memory_bytes": per_gpu * gpus if per_gpu else template.memory_bytes}
+    )
     ask = Ask(probe, drives=drives)
     room = []
     for name in names:
         machine, free = cluster.machines[name], cluster.free[name]
         if all(reason.code in _ROOM_FOR_GPUS for reason in explain(machine, free, ask)):
-            room.append(usable_gpus(machine, free, probe)[0])
+            usable = usable_gpus(machine, free, probe)[0]
+            room.append(min(usable, free.memory_bytes // per_gpu) if per_gpu else usable)
     return room
 
 

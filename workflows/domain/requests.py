@@ -54,6 +54,8 @@ class TaskRequest(BaseModel):
     gang: bool = False  # its run's waiting workers are placed together or not at all; quota asked for all
     min_available: int | None = None  # a gang: this many of its first workers (placed ones count) suffice
     spread: bool = False  # a worker of a group of total_gpus: at most one worker of its group per machine
+    external_ports: int = 0  # external_access: ports its machine must assign it
+    memory_per_gpu_bytes: int = 0  # per_gpu.memory_bytes: memory_bytes is gpus x this (planning sizes by it); 0: none
 
     @property
     def key(self) -> JobTaskKey:
@@ -82,6 +84,7 @@ class TaskRequest(BaseModel):
             self.drives,
             self.capabilities,
             self.spread,
+            self.external_ports,
         )
 
     @property
@@ -181,6 +184,8 @@ def request_fields(spec: JobSpec, group: GroupSpec) -> dict[str, Any]:
         # A group of total_gpus is planned one worker per machine (workflows/domain/planning.py): placement keeps it so.
         "spread": any(g.name == group.name and g.planned for g in spec.groups),
         "drives": placed_drives(group),
+        "memory_per_gpu_bytes": group.per_gpu.memory_bytes if group.per_gpu else 0,
+        "external_ports": len(group.external_access),
     }
 
 

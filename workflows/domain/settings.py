@@ -43,3 +43,6 @@ class Settings(BaseModel):
         4000, ge=50, le=40_000, description="A run's workflow continues as new past this."
     )
     history_keep: int = Field(200, ge=10, le=10_000, description="Entries kept per history; older ones are summarised.")
+    identity_ttl_seconds: float = Field(
+        3600, ge=10, le=DAY_SECONDS, description="How long a worker's certificate is valid; renewed at half its life."
+    )

@@ -35,22 +35,13 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, description="Lower-case letter
 
 RestartPolicy = Literal["OnFailure", "Always", "Never"]
 
-# Fields of the spec that a later capability builds; until then a spec that sets one is refused by name.
-NOT_BUILT_GROUP_FIELDS = ("per_gpu",)
 # Fields that need infrastructure this cluster does not have yet, and what each one needs.
 NEEDS_INFRASTRUCTURE = {
     "network": "the node network (subnet assignment and mesh)",
-    "external_access": "external ports assigned to workers",
-    "identity": "identity certificates issued to workers",
 }
+MAX_EXTERNAL_ACCESS = 16  # ports one worker exposes on its machine
 
 NotBuilt = Annotated[SkipJsonSchema[Any], Field(exclude=True, repr=False)]
-
-
-def _refuse(value: Any, info: Any) -> Any:
-    if value is not None:
-        raise ValueError(f"{info.field_name} is not built yet; Astraeus refuses it rather than ignore it")
-    return value
 
 
 def _refuse_infrastructure(value: Any, info: Any) -> Any:
@@ -145,6 +136,20 @@ class SecretSpec(_Frozen):
         return self
 
 
+class ExternalAccess(_Frozen):
+    """A port the worker listens on, exposed on its machine: the machine assigns it a port of its own (from its
+    agent's --external-ports range), and people reach the worker at <machine address>:<that port>."""
+
+    name: Name = Field(description="Names it: the worker finds its ports in ASTRAEUS_PORT_<NAME> and "
+                       "ASTRAEUS_EXTERNAL_PORT_<NAME> (upper case, dashes as underscores).")  # fmt: skip
+    port: int = Field(ge=1, le=65535, description="The port the worker listens on in its container.")
+
+    @property
+    def variable(self) -> str:
+        """The name's part of its environment variables: `web-ui` -> `WEB_UI`."""
+        return self.name.upper().replace("-", "_")
+
+
 class HttpGet(_Frozen):
     """A readiness check that GETs http://<the worker's address>:<port><path>; a 2xx or 3xx answer passes."""
 
@@ -178,6 +183,12 @@ class ArraySpec(_Frozen):
     """The group is an array of `replicas` independent workers, at most `max_parallel` placed at once."""
 
     max_parallel: int = Field(ge=1, le=MAX_WORKERS)
+
+
+class PerGpu(_Frozen):
+    """What a worker gets for each of its GPUs (as Slurm's --mem-per-gpu): its host memory is gpus x memory_bytes."""
+
+    memory_bytes: int = Field(gt=0, le=MAX_BYTES, description="Host memory per GPU of the worker, in bytes.")
 
 
 class GroupSpec(_Frozen):
@@ -243,12 +254,24 @@ class GroupSpec(_Frozen):
     array: ArraySpec | None = Field(None, description="An array of independent workers, max_parallel at once.")
     readiness: Readiness | None = Field(None, description="When a running worker is healthy (serving).")
 
-    per_gpu: NotBuilt = None
+    per_gpu: PerGpu | None = Field(
+        None,
+        description="Host memory that scales with each worker's GPUs: placed on and limited to gpus x "
+        "per_gpu.memory_bytes (instead of memory_bytes).",
+    )
+    external_access: list[ExternalAccess] = Field(
+        default_factory=list,
+        max_length=MAX_EXTERNAL_ACCESS,
+        description="Ports each worker listens on, exposed on its machine at a port the machine assigns.",
+    )
+    identity: bool = Field(
+        False,
+        description="Give each worker attempt an X.509 certificate naming its workspace, run, worker and attempt "
+        "(spiffe://astraeus/ns/<ns>/run/<run>/worker/<worker>/attempt/<n>), issued by the cluster CA, renewed while "
+        "it runs, as files named by ASTRAEUS_IDENTITY_CERT, ASTRAEUS_IDENTITY_KEY and ASTRAEUS_IDENTITY_BUNDLE.",
+    )
     network: NotBuilt = None
-    external_access: NotBuilt = None
-    identity: NotBuilt = None
 
-    _refuse_not_built = field_validator(*NOT_BUILT_GROUP_FIELDS)(_refuse)
     _refuse_needs_infrastructure = field_validator(*NEEDS_INFRASTRUCTURE)(_refuse_infrastructure)
 
     @field_validator("command")
@@ -280,6 +303,30 @@ class GroupSpec(_Frozen):
             raise ValueError(f"total_gpus: the scheduler sets the workers and their GPUs; leave out {', '.join(given)}")
         return self
 
+    @model_validator(mode="after")
+    def _memory_per_worker_or_per_gpu(self) -> GroupSpec:
+        """memory_bytes and per_gpu.memory_bytes say one thing two ways (Slurm refuses --mem with --mem-per-gpu);
+        per GPU needs GPUs. Judged by value, as above."""
+        if self.per_gpu is None:
+            return self
+        if self.memory_bytes:
+            raise ValueError("per_gpu.memory_bytes: set memory_bytes or per_gpu.memory_bytes, not both")
+        if not self.gpus and not self.planned:
+            raise ValueError(
+                "per_gpu.memory_bytes: the group asks for no GPUs (set gpus or total_gpus, or memory_bytes)"
+            )
+        most = self.total_gpus or self.gpus  # a planned worker has at most every GPU of its group
+        if most * self.per_gpu.memory_bytes > MAX_BYTES:
+            raise ValueError(
+                f"per_gpu.memory_bytes: {most} GPUs x {self.per_gpu.memory_bytes} bytes is more than {MAX_BYTES} bytes"
+            )
+        return self
+
+    @property
+    def worker_memory_bytes(self) -> int:
+        """Host memory of each worker: memory_bytes, or its GPUs x per_gpu.memory_bytes."""
+        return self.memory_bytes if self.per_gpu is None else self.gpus * self.per_gpu.memory_bytes
+
     @property
     def planned(self) -> bool:
         """Its workers are planned by the scheduler from total_gpus."""
@@ -297,6 +344,11 @@ class GroupSpec(_Frozen):
             raise ValueError(
                 f"drives: duplicate drive name {', '.join(sorted({n for n in names if names.count(n) > 1}))}"
             )
+        for field, values in (("name", [a.name for a in self.external_access]),
+                              ("port", [str(a.port) for a in self.external_access])):  # fmt: skip
+            twice = sorted({v for v in values if values.count(v) > 1})
+            if twice:
+                raise ValueError(f"external_access: {field} {', '.join(twice)} given twice")
         variables = [s.env for s in self.secrets if s.env]
         clash = sorted({v for v in variables if variables.count(v) > 1 or v in self.env})
         if clash:

@@ -157,6 +157,7 @@ class Attempt(BaseModel):
     stale_since: datetime | None = None
     released: bool = False  # a gang member at the barrier that was told to start
     healthy: bool | None = None  # its readiness check: None until the machine first reports it
+    external: dict[str, str] = Field(default_factory=dict)  # external_access: name -> "<address>:<port>" people use
 
 
 class StopIntent(BaseModel):

@@ -30,6 +30,7 @@ class TaskView(BaseModel):
     history: list[StatusEntry]
     last_failure: LastFailure | None
     healthy: bool | None = None  # its group's readiness check, while it runs (None: no check, or not yet)
+    external: dict[str, str] = {}  # its external access: name -> "<machine address>:<port>", once started
 
 
 class JobDescription(BaseModel):
@@ -79,6 +80,7 @@ def describe(job: JobRecord) -> JobDescription:
                 history=t.history,
                 last_failure=t.last_failure,
                 healthy=t.attempt.healthy,
+                external=t.attempt.external,
             )
             for t in job.tasks
         ],

@@ -7,7 +7,7 @@ const RUN_STATES = ["Pending", "Starting", "Running", "Completed", "Failed", "Ca
 const ENDED = new Set(["Completed", "Failed", "Cancelled", "Terminated", "Deleted"]);
 const WORKER_ENDED = new Set(["Completed", "Failed", "Cancelled", "Down"]);
 const ui = { state: "", workspace: "", search: "", sort: "age", desc: false, includeDeleted: false };
-let advice = { reasons: {}, restarting: null };
+let advice = { reasons: {}, restarting: null, failures: {} };
 let config = { temporal_ui: null, temporal_namespace: "default" };
 let following = null; // the AbortController of a log being followed: aborted when the page changes
 let timer = null;
@@ -363,7 +363,9 @@ function runPage(page, ns, name) {
         h("td", { class: "exact" }, t.status.reason), h("td", {}, t.node || "—"), h("td", {}, t.restarts),
         h("td", {}, when(t.restart_at)), h("td", {}, t.healthy === null || t.healthy === undefined ? "—" : t.healthy ? "yes" : "no"),
         h("td", { class: "failure" }, f ? h("details", {}, h("summary", {},
-          `${f.exit_code === null ? "" : `exit ${f.exit_code}: `}${f.reason}`), h("pre", { class: "log-tail" }, f.log_tail || "(no output)")) : "—"),
+          `${f.exit_code === null ? "" : `exit ${f.exit_code}: `}${f.reason}`),
+          (advice.failures || {})[f.reason] ? h("p", { class: "failure-advice" }, advice.failures[f.reason].advice) : "",
+          h("pre", { class: "log-tail" }, f.log_tail || "(no output)")) : "—"),
         h("td", {}, h("div", { class: "actions" },
           t.node ? h("button", { type: "button", class: "logs", "aria-label": `Logs of ${t.id}`, onclick: () => showLogs(t.id, false).catch((e) => say(e.message, true)) }, "Logs") : "",
           t.node && !WORKER_ENDED.has(t.status.state) ? h("button", { type: "button", class: "follow", "aria-label": `Follow the logs of ${t.id}`,
