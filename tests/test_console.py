@@ -5,6 +5,7 @@ fetches nothing from elsewhere. The console in a real browser is tests/integrati
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import cast
 
 from fastapi.testclient import TestClient
@@ -16,6 +17,7 @@ from workers.client import AstraeusClient
 from workers.console import STATIC, USED_LINK, SignIn
 from workers.console.advice import PENDING, RUN_PENDING, table
 from workflows.domain.reasons import R
+from workflows.domain.tokens import Token, digest
 
 
 def test_every_pending_reason_of_the_spec_has_a_headline_and_advice() -> None:
@@ -78,3 +80,27 @@ def test_without_sign_in_links_every_code_is_refused() -> None:
     with TestClient(app) as http:
         assert http.post("/console/sign-in", json={"code": "anything"}).json() == {"error": USED_LINK}
         assert http.get("/console/config.json").json() == {"temporal_ui": None, "temporal_namespace": "default"}
+
+
+class Book(TokenBook):
+    """Tokens without Temporal: a workspace token and an admin's, by their secrets."""
+
+    def __init__(self) -> None:
+        at = datetime(2026, 12, 1, tzinfo=UTC)
+        self.known = {
+            "ws-secret": Token(id="tok-0000000a", namespace="research", sha256=digest("ws-secret"), created_at=at),
+            "admin-secret": Token(id="tok-0000000b", namespace=None, sha256=digest("admin-secret"), created_at=at),
+        }
+
+    async def find(self, secret: str) -> Token | None:
+        return self.known.get(secret)
+
+
+def test_whoami_tells_the_page_whether_its_token_is_an_admins() -> None:
+    app = api_app(cast(AstraeusClient, None), Book())
+    with TestClient(app) as http:
+        ws = http.get("/whoami", headers={"authorization": "Bearer ws-secret"})
+        assert ws.json() == {"id": "tok-0000000a", "namespace": "research", "admin": False}
+        admin = http.get("/whoami", headers={"authorization": "Bearer admin-secret"})
+        assert admin.json() == {"id": "tok-0000000b", "namespace": None, "admin": True}
+        assert http.get("/whoami").status_code == 401
