@@ -613,7 +613,7 @@ function dataLocationForm(node, after) {
   return h("form", { id: "data-location-form", class: "inline-form", onsubmit: submit },
     h("label", { for: "data-location-input" }, "Data location"), input,
     h("button", { type: "submit", id: "data-location-choose" }, "Choose"),
-    h("p", { id: "data-location-help", class: "muted" }, `A directory on ${node} (admins only); copies already filled elsewhere stay where they are.`),
+    h("p", { id: "data-location-help", class: "muted" }, `An absolute path to a directory on ${node}, which its agent must find (admins only). Copies at a former data location stay on its disk, unused.`),
     error);
 }
 
