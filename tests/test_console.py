@@ -5,6 +5,7 @@ fetches nothing from elsewhere. The console in a real browser is tests/integrati
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import cast
 
 from fastapi.testclient import TestClient
@@ -16,6 +17,7 @@ from workers.client import AstraeusClient
 from workers.console import STATIC, USED_LINK, SignIn
 from workers.console.advice import PENDING, RUN_PENDING, table
 from workflows.domain.reasons import R
+from workflows.domain.tokens import Token, digest
 
 
 def test_every_pending_reason_of_the_spec_has_a_headline_and_advice() -> None:
@@ -80,14 +82,36 @@ def test_without_sign_in_links_every_code_is_refused() -> None:
         assert http.get("/console/config.json").json() == {"temporal_ui": None, "temporal_namespace": "default"}
 
 
+class Book(TokenBook):
+    """Tokens without Temporal: a workspace token and an admin's, by their secrets."""
+
+    def __init__(self) -> None:
+        at = datetime(2026, 12, 1, tzinfo=UTC)
+        self.known = {
+            "ws-secret": Token(id="tok-0000000a", namespace="research", sha256=digest("ws-secret"), created_at=at),
+            "admin-secret": Token(id="tok-0000000b", namespace=None, sha256=digest("admin-secret"), created_at=at),
+        }
+
+    async def find(self, secret: str) -> Token | None:
+        return self.known.get(secret)
+
+
+def test_whoami_tells_the_page_whether_its_token_is_an_admins() -> None:
+    app = api_app(cast(AstraeusClient, None), Book())
+    with TestClient(app) as http:
+        ws = http.get("/whoami", headers={"authorization": "Bearer ws-secret"})
+        assert ws.json() == {"id": "tok-0000000a", "namespace": "research", "admin": False}
+        admin = http.get("/whoami", headers={"authorization": "Bearer admin-secret"})
+        assert admin.json() == {"id": "tok-0000000b", "namespace": None, "admin": True}
+        assert http.get("/whoami").status_code == 401
+
+
 def test_the_free_room_comes_from_the_schedulers_door_and_from_the_runs_while_it_does_not_answer() -> None:
     """The console's pages ask for it every 2 s: one call to the scheduler, not a query of every open run. A
     scheduler that does not answer is asked again only after a while; meanwhile the runs are read."""
-    from datetime import UTC, datetime
     from types import SimpleNamespace
 
     from activities.scheduler_link import SchedulerLink
-    from workflows.domain.tokens import Token
     from workflows.domain.use import ClusterUse, WorkspaceUse
 
     def use(gpus: int) -> ClusterUse:
@@ -112,14 +136,14 @@ def test_the_free_room_comes_from_the_schedulers_door_and_from_the_runs_while_it
             self.calls += 1
             return use(3)
 
-    class Book:
-        async def find(self, secret: str) -> Token:
-            return Token(id="tok-0000abcd", sha256="0" * 64, created_at=datetime(2026, 1, 1, tzinfo=UTC))
-
     scheduler, runs = Scheduler(), Runs()
-    app = api_app(cast(AstraeusClient, runs), cast(TokenBook, Book()), scheduler=cast(SchedulerLink, scheduler))
+    app = api_app(cast(AstraeusClient, runs), Book(), scheduler=cast(SchedulerLink, scheduler))
     with TestClient(app) as http:
-        asked = lambda: http.get("/usage", headers={"authorization": "Bearer x"}).json()["workspaces"][0]["gpus"]  # noqa: E731
+
+        def asked() -> int:
+            answer = http.get("/usage", headers={"authorization": "Bearer admin-secret"})
+            return int(answer.json()["workspaces"][0]["gpus"])
+
         assert [asked(), asked()] == [8, 8] and (scheduler.calls, runs.calls) == (2, 0)
         scheduler.answers = False
         assert [asked(), asked()] == [3, 3] and (scheduler.calls, runs.calls) == (3, 2)

@@ -102,6 +102,14 @@ class Health(BaseModel):
     ok: bool
 
 
+class WhoAmI(BaseModel):
+    """`GET /whoami`: the token asking, so that a page shows only what it may do (the console's admin forms)."""
+
+    id: str
+    namespace: str | None = Field(description="Its workspace; None: an admin token.")
+    admin: bool
+
+
 SPEC_BODY = {
     "required": True,
     "description": "A run spec, as `astraeus submit` reads it: JSON, or YAML with a YAML content type.",
@@ -186,6 +194,11 @@ def api_app(
     async def healthz() -> Health:
         """Whether the API process answers (it needs no token)."""
         return Health(ok=True)
+
+    @app.get("/whoami", response_model=WhoAmI, tags=["health"], responses=answers())
+    async def whoami(token: Caller) -> WhoAmI:
+        """The token asking: its id, its workspace (None: an admin token) and whether it is an admin's."""
+        return WhoAmI(id=token.id, namespace=token.namespace, admin=token.admin)
 
     @app.post("/jobs", status_code=201, response_model=Submitted, tags=["jobs"], responses=answers(409),
               openapi_extra={"requestBody": SPEC_BODY})  # fmt: skip

@@ -1,6 +1,6 @@
 """`make screenshots`: PNGs of the console's main pages in docs/, taken in Debian's headless chromium (through
 Selenium, since the page needs a login that a bare `chromium --screenshot` cannot type) against a small real
-cluster: the runs list, a waiting run, a failing run, the machines and the quotas."""
+cluster: the runs list, a waiting run, a failing run, the machines, a machine's page and the quotas."""
 
 from __future__ import annotations
 
@@ -38,15 +38,22 @@ def main() -> int:
                 {"name": "flaky", "groups": [{"name": "w", "command": ["sh", "-c", "echo out of data; exit 3"]}]}
             )
             cluster.wait_state("research/train", "Running")
+            data = root / "a1-data"  # a1 keeps copies of drives there: its page shows it, and the admin's form
+            data.mkdir()
+            httpx.put(
+                f"{url}/nodes/a1/data-location", json={"path": str(data)}, headers=auth, timeout=60
+            ).raise_for_status()
             console.login(console.admin)
             _row = 'tr[data-run="research/train"]'
             console.text(_row, contains="2 / 2")
             pages = {"runs": "#/runs", "waiting-run": "#/runs/other/big", "failing-run": "#/runs/research/flaky",
-                     "machines": "#/machines", "quotas": "#/quotas"}  # fmt: skip
+                     "machines": "#/machines", "machine": "#/machines/a1", "quotas": "#/quotas"}  # fmt: skip
             DOCS.mkdir(exist_ok=True)
             for name, hash_ in pages.items():
                 driver.get(f"{url}/console/{hash_}")
                 time.sleep(2.5)  # a poll or two: the page drawn from the API's answers
+                if name == "machine":  # its data location, its copies and the admin's form
+                    driver.execute_script("document.getElementById('data-title').scrollIntoView()")
                 driver.save_screenshot(str(DOCS / f"console-{name}.png"))
                 print(f"docs/console-{name}.png")  # noqa: T201
     finally:

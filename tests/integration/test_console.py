@@ -3,7 +3,9 @@ what a person sees. A login with a token; a run going Running in the list withou
 headline, advice and What keeps it out; a failing worker's Restarting countdown, then its failure and log tail; a
 worker stopped with a reason from the page; a run cancelled and one deleted from its page, each confirmed first;
 logs followed as they come; Include deleted; a workspace token that sees only its own runs; machines with their free
-room, the workers on them and their history, cordoned, uncordoned and removed by an admin; no accessibility
+room, the workers on them and their history, cordoned, uncordoned and removed by an admin; a machine's data location
+chosen by an admin from its page (the run's advice links there), a bad one refused in the server's words, and the
+catalogue of drives; no accessibility
 violation axe-core finds, and a page worked with the keyboard alone; and the new user's way in: `astraeus dev`'s
 printed console address, which signs in once, then the README's examples submitted and their wait explained."""
 
@@ -330,6 +332,59 @@ def test_the_machines_page_shows_free_room_and_a_machines_page_its_workers_and_h
     assert not console.browser.find_elements(By.CSS_SELECTOR, "#placed a[href*=research]")
 
 
+def test_an_admin_chooses_a_machines_data_location_from_its_page_and_a_workspace_token_sees_no_form(
+    console: Console, tmp_path: Path
+) -> None:
+    source = tmp_path / "corpus"
+    source.mkdir()
+    (source / "words.txt").write_text("alpha\nbeta\n")
+    drive = {"name": "corpus", "machine": "elsewhere", "size_bytes": 1024, "source": str(source)}
+    made = httpx.post(f"{console.url}/drives", json=drive, headers={"authorization": f"Bearer {console.admin}"},
+                      timeout=60)  # fmt: skip
+    assert made.status_code == 200, made.text
+    console.submit({"name": "reader", "groups": [{"name": "w", "cpu": 0.5, "restart_policy": "Never",
+                    "command": ["sh", "-c", 'cat "$ASTRAEUS_DRIVE_DATA/words.txt"'],
+                    "drives": [{"name": "data", "drive": "corpus", "mount_path": "/data"}]}]})  # fmt: skip
+    console.login(console.admin)
+    console.open("#/runs/research/reader")
+    assert console.text("#run-reason", contains="Choose") == "Choose where to keep data on a0"
+    assert console.text("#headline") == "A drive needs a place to keep its data"
+    console.see(By.ID, "advice-machine").click()  # the advice links to the machine's page
+    console.until(lambda: console.browser.execute_script("return location.hash") == "#/machines/a0", "a0's page")
+    assert console.text("#data-location").startswith("No data location: workers that need a copy of a drive")
+    assert console.text("#drive-copies-none").startswith("No copies of drives here yet")
+
+    path = console.see(By.ID, "data-location-input")
+    path.send_keys("/no/such/place")
+    console.browser.find_element(By.ID, "data-location-choose").click()
+    assert console.text("#dialog-title") == "Keep data on a0 at /no/such/place?"
+    console.see(By.ID, "dialog-yes").click()
+    refused = console.text("#data-location-error", contains="no such")
+    assert refused == "data location /no/such/place: no such directory on machine a0"  # the server's words
+    assert console.text("#data-location").startswith("No data location")
+
+    data = tmp_path / "a0-data"
+    data.mkdir()
+    path.clear()
+    path.send_keys(str(data))
+    console.browser.find_element(By.ID, "data-location-choose").click()
+    console.see(By.ID, "dialog-yes").click()
+    shown = console.text("#data-location", contains=str(data))
+    assert shown.startswith(f"Copies of drives are kept at {data}, ") and shown.endswith(" free.")
+    assert console.browser.find_element(By.ID, "data-location-error").text == ""
+    copy = console.text('#drive-copies tr[data-drive="corpus"]', timeout=90)  # the run filled it; shown live
+    assert copy.startswith("corpus 11 B ") and copy.endswith(f"{data}/astraeus-drives/corpus")
+    assert console.cluster.wait_state("research/reader", "Completed")["status"]["reason"] == "All workers completed"
+
+    console.open("#/drives")
+    assert console.text('#drives-table tr[data-drive="corpus"]') == f"corpus any elsewhere 1 KiB {source} —"
+
+    console.login(console.other)
+    console.open("#/machines/a0")
+    console.text("#data-location", contains=str(data))
+    assert not console.browser.find_elements(By.ID, "data-location-form")
+
+
 def test_no_accessibility_violation_on_any_page_and_a_run_is_cancelled_with_the_keyboard_alone(
     console: Console,
 ) -> None:
@@ -340,7 +395,8 @@ def test_no_accessibility_violation_on_any_page_and_a_run_is_cancelled_with_the_
     console.see(By.ID, "token")
     pages = {"login": None, "runs": ("#/runs", "#runs-table"), "waiting run": ("#/runs/research/waits", "#keeps-out"),
              "failing run": ("#/runs/research/flaky", "#workers"), "machines": ("#/machines", 'tr[data-node="a0"]'),
-             "machine": ("#/machines/a0", "#machine-history"), "quotas": ("#/quotas", "#quotas")}  # fmt: skip
+             "machine": ("#/machines/a0", "#data-location-form"), "drives": ("#/drives", "#drives-table"),
+             "quotas": ("#/quotas", "#quotas")}  # fmt: skip
     found = {}
     for name, where in pages.items():
         if where is not None:

@@ -9,6 +9,7 @@ const WORKER_ENDED = new Set(["Completed", "Failed", "Cancelled", "Down"]);
 const ui = { state: "", workspace: "", search: "", sort: "age", desc: false, includeDeleted: false };
 let advice = { reasons: {}, restarting: null, failures: {} };
 let config = { temporal_ui: null, temporal_namespace: "default" };
+let me = null; // the token's own view (GET /whoami): whether to show admin forms; forgotten when the token changes
 let following = null; // the AbortController of a log being followed: aborted when the page changes
 let timer = null;
 let shown = "";
@@ -55,6 +56,12 @@ function age(iso) {
 
 function token() { return sessionStorage.getItem("astraeus.token"); }
 
+// Who the token is (`GET /whoami`: its workspace, whether it is an admin's), asked once per token.
+async function whoami() {
+  if (!me) me = await api("/whoami");
+  return me;
+}
+
 // A workflow in the Temporal UI (its list, filtered to the workflow's id: that page exists in every UI version).
 function temporalLink(workflowId, label) {
   if (!config.temporal_ui) return null;
@@ -66,7 +73,7 @@ function temporalLink(workflowId, label) {
 async function api(path, options = {}) {
   const headers = { authorization: `Bearer ${token()}`, ...(options.headers || {}) };
   const response = await fetch(path, { ...options, headers });
-  if (response.status === 401) { sessionStorage.removeItem("astraeus.token"); showLogin("That token is not valid (any more)."); throw new Error("401"); }
+  if (response.status === 401) { me = null; sessionStorage.removeItem("astraeus.token"); showLogin("That token is not valid (any more)."); throw new Error("401"); }
   const text = await response.text();
   if (!response.ok) {
     let message = text;
@@ -119,12 +126,14 @@ document.getElementById("login").addEventListener("submit", async (event) => {
   const answer = await fetch("/jobs?limit=1", { headers: { authorization: `Bearer ${given}` } });
   if (answer.status === 401) { showLogin("That token is not valid."); return; }
   sessionStorage.setItem("astraeus.token", given);
+  me = null;
   document.getElementById("token").value = "";
   route();
 });
 
 document.getElementById("logout").addEventListener("click", () => {
   sessionStorage.removeItem("astraeus.token");
+  me = null;
   showLogin();
 });
 
@@ -144,6 +153,7 @@ function route() {
   else if (parts[0] === "machines" && parts.length === 2) refresh = machinePage(page, parts[1]);
   else if (parts[0] === "machines") refresh = machinesPage(page);
   else if (parts[0] === "quotas") refresh = quotasPage(page);
+  else if (parts[0] === "drives") refresh = drivesPage(page);
   else refresh = runsPage(page);
   shown = hash;
   const tick = async () => {
@@ -335,7 +345,7 @@ function runPage(page, ns, name) {
     const parts = [
       h("p", {}, stateBadge(s.state), " ", h("span", { class: "exact", id: "run-reason" }, s.reason)),
       help && h("div", { class: "headline", id: "advice" }, h("h2", { id: "headline" }, help.headline),
-        h("p", { id: "advice-text" }, help.advice),
+        h("p", { id: "advice-text" }, help.advice), dataLocationLink(s, waitingTask),
         h("p", { class: "muted" }, "Exact reason: ", h("span", { class: "exact" }, s.reason))),
       h("p", { class: "muted" }, "Created ", when(s.created_at), s.started_at ? [" · started ", when(s.started_at)] : "",
         s.finished_at ? [" · finished ", when(s.finished_at)] : ""),
@@ -344,6 +354,17 @@ function runPage(page, ns, name) {
     if (d.placement && d.placement.nodes && d.placement.nodes.length) parts.push(keepsOut(d.placement));
     parts.push(h("h2", {}, "History"), timeline(d));
     body.replaceChildren(...parts.filter(Boolean));
+  }
+
+  // "Choose where to keep data on <machine>" (the run's reason, or its waiting worker's): a link to that machine's
+  // page, where an admin chooses one.
+  function dataLocationLink(s, waitingTask) {
+    const said = s.code === "ChooseDataLocation" ? s.reason
+      : waitingTask && waitingTask.status.code === "ChooseDataLocation" ? waitingTask.status.reason : null;
+    const machine = said && /^Choose where to keep data on (.+)$/.exec(said);
+    if (!machine) return null;
+    return h("p", {}, h("a", { id: "advice-machine", href: `#/machines/${encodeURIComponent(machine[1])}` },
+      `Choose the data location on ${machine[1]}'s page`));
   }
 
   // A worker waiting out its back-off: it shows when it restarts (restart_at), and the console counts down to it.
@@ -413,6 +434,16 @@ function runPage(page, ns, name) {
 // ---- machines and quotas ------------------------------------------------------------------------------------
 
 function gib(bytes) { return `${(bytes / 2 ** 30).toFixed(1)} GiB`; }
+
+// Bytes as people read a drive's size, as the CLI writes them: 512 B, 1.5 KiB, 200 GiB.
+function size(bytes) {
+  if (bytes < 1024) return `${bytes} B`;
+  let value = bytes;
+  for (const unit of ["KiB", "MiB", "GiB", "TiB"]) {
+    value /= 1024;
+    if (value < 1024 || unit === "TiB") return `${+value.toFixed(1)} ${unit}`;
+  }
+}
 
 const RACK = "topology.astraeus.io/rack";
 
@@ -486,12 +517,21 @@ function machinesPage(page) {
   return refresh;
 }
 
-// A machine's page: what it has and what is free, the workers on it, its own history.
+// A machine's page: what it has and what is free, where it keeps data and its copies of drives, the workers on it,
+// its own history. The data location's form (admins) is drawn once, outside what each poll redraws, so that what an
+// admin types stays.
 function machinePage(page, name) {
-  const body = h("div", { id: "machine" });
-  page.replaceChildren(h("p", {}, h("a", { href: "#/machines" }, "← All machines")), h("h1", {}, name), body);
+  const top = h("div", {});
+  const data = h("div", { id: "data" });
+  const form = h("div", {});
+  const rest = h("div", {});
+  page.replaceChildren(h("p", {}, h("a", { href: "#/machines" }, "← All machines")), h("h1", {}, name),
+    h("div", { id: "machine" }, top,
+      h("section", { "aria-labelledby": "data-title" }, h("h2", { id: "data-title" }, "Data location and drives"), data, form),
+      rest));
+  let formShown = false;
   async function refresh() {
-    const [n, use] = await Promise.all([api(`/nodes/${encodeURIComponent(name)}`), api("/usage")]);
+    const [n, use, who] = await Promise.all([api(`/nodes/${encodeURIComponent(name)}`), api("/usage"), whoami()]);
     const inv = n.inventory || {};
     const free = use.machines.find((m) => m.name === name);
     const facts = [
@@ -499,21 +539,24 @@ function machinePage(page, name) {
       ["Since", when(n.since)], ["Free room", h("span", { id: "machine-free" }, n.inventory ? room(free) : "—")],
       ["CPUs / memory", inv.cpus !== undefined ? `${inv.cpus} / ${gib(inv.memory_bytes)}` : "—"],
       ["Cordon", n.cordon === null ? "—" : n.cordon || "(cordoned)"], ["Pressure", (inv.pressure || []).join(", ") || "—"],
-      ["Rack", (inv.labels || {})[RACK] || "—"], ["Pools", (inv.pools || []).join(", ") || "—"],
+      ["Rack", (inv.labels || {})[RACK] || "—"], ["Site", inv.site || "—"], ["Pools", (inv.pools || []).join(", ") || "—"],
       ["Labels", Object.entries(inv.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ") || "—"],
       ["Agent", n.holder || "—"],
     ];
     const gpus = inv.gpus || [];
     const placed = free ? free.placed : [];
     const others = free ? free.workers - placed.length : 0;
-    body.replaceChildren(
+    top.replaceChildren(
       h("div", { class: "actions" }, machineActions(n, refresh), temporalLink(`node/${name}`, "Its workflow in the Temporal UI")),
       h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
       h("h2", {}, "GPUs"),
       gpus.length ? h("table", { id: "gpus" }, h("thead", {}, h("tr", {}, ["GPU", "Model", "Memory", "Health"].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, gpus.map((g) => h("tr", {}, h("th", { scope: "row" }, g.index), h("td", {}, g.model), h("td", {}, gib(g.memory_bytes)),
           h("td", {}, g.fault ? h("span", { class: "error" }, `fault: ${g.fault}`) : g.at_risk ? `at risk: ${g.at_risk}` : "healthy")))))
-        : h("p", { class: "empty" }, "No GPUs on this machine."),
+        : h("p", { class: "empty" }, "No GPUs on this machine."));
+    data.replaceChildren(...dataLocation(n, who.admin));
+    if (who.admin && n.state !== "Removed" && !formShown) { form.replaceChildren(dataLocationForm(name, refresh)); formShown = true; }
+    rest.replaceChildren(
       h("h2", {}, "Workers on it"),
       placed.length ? h("table", { id: "placed" }, h("thead", {}, h("tr", {}, ["Run", "Worker", "GPUs", "CPUs", "Memory"].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, placed.map((p) => h("tr", {}, h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(p.namespace)}/${encodeURIComponent(p.run)}` }, `${p.namespace}/${p.run}`)),
@@ -523,6 +566,71 @@ function machinePage(page, name) {
       h("h2", {}, "History"),
       h("ol", { class: "timeline", id: "machine-history" }, n.history.map((e) => h("li", {}, when(e.at), " ", stateBadge(e.state), " ",
         h("span", { class: "exact" }, e.reason)))));
+  }
+  return refresh;
+}
+
+// Where a machine keeps copies of drives (the place its agent reports, else the one an admin chose) and its room,
+// and the copies it holds.
+function dataLocation(n, admin) {
+  const inv = n.inventory || {};
+  const place = inv.data_location || n.data_location;
+  const how = admin ? "Choose one below." : `An admin chooses one here, or with astraeus nodes data-location ${n.name} PATH.`;
+  const copies = inv.drive_copies || [];
+  return [
+    h("p", { id: "data-location" }, place
+      ? ["Copies of drives are kept at ", h("span", { class: "exact", id: "data-location-path-shown" }, place),
+        inv.data_free_bytes === null || inv.data_free_bytes === undefined ? "" : `, ${size(inv.data_free_bytes)} free`, "."]
+      : `No data location: workers that need a copy of a drive cannot be placed here. ${how}`),
+    copies.length ? h("table", { id: "drive-copies" }, h("caption", { class: "muted" }, "Copies of drives it holds"),
+      h("thead", {}, h("tr", {}, ["Drive", "Size", "Filled", "Path"].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, copies.map((c) => h("tr", { "data-drive": c.drive }, h("th", { scope: "row" }, c.drive), h("td", {}, size(c.size_bytes)),
+        h("td", {}, when(c.filled_at)), h("td", { class: "exact" }, c.path)))))
+      : h("p", { class: "empty", id: "drive-copies-none" }, "No copies of drives here yet: a worker that mounts a drive held elsewhere fills one."),
+  ];
+}
+
+// An admin chooses (or changes) where a machine keeps copies of drives, once confirmed; its agent must find the
+// directory there, and the server's refusal is shown as it says it.
+function dataLocationForm(node, after) {
+  const input = h("input", { id: "data-location-input", name: "path", type: "text", required: true, autocomplete: "off",
+    placeholder: "/srv/astraeus-data", "aria-describedby": "data-location-help" });
+  const error = h("p", { id: "data-location-error", class: "error", role: "alert" });
+  const submit = async (event) => {
+    event.preventDefault();
+    const path = input.value.trim();
+    if (!path) return;
+    const ok = await confirmDialog(`Keep data on ${node} at ${path}?`,
+      `Workers placed on ${node} that mount a drive held elsewhere get their copy filled and kept there. Its agent must find the directory on ${node}.`);
+    if (ok === null) return;
+    error.textContent = "";
+    try {
+      await api(`/nodes/${encodeURIComponent(node)}/data-location`, { method: "PUT",
+        headers: { "content-type": "application/json" }, body: JSON.stringify({ path }) });
+      input.value = "";
+      say(`Data location of ${node}: ${path}`);
+    } catch (e) { error.textContent = e.message; say(e.message, true); }
+    after();
+  };
+  return h("form", { id: "data-location-form", class: "inline-form", onsubmit: submit },
+    h("label", { for: "data-location-input" }, "Data location"), input,
+    h("button", { type: "submit", id: "data-location-choose" }, "Choose"),
+    h("p", { id: "data-location-help", class: "muted" }, `An absolute path to a directory on ${node}, which its agent must find (admins only). Copies at a former data location stay on its disk, unused.`),
+    error);
+}
+
+// The cluster's catalogue of drives (read-only; admins change it with astraeus drive create|rm).
+function drivesPage(page) {
+  const body = h("div", { id: "drives" });
+  page.replaceChildren(h("h1", {}, "Drives"), body);
+  async function refresh() {
+    const drives = await api("/drives");
+    if (!drives.length) { body.replaceChildren(h("p", { class: "empty" }, "No drives. An admin adds one: astraeus drive create NAME --machine MACHINE --size SIZE --source DIR [--site SITE].")); return; }
+    body.replaceChildren(h("p", { class: "muted" }, "Each drive is held on one machine; machines of its site copy it to their data location for the workers that mount it."),
+      h("table", { id: "drives-table" }, h("thead", {}, h("tr", {}, ["Drive", "Site", "Machine", "Size", "Source", "Problem"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, drives.map((d) => h("tr", { "data-drive": d.name }, h("th", { scope: "row" }, d.name), h("td", {}, d.site || "any"),
+          h("td", {}, d.node ? h("a", { href: `#/machines/${encodeURIComponent(d.node)}` }, d.node) : "—"), h("td", {}, size(d.size_bytes)),
+          h("td", { class: "exact" }, d.source), h("td", {}, d.problem ? h("span", { class: "error" }, d.problem) : "—"))))));
   }
   return refresh;
 }
