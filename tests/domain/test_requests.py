@@ -20,6 +20,7 @@ def test_a_worker_asks_with_its_group_and_time_limit() -> None:
         "selection": None,
         "gpu_requests": (),
         "healthy_only": False,
+        "network": None,
         "topology": None,
         "max_parallel": None,
         "gang": False,

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from workflows.domain.requests import request_fields
 from workflows.domain.spec import GroupSpec, JobSpec, job_id, parse_spec
 
 NAME_RULE = "String should match pattern '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'"
@@ -122,6 +123,7 @@ def test_every_built_field_is_kept() -> None:
                     "period_seconds": 2.0,
                     "timeout_seconds": 1.0,
                 },
+                "network": {"rdma": False, "infiniband_gbps": 200, "fabric": "ib-0", "mesh": False},
             },
             {
                 "name": "eval",
@@ -144,7 +146,7 @@ def test_every_built_field_is_kept() -> None:
     }
     eval_defaults |= {"pull_policy": "IfNotPresent", "registry_secret": None, "drives": [], "secrets": []}
     eval_defaults |= {"gpu_requests": None, "healthy_only": False, "node_selection": None, "readiness": None}
-    eval_defaults |= {"total_gpus": None, "machines": None}
+    eval_defaults |= {"total_gpus": None, "machines": None, "network": None}
     expected = data | {"groups": [data["groups"][0], data["groups"][1] | eval_defaults]}
     assert parse_spec(data).model_dump() == expected
 
@@ -179,6 +181,7 @@ def test_the_dump_leaves_out_the_fields_that_are_not_built() -> None:
         "depends_on",
         "array",
         "readiness",
+        "network",
     }
 
 
@@ -441,7 +444,7 @@ def test_a_spec_larger_than_128_kib_is_refused_naming_its_largest_part() -> None
     with pytest.raises(ValueError) as raised:
         parse_spec(data)
     assert str(raised.value) == (
-        "groups.4: the run spec is 152236 bytes as JSON, at most 131072; this is its largest part (30407 bytes)"
+        "groups.4: the run spec is 152311 bytes as JSON, at most 131072; this is its largest part (30422 bytes)"
     )
 
 
@@ -572,7 +575,6 @@ def test_a_bad_drive_secret_or_pull_policy_is_refused_naming_the_field(group: di
 @pytest.mark.parametrize(
     ("field", "value", "needs"),
     [
-        pytest.param("network", {"mesh": True}, "the node network (subnet assignment and mesh)", id="node network"),
         pytest.param("external_access", {"port": 8080}, "external ports assigned to workers", id="external port"),
         pytest.param("identity", True, "identity certificates issued to workers", id="worker identity"),
     ],
@@ -586,6 +588,30 @@ def test_a_field_needing_infrastructure_we_lack_is_refused_saying_what_it_needs(
         f"groups.0.{field}: {field} needs {needs}, which this cluster does not have yet; "
         "Astraeus refuses it rather than ignore it"
     )
+
+
+def test_the_mesh_is_refused_saying_what_it_needs() -> None:
+    with pytest.raises(ValueError) as raised:
+        parse_spec(with_group(network={"mesh": True}))
+    assert str(raised.value) == (
+        "groups.0.network: mesh needs the node network (subnet assignment and mesh), which this cluster does not "
+        "have yet; Astraeus refuses it rather than ignore it"
+    )
+
+
+@pytest.mark.parametrize(
+    "network",
+    [
+        pytest.param({"rdma": True}, id="any RDMA port"),
+        pytest.param({"infiniband_gbps": 200}, id="InfiniBand at a speed"),
+        pytest.param({"infiniband_gbps": 200, "fabric": "ib-0"}, id="InfiniBand on a fabric"),
+    ],
+)
+def test_a_network_request_is_accepted_and_reaches_the_scheduler(network: dict[str, Any]) -> None:
+    spec = parse_spec(with_group(network=network))
+    assert spec.groups[0].network is not None
+    assert spec.groups[0].network.model_dump(exclude_defaults=True) == network
+    assert request_fields(spec, spec.groups[0])["network"] == spec.groups[0].network
 
 
 # ---- gangs, groups that wait, services, planning ------------------------------------------------------------------

@@ -99,7 +99,15 @@ GANG: dict[str, Any] = {
     "complete_with": "w",
     "topology": {"one_per_machine": True, "patience_seconds": 30},
     "groups": [
-        {"name": "w", "replicas": 2, "command": ["x"], "gpus": 1, "time_limit_seconds": 60, "restart_policy": "Never"},
+        {
+            "name": "w",
+            "replicas": 2,
+            "command": ["x"],
+            "gpus": 1,
+            "time_limit_seconds": 60,
+            "restart_policy": "Never",
+            "network": {"rdma": True, "infiniband_gbps": 200, "fabric": "ib-0"},
+        },
         {
             "name": "web",
             "command": ["x"],

@@ -1,8 +1,7 @@
 """What an agent reports of its machine, end to end on a real cluster (dev server, control plane, scheduler and an
 agent as processes): declared RDMA ports, capabilities with a note, its data location's room, and memory pressure
-read from a /proc (--procfs) that the test changes while the agent runs. A run exercises pressure: the spec does
-not let a run ask for RDMA (`network` is refused at submit) nor for capabilities yet, so those are checked in
-`astraeus nodes --json`."""
+read from a /proc (--procfs) that the test changes while the agent runs. A run exercises pressure; runs that ask
+for RDMA and capabilities are in test_network_and_capabilities.py."""
 
 from __future__ import annotations
 

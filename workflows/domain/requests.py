@@ -88,6 +88,8 @@ class TaskRequest(BaseModel):
     def with_run(self) -> bool:
         """Whether where its run's other workers are changes which machines fit it."""
         topology = self.topology
+        if self.gang and self.network is not None and self.network.infiniband:
+            return True  # its gang stays on the fabric of its members placed first
         return self.spread or (
             topology is not None
             and (
@@ -172,6 +174,7 @@ def request_fields(spec: JobSpec, group: GroupSpec) -> dict[str, Any]:
         "selection": selection,
         "gpu_requests": tuple(group.gpu_requests or ()),
         "healthy_only": bool(group.healthy_only),
+        "network": group.network,
         "topology": spec.topology,
         "max_parallel": group.array.max_parallel if group.array else None,
         "gang": spec.gang,

@@ -28,7 +28,7 @@ from workflows.domain.bounds import (
     EnvValue,
     PathText,
 )
-from workflows.domain.constraints import GpuRequest, NodeSelection, Topology
+from workflows.domain.constraints import GpuRequest, Network, NodeSelection, Topology
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="Lower-case letters, digits and dashes.")]
@@ -39,10 +39,12 @@ RestartPolicy = Literal["OnFailure", "Always", "Never"]
 NOT_BUILT_GROUP_FIELDS = ("per_gpu",)
 # Fields that need infrastructure this cluster does not have yet, and what each one needs.
 NEEDS_INFRASTRUCTURE = {
-    "network": "the node network (subnet assignment and mesh)",
     "external_access": "external ports assigned to workers",
     "identity": "identity certificates issued to workers",
 }
+
+# network.mesh: what the node network needs that is not built yet.
+MESH_NEEDS = "the node network (subnet assignment and mesh)"
 
 NotBuilt = Annotated[SkipJsonSchema[Any], Field(exclude=True, repr=False)]
 
@@ -230,13 +232,26 @@ class GroupSpec(_Frozen):
     array: ArraySpec | None = Field(None, description="An array of independent workers, max_parallel at once.")
     readiness: Readiness | None = Field(None, description="When a running worker is healthy (serving).")
 
+    network: Network | None = Field(
+        None, description="What its workers need of the machine's network: RDMA, InfiniBand at a speed, a fabric."
+    )
+
     per_gpu: NotBuilt = None
-    network: NotBuilt = None
     external_access: NotBuilt = None
     identity: NotBuilt = None
 
     _refuse_not_built = field_validator(*NOT_BUILT_GROUP_FIELDS)(_refuse)
     _refuse_needs_infrastructure = field_validator(*NEEDS_INFRASTRUCTURE)(_refuse_infrastructure)
+
+    @field_validator("network")
+    @classmethod
+    def _mesh_not_built(cls, network: Network | None) -> Network | None:
+        if network is not None and network.mesh:
+            raise ValueError(
+                f"mesh needs {MESH_NEEDS}, which this cluster does not have yet; Astraeus refuses it rather than "
+                "ignore it"
+            )
+        return network
 
     @field_validator("command")
     @classmethod
