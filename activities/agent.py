@@ -25,6 +25,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.capabilities import CapabilitySetup, Services
 from activities.deletion import tombstones
 from activities.gpus import GpuWatch
 from activities.machine import PressureWatch
@@ -91,6 +92,7 @@ class AgentActivities:
         pressure_watch: PressureWatch | None = None,
         settings: Settings | None = None,
         instance: str = "",
+        services: Services | None = None,
     ) -> None:
         self._client = client
         self._inventory = inventory
@@ -105,7 +107,8 @@ class AgentActivities:
         self._pressure_watch = pressure_watch
         self._pressure = list(inventory.pressure)  # as last reported to the machine's workflow
         self._pressure_read: asyncio.Future[list[str]] | None = None
-        self._starter = Starter(runtime, preparer, lambda: self._gpus, self._report_progress)
+        capabilities = CapabilitySetup(services or Services(), inventory.capabilities, inventory.capability_notes)
+        self._starter = Starter(runtime, preparer, lambda: self._gpus, self._report_progress, capabilities=capabilities)
         self._settings = settings or Settings()
         self._orphan_look: asyncio.Task[None] | None = None  # the look for orphaned workers under way
         self._orphan_look_due = 0.0  # time.monotonic() of the next look

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from activities.capabilities import CapabilitySetup, Services
 from activities.prepare import Preparer, Waiting
 from activities.runtime.base import Launch, OnProgress, Runtime, RuntimeFailure, TaskKey
 from workflows.domain.nodes import GpuInfo
@@ -56,8 +57,10 @@ class Starter:
         gpus: Callable[[], list[GpuInfo]],
         report: Report,
         retry_seconds: float = PREPARE_RETRY_SECONDS,
+        capabilities: CapabilitySetup | None = None,
     ) -> None:
         self._runtime = runtime
+        self._capabilities = capabilities or CapabilitySetup(Services(), (), {})
         self._threads = ThreadPoolExecutor(max_workers=START_THREADS, thread_name_prefix="start")
         self._retry_seconds = retry_seconds
         self._preparer = preparer
@@ -206,9 +209,14 @@ class Starter:
                 reported = outcome.reason.text
             beat(reported)
             await asyncio.sleep(self._retry_seconds)
+        try:  # what the worker requires of its machine, once its drives and secrets are there
+            setup = await asyncio.to_thread(self._capabilities.set_up, group.capabilities)
+        except RuntimeFailure as failure:
+            raise SetupEnded(failure.reason) from None
         return Launch(
             command=group.command,
-            env={**env, **outcome.env},
+            env={**env, **outcome.env, **setup.env},
+            sandbox_runtime=setup.sandbox_runtime,
             image=group.image,
             gpu_indices=gpus,
             cpu=group.cpu,

@@ -22,6 +22,7 @@ from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.agent import EXPIRED, TAKEN_OVER, AgentActivities
+from activities.capabilities import Services, machine_capabilities
 from activities.control import ControlActivities
 from activities.gpus import GpusUnavailable, GpuWatch, NvmlWatch, read_inventory_gpus
 from activities.machine import PROCFS, SYSFS, PressureWatch, data_free_bytes, read_rdma_ports
@@ -238,8 +239,8 @@ class AgentOptions:
     host_paths: list[str] = field(default_factory=list)  # the only host paths drives may mount; empty: any
     rdma_ports: list[NetworkPort] | None = None  # declared with --rdma-port; None: read from sysfs
     ib_fabric: str | None = None  # names the fabric of its InfiniBand ports (default: their subnet prefix)
-    capabilities: list[str] = field(default_factory=list)  # outbound_policy, sandbox, tool_gateway
-    capability_notes: dict[str, str] = field(default_factory=dict)  # why a capability is missing
+    capability_notes: dict[str, str] = field(default_factory=dict)  # why a capability is missing (the operator's)
+    services: Services = field(default_factory=Services)  # sandbox runtime, tool gateway, model server
     data_location: Path | None = None  # where drives held elsewhere are copied; None: none chosen
     sysfs: Path = SYSFS  # where the host's /sys and /proc are (an agent in a container mounts them elsewhere)
     procfs: Path = PROCFS
@@ -289,7 +290,6 @@ def inventory(options: AgentOptions) -> NodeInventory:
         address=options.address,
         ports=ports,
         pressure=pressure,
-        capabilities=options.capabilities,
         capability_notes=options.capability_notes,
         data_free_bytes=data_free_bytes(options.data_location),
     )
@@ -528,10 +528,20 @@ async def start_agent(client: Client, options: AgentOptions, settings: Settings)
     another live agent holds the machine."""
     node = inventory(options)
     runtime = make_runtime(options)
+    capabilities, notes = machine_capabilities(runtime, options.services, options.capability_notes)
+    node = node.model_copy(update={"capabilities": capabilities, "capability_notes": notes})
     preparer = Preparer(options.data_dir, options.host_paths)
     instance = new_instance()
     activities = AgentActivities(
-        client, node, runtime, preparer, gpu_watch(node), pressure_watch(options), settings, instance=instance
+        client,
+        node,
+        runtime,
+        preparer,
+        gpu_watch(node),
+        pressure_watch(options),
+        settings,
+        instance=instance,
+        services=options.services,
     )
     agent = Agent(client, activities, settings.stop_grace_seconds, settings)
     await activities.adopt_attempts()

@@ -37,7 +37,7 @@ from activities.runtime.base import (
     ignore_progress,
 )
 from activities.runtime.probes import exited, http_get, timed_out
-from workflows.domain.reasons import R, Template
+from workflows.domain.reasons import R, Reason, Template
 from workflows.domain.spec import Readiness
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
@@ -91,8 +91,13 @@ class DockerRuntime:
                 self._ensure_image(launch.image, launch, on_progress)
                 container = self._create(key, launch)
             if _never_started(container):
-                with _mapped(R.ContainerStartFailed):
+                with _mapped(R.ContainerStartFailed, launch):
                     container.start()
+
+    def engine_runtimes(self) -> set[str]:
+        """The OCI runtimes registered with the engine (runc, and runsc where gVisor is registered)."""
+        with _engine():
+            return set(self._client.info().get("Runtimes") or {})
 
     def ensure_image(self, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Pull the launch's image under its policy, creating nothing (a gang member waiting at the barrier)."""
@@ -224,6 +229,8 @@ class DockerRuntime:
         }
         if launch.host_network:
             options["network_mode"] = "host"
+        if launch.sandbox_runtime is not None:
+            options["runtime"] = launch.sandbox_runtime
         if launch.memory_bytes > 0:
             # Swap counted in the same limit, so that exceeding it is an OOM kill rather than swapping.
             options.update(mem_limit=launch.memory_bytes, memswap_limit=launch.memory_bytes)
@@ -242,7 +249,7 @@ class DockerRuntime:
                     return existing
             # The engine refuses a bad parameter (a mount, a host path, a limit) with 400: the task is invalid.
             template = R.InvalidTask if err.status_code == 400 else R.ContainerCreateFailed
-            raise RuntimeFailure(template(error=explain(err))) from err
+            raise RuntimeFailure(_refused(template, launch, explain(err))) from err
         except (DockerException, requests.RequestException) as err:
             raise _unavailable(err) from err
 
@@ -333,13 +340,22 @@ def _engine() -> Iterator[None]:
         raise _unavailable(err) from err
 
 
+def _refused(template: Template, launch: Launch, error: str) -> Reason:
+    """The engine's refusal to create or start a container: the step's reason, but "Agent sandbox: <why>" for a
+    sandboxed worker's (its sandbox runtime is what refuses it, whatever the status)."""
+    if launch.sandbox_runtime is not None:
+        return R.AgentSandboxFailed(why=error)
+    return template(error=error)
+
+
 @contextmanager
-def _mapped(template: Template) -> Iterator[None]:
+def _mapped(template: Template, launch: Launch | None = None) -> Iterator[None]:
     """The engine's refusal of this step becomes the step's reason, e.g. "ErrImagePull: <error>"."""
     try:
         yield
     except APIError as err:
-        raise RuntimeFailure(template(error=explain(err))) from err
+        reason = template(error=explain(err)) if launch is None else _refused(template, launch, explain(err))
+        raise RuntimeFailure(reason) from err
     except (DockerException, requests.RequestException) as err:
         raise _unavailable(err) from err
 

@@ -299,9 +299,17 @@ def _task_environment(directory: Path) -> dict[str, str] | None:
     return {name: value for name, _, value in pairs}
 
 
+PROCESS_SANDBOX = (
+    "its agent runs workers as local processes (--runtime process); sandboxed workers need --runtime docker with "
+    "gVisor's runsc registered with the engine"
+)
+
+
 def _refuse_what_cannot_run(launch: Launch) -> None:
     if not launch.command:
         raise RuntimeFailure(R.InvalidTask(error="the command is empty"))
+    if launch.sandbox_runtime is not None:
+        raise RuntimeFailure(R.AgentSandboxFailed(why=PROCESS_SANDBOX))
     if launch.mounts:
         targets = ", ".join(mount.target for mount in launch.mounts)
         error = f"the process runtime cannot mount drives or files ({targets}); run it on a docker machine"

@@ -107,6 +107,7 @@ GANG: dict[str, Any] = {
             "time_limit_seconds": 60,
             "restart_policy": "Never",
             "network": {"rdma": True, "infiniband_gbps": 200, "fabric": "ib-0"},
+            "capabilities": {"outbound_policy": {"allow": ["10.0.0.0/8", "pypi.org"]}, "sandbox": True},
         },
         {
             "name": "web",

@@ -1,10 +1,14 @@
-"""What a worker asks of its machine's network, end to end on a real cluster (the dev server, a control plane, a
-scheduler and agents as processes): machines report RDMA ports read from fake sysfs trees (`--sysfs`), runs ask
-for any RDMA port, InfiniBand at a speed, or a fabric, and a gang stays on one fabric. Read back through `astraeus
-describe --json` as a user reads it, whole sentences."""
+"""What a worker asks of its machine, end to end on a real cluster (the dev server, a control plane, a scheduler
+and agents as processes): machines report RDMA ports read from fake sysfs trees (`--sysfs`), runs ask for any RDMA
+port, InfiniBand at a speed, or a fabric, and a gang stays on one fabric; runs require capabilities (an outbound
+policy, a sandbox, a tool gateway, a model server) that machines have or say why not, and that machines set up or
+fail with the spec's reason. Read back through `astraeus describe --json` as a user reads it, whole sentences.
+Sandboxed workers on a Docker engine with gVisor are in test_docker_capabilities.py."""
 
 from __future__ import annotations
 
+import http.server
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from activities.capabilities import OUTBOUND_NEEDS
+from activities.runtime.process import PROCESS_SANDBOX
 from tests.integration.harness import Cluster
 
 pytestmark = pytest.mark.integration
@@ -46,6 +52,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     down = sysfs(root / "sys-down", {"mlx5_0/1": ("1: DOWN", "400 Gb/sec (4X NDR)", "InfiniBand")})
     plain = sysfs(root / "sys-plain", {})
     c = Cluster(root)
+    served = model_server()
     try:
         c.start(
             {
@@ -54,11 +61,32 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 "b0": [*MACHINE, "--sysfs", str(b), "--ib-fabric", "ib-1"],
                 "down": [*MACHINE, "--sysfs", str(down)],
                 "plain": [*MACHINE, "--sysfs", str(plain)],
+                "served": [*MACHINE, "--sysfs", str(plain), "--tool-gateway", GATEWAY, "--model-server", served.url],
+                "deaf": [*MACHINE, "--sysfs", str(plain), "--model-server", SILENT],
             }
         )
         yield c
     finally:
         c.stop()
+        served.shutdown()
+        served.server_close()
+
+
+GATEWAY = "http://gateway.internal:9000"
+SILENT = "http://127.0.0.1:1/"  # nothing listens there
+
+
+class ModelServer(http.server.ThreadingHTTPServer):
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/"
+
+
+def model_server() -> ModelServer:
+    """An HTTP server on loopback that answers every GET: the model server one machine serves its workers."""
+    server = ModelServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def submit(cluster: Cluster, tmp_path: Path, name: str, groups: list[dict[str, Any]], **fields: Any) -> None:
@@ -87,13 +115,15 @@ def test_a_run_asking_for_rdma_or_infiniband_hears_each_machine_s_ports(cluster:
         node_selection={"names": ["down", "plain"]},
     )
     assert why_not(cluster, "rdma") == (
-        "No machine fits: 5 of 5 machines ready",
+        "No machine fits: 7 of 7 machines ready",
         {
             "a0": ["machine is not among the selected names"],
             "a1": ["machine is not among the selected names"],
             "b0": ["machine is not among the selected names"],
             "down": ["no active RDMA port"],
             "plain": ["no active RDMA port"],
+            "served": ["machine is not among the selected names", "no active RDMA port"],
+            "deaf": ["machine is not among the selected names", "no active RDMA port"],
         },
     )
     cluster.cli("cancel", "rdma")
@@ -105,6 +135,8 @@ def test_a_run_asking_for_rdma_or_infiniband_hears_each_machine_s_ports(cluster:
         "b0": ["no active InfiniBand port at 800 Gb/s or faster (mlx5_0/1 active at 100 Gb/s)"],
         "down": ["no active InfiniBand port at 800 Gb/s or faster (mlx5_0/1 down at 400 Gb/s)"],
         "plain": ["no active InfiniBand port at 800 Gb/s or faster (no InfiniBand port)"],
+        "served": ["no active InfiniBand port at 800 Gb/s or faster (no InfiniBand port)"],
+        "deaf": ["no active InfiniBand port at 800 Gb/s or faster (no InfiniBand port)"],
     }
     cluster.cli("cancel", "fast")
 
@@ -132,9 +164,73 @@ def test_a_gang_asking_for_infiniband_stays_on_one_fabric(cluster: Cluster, tmp_
 
     submit(cluster, tmp_path, "trio", [{"name": "w", "replicas": 3, "network": {"infiniband_gbps": 100}}], gang=True)
     reason, nodes = why_not(cluster, "trio")
-    assert reason == "Gang cannot be placed whole: 5 of 5 machines ready"
+    assert reason == "Gang cannot be placed whole: 7 of 7 machines ready"
     assert nodes["b0"] == [
         "no active InfiniBand port at 100 Gb/s or faster (mlx5_0/1 active at 100 Gb/s on fabric ib-1; its gang is on "
         "fabric ib-0)"
     ]
     cluster.cli("cancel", "trio")
+
+
+# ---- capabilities ---------------------------------------------------------------------------------------------------
+
+
+def test_a_run_requiring_what_no_machine_can_do_hears_each_machine_say_why(cluster: Cluster, tmp_path: Path) -> None:
+    policy = {"outbound_policy": {"allow": ["10.0.0.0/8", "pypi.org"]}}
+    submit(cluster, tmp_path, "egress", [{"name": "w", "capabilities": policy}], node_selection={"names": ["a0"]})
+    assert why_not(cluster, "egress")[1]["a0"] == [f"machine cannot enforce an outbound policy ({OUTBOUND_NEEDS})"]
+    cluster.cli("cancel", "egress")
+
+    submit(cluster, tmp_path, "boxed", [{"name": "w", "capabilities": {"sandbox": True}}])
+    reason, nodes = why_not(cluster, "boxed")
+    assert reason == "No machine fits: 7 of 7 machines ready"
+    assert nodes["plain"] == [f"machine cannot run sandboxed workers ({PROCESS_SANDBOX})"]
+    cluster.cli("cancel", "boxed")
+
+    submit(
+        cluster,
+        tmp_path,
+        "tools",
+        [{"name": "w", "capabilities": {"tool_gateway": True}}],
+        node_selection={"names": ["a0", "served"]},
+    )
+    # The one machine with a gateway is busy (a worker holds its 2 cpus); a0 has none.
+    assert machines_of(cluster.wait_state("tools", "Completed")) == ["served"]
+    hold = [{"name": "w", "command": ["sleep", "600"], "capabilities": {"tool_gateway": True}}]
+    submit(cluster, tmp_path, "tools-busy", hold)
+    cluster.wait_state("tools-busy", "Running")
+    submit(
+        cluster,
+        tmp_path,
+        "tools-wait",
+        [{"name": "w", "capabilities": {"tool_gateway": True}}],
+        node_selection={"names": ["a0", "served"]},
+    )
+    nodes = why_not(cluster, "tools-wait")[1]
+    assert (nodes["a0"], nodes["served"]) == (
+        ["machine serves no tool gateway to its workers (its agent was started without --tool-gateway)"],
+        ["insufficient cpu: need 2 cores, 0 free"],
+    )
+    cluster.cli("cancel", "tools-wait")
+    cluster.cli("cancel", "tools-busy")
+
+
+def test_a_worker_gets_its_machines_gateway_and_model_server(cluster: Cluster, tmp_path: Path) -> None:
+    check = f'test "$ASTRAEUS_TOOL_GATEWAY" = {GATEWAY} && test -n "$ASTRAEUS_MODEL_SERVER"'
+    wanted = {"tool_gateway": True, "model_server": True}
+    submit(cluster, tmp_path, "served", [{"name": "w", "command": ["sh", "-c", check], "capabilities": wanted}])
+    described = cluster.wait_state("served", "Completed", "Failed")
+    assert (described["status"]["reason"], machines_of(described)) == ("All workers completed", ["served"])
+
+
+def test_a_model_server_that_does_not_answer_fails_the_worker(cluster: Cluster, tmp_path: Path) -> None:
+    group = {"name": "w", "restart_policy": "Never", "capabilities": {"model_server": True}}
+    submit(cluster, tmp_path, "deaf", [group], node_selection={"names": ["deaf"]})
+    described = cluster.wait_state("deaf", "Failed", "Completed")
+    why = f"Model server: {SILENT} does not answer: [Errno 111] Connection refused"
+    assert described["status"]["reason"] == f"Worker w-0 failed on deaf: {why}"
+
+    submit(cluster, tmp_path, "unserved", [group], node_selection={"names": ["plain"]})
+    described = cluster.wait_state("unserved", "Failed", "Completed")
+    why = "Model server: this machine serves no model (its agent was started without --model-server)"
+    assert described["status"]["reason"] == f"Worker w-0 failed on plain: {why}"

@@ -26,6 +26,8 @@ RACK_LABEL = "topology.astraeus.io/rack"
 # Pools are shown as this label in "machine lacks label <k>=<v>" (the spec counts pools as node_selection labels).
 POOL_LABEL = "pool.astraeus.io/name"
 
+# The capabilities the scheduler checks on each machine (the spec's per-machine reasons); a model server is set up
+# by the machine only ("Model server: <why>").
 Capability = Literal["outbound_policy", "sandbox", "tool_gateway"]
 
 

@@ -175,6 +175,7 @@ def request_fields(spec: JobSpec, group: GroupSpec) -> dict[str, Any]:
         "gpu_requests": tuple(group.gpu_requests or ()),
         "healthy_only": bool(group.healthy_only),
         "network": group.network,
+        "capabilities": group.capabilities.checked() if group.capabilities else (),
         "topology": spec.topology,
         "max_parallel": group.array.max_parallel if group.array else None,
         "gang": spec.gang,
