@@ -6,7 +6,9 @@ missing (shown in the per-machine reasons: "machine cannot run sandboxed workers
 - `sandbox`: a Docker engine with gVisor's runtime registered (`--sandbox-runtime`, default `runsc`); a sandboxed
   worker's container runs under it. The process runtime has none.
 - `tool_gateway`: the gateway URL given with `--tool-gateway`, handed to the worker as ASTRAEUS_TOOL_GATEWAY.
-- `outbound_policy`: never, yet: enforcing egress rules per worker is not built (OUTBOUND_NEEDS says what it needs).
+- `outbound_policy`: with `--outbound-policy`, on the process runtime as root with `ip` and `iptables`: each such
+  worker runs in a network namespace of its own whose firewall allows only the networks listed (host names are
+  resolved when the worker is set up; `activities/runtime/egress.py`). The docker runtime does not enforce them yet.
 
 A model server (`--model-server`) is set up per attempt only: the worker gets ASTRAEUS_MODEL_SERVER once it answers,
 else the attempt fails with "Model server: <why>".
@@ -14,21 +16,22 @@ else the attempt fails with "Model server: <why>".
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import httpx
 
+from activities.runtime import egress
 from activities.runtime.base import Runtime, RuntimeFailure, RuntimeUnavailable
+from activities.runtime.docker import DOCKER_EGRESS
 from activities.runtime.process import PROCESS_SANDBOX
 from workflows.domain.reasons import R
 from workflows.domain.spec import Capabilities
 
 MODEL_SERVER_TIMEOUT_SECONDS = 5.0
-OUTBOUND_NEEDS = (
-    "egress rules per worker are not built into its agent yet: they need the worker in a network namespace of its "
-    "own with firewall rules that allow only the listed hosts"
-)
+OUTBOUND_NEEDS = "its agent was started without --outbound-policy"
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Services:
     sandbox_runtime: str = "runsc"
     tool_gateway: str | None = None
     model_server: str | None = None
+    outbound_policy: bool = False  # enforce outbound policies (process runtime: a namespace and firewall per worker)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class SetUp:
 
     env: dict[str, str] = field(default_factory=dict)
     sandbox_runtime: str | None = None
+    egress: tuple[str, ...] | None = None
 
 
 def sandbox_missing(runtime: Runtime, name: str) -> str | None:
@@ -62,12 +67,22 @@ def sandbox_missing(runtime: Runtime, name: str) -> str | None:
     return None
 
 
+def outbound_missing(runtime: Runtime) -> str | None:
+    """Why this machine cannot enforce outbound policies, though asked to, or None."""
+    if getattr(runtime, "engine_runtimes", None) is not None:
+        return DOCKER_EGRESS
+    return egress.missing()
+
+
 def machine_capabilities(
     runtime: Runtime, services: Services, notes: dict[str, str]
 ) -> tuple[list[str], dict[str, str]]:
     """The capabilities this machine has, and why each other one is missing (an operator's note, given with
     --capability-note, is shown rather than ours)."""
-    missing = {"outbound_policy": OUTBOUND_NEEDS}
+    missing: dict[str, str] = {}
+    outbound = outbound_missing(runtime) if services.outbound_policy else OUTBOUND_NEEDS
+    if outbound is not None:
+        missing["outbound_policy"] = outbound
     sandbox = sandbox_missing(runtime, services.sandbox_runtime)
     if sandbox is not None:
         missing["sandbox"] = sandbox
@@ -75,6 +90,19 @@ def machine_capabilities(
         missing["tool_gateway"] = "its agent was started without --tool-gateway"
     found = [name for name in ("outbound_policy", "sandbox", "tool_gateway") if name not in missing]
     return found, {name: notes.get(name, why) for name, why in missing.items()}
+
+
+def networks_of(entry: str) -> list[str]:
+    """An allowed entry as networks: itself when it is one, else every address its host name resolves to now."""
+    try:
+        return [str(ipaddress.ip_network(entry))]
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(entry, None, proto=socket.IPPROTO_TCP)
+    except OSError as err:
+        raise RuntimeFailure(R.OutboundPolicyFailed(why=f"host {entry} does not resolve ({err})")) from None
+    return sorted({str(ipaddress.ip_network(info[4][0])) for info in found})
 
 
 class CapabilitySetup:
@@ -90,8 +118,11 @@ class CapabilitySetup:
         if wanted is None:
             return SetUp()
         env: dict[str, str] = {}
-        if wanted.outbound_policy is not None and "outbound_policy" not in self._has:
-            raise RuntimeFailure(R.OutboundPolicyFailed(why=self._notes.get("outbound_policy", OUTBOUND_NEEDS)))
+        allowed = None
+        if wanted.outbound_policy is not None:
+            if "outbound_policy" not in self._has:
+                raise RuntimeFailure(R.OutboundPolicyFailed(why=self._notes.get("outbound_policy", OUTBOUND_NEEDS)))
+            allowed = tuple(network for entry in wanted.outbound_policy.allow for network in networks_of(entry))
         if wanted.sandbox and "sandbox" not in self._has:
             raise RuntimeFailure(R.AgentSandboxFailed(why=self._notes.get("sandbox", "no sandbox runtime")))
         if wanted.tool_gateway:
@@ -100,7 +131,7 @@ class CapabilitySetup:
             env["ASTRAEUS_TOOL_GATEWAY"] = self.services.tool_gateway
         if wanted.model_server:
             env["ASTRAEUS_MODEL_SERVER"] = self._model_server()
-        return SetUp(env, self.services.sandbox_runtime if wanted.sandbox else None)
+        return SetUp(env, self.services.sandbox_runtime if wanted.sandbox else None, allowed)
 
     def _model_server(self) -> str:
         url = self.services.model_server

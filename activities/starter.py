@@ -217,6 +217,7 @@ class Starter:
             command=group.command,
             env={**env, **outcome.env, **setup.env},
             sandbox_runtime=setup.sandbox_runtime,
+            egress=setup.egress,
             image=group.image,
             gpu_indices=gpus,
             cpu=group.cpu,

@@ -282,7 +282,7 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         rdma_ports=ports,
         ib_fabric=args.ib_fabric,
         capability_notes=notes,
-        services=Services(args.sandbox_runtime, args.tool_gateway, args.model_server),
+        services=Services(args.sandbox_runtime, args.tool_gateway, args.model_server, args.outbound_policy),
         data_location=location,
         sysfs=given_path(args.sysfs),
         procfs=given_path(args.procfs),
@@ -726,6 +726,9 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--sandbox-runtime", default="runsc",
                        help="the engine's runtime that sandboxes workers (gVisor; default runsc): with it registered, "
                             "the machine runs sandboxed workers")  # fmt: skip
+    agent.add_argument("--outbound-policy", action="store_true",
+                       help="enforce workers' outbound policies: each such worker in a network namespace of its own "
+                            "behind a firewall (process runtime; needs root, ip and iptables)")  # fmt: skip
     agent.add_argument("--tool-gateway", help="URL of the tool gateway this machine serves its workers "
                                               "(ASTRAEUS_TOOL_GATEWAY)")  # fmt: skip
     agent.add_argument("--model-server", help="URL of the model server this machine serves its workers "

@@ -85,6 +85,8 @@ class DockerRuntime:
             raise RuntimeFailure(R.InvalidTask(error="the command is empty"))
         if not launch.image:
             raise RuntimeFailure(R.InvalidTask(error="no image: the docker runtime runs a container image"))
+        if launch.egress is not None:
+            raise RuntimeFailure(R.OutboundPolicyFailed(why=DOCKER_EGRESS))
         with self._attempt_lock(key):
             container = self._find(key)
             if container is None:
@@ -338,6 +340,12 @@ def _engine() -> Iterator[None]:
         raise
     except (DockerException, requests.RequestException) as err:
         raise _unavailable(err) from err
+
+
+DOCKER_EGRESS = (
+    "the docker runtime does not enforce outbound policies yet: it needs each container on a network of its own "
+    "with firewall rules on the machine; the process runtime enforces them (--outbound-policy)"
+)
 
 
 def _refused(template: Template, launch: Launch, error: str) -> Reason:

@@ -10,10 +10,14 @@ from pathlib import Path
 import pytest
 
 from activities.capabilities import OUTBOUND_NEEDS, CapabilitySetup, Services, SetUp, machine_capabilities
+from activities.runtime import egress
 from activities.runtime.base import RuntimeFailure, RuntimeUnavailable
+from activities.runtime.docker import DOCKER_EGRESS
 from activities.runtime.process import PROCESS_SANDBOX, ProcessRuntime
 from workflows.domain.reasons import Reason
 from workflows.domain.spec import Capabilities, OutboundPolicy
+
+TOOLLESS = "its agent was started without --tool-gateway"
 
 
 class Engine(ProcessRuntime):
@@ -134,3 +138,16 @@ def test_what_the_machine_cannot_do_fails_the_set_up_with_its_why() -> None:
     )
     policy = Capabilities(outbound_policy=OutboundPolicy(allow=["10.0.0.0/8"]))
     assert failure(setup, policy) == Reason("OutboundPolicyFailed", f"Outbound policy: {OUTBOUND_NEEDS}")
+
+
+def test_an_agent_asked_to_enforce_outbound_policies_does_so_on_processes_not_containers(tmp_path: Path) -> None:
+    found, why = machine_capabilities(Engine(tmp_path, {"runsc"}), Services(outbound_policy=True), {})
+    assert (found, why) == (["sandbox"], {"outbound_policy": DOCKER_EGRESS, "tool_gateway": TOOLLESS})
+    found, _ = machine_capabilities(ProcessRuntime(tmp_path), Services(outbound_policy=True), {})
+    assert found == (["outbound_policy"] if egress.missing() is None else [])
+
+
+def test_an_outbound_policy_allows_networks_and_what_host_names_resolve_to_now() -> None:
+    setup = CapabilitySetup(Services(outbound_policy=True), ["outbound_policy"], {})
+    policy = Capabilities(outbound_policy=OutboundPolicy(allow=["10.0.0.0/8", "localhost", "192.0.2.7"]))
+    assert setup.set_up(policy).egress == ("10.0.0.0/8", "127.0.0.1/32", "192.0.2.7/32")

@@ -8,6 +8,8 @@ Sandboxed workers on a Docker engine with gVisor are in test_docker_capabilities
 from __future__ import annotations
 
 import http.server
+import re
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +43,17 @@ def sysfs(root: Path, ports: dict[str, tuple[str, str, str]]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def served() -> Iterator[ModelServer]:
+    server = model_server()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, served: ModelServer) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("network")
     hdr = ("4: ACTIVE", "400 Gb/sec (4X NDR)", "InfiniBand")
     a = sysfs(root / "sys-a", {"mlx5_0/1": hdr})
@@ -52,7 +64,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     down = sysfs(root / "sys-down", {"mlx5_0/1": ("1: DOWN", "400 Gb/sec (4X NDR)", "InfiniBand")})
     plain = sysfs(root / "sys-plain", {})
     c = Cluster(root)
-    served = model_server()
     try:
         c.start(
             {
@@ -63,13 +74,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 "plain": [*MACHINE, "--sysfs", str(plain)],
                 "served": [*MACHINE, "--sysfs", str(plain), "--tool-gateway", GATEWAY, "--model-server", served.url],
                 "deaf": [*MACHINE, "--sysfs", str(plain), "--model-server", SILENT],
+                "fw": [*MACHINE, "--sysfs", str(plain), "--outbound-policy"],
             }
         )
         yield c
     finally:
         c.stop()
-        served.shutdown()
-        served.server_close()
 
 
 GATEWAY = "http://gateway.internal:9000"
@@ -83,8 +93,9 @@ class ModelServer(http.server.ThreadingHTTPServer):
 
 
 def model_server() -> ModelServer:
-    """An HTTP server on loopback that answers every GET: the model server one machine serves its workers."""
-    server = ModelServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    """An HTTP server that answers every GET: the model server one machine serves its workers (on loopback), and
+    what a worker behind an outbound policy may or may not reach (at the machine's other addresses)."""
+    server = ModelServer(("0.0.0.0", 0), http.server.SimpleHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -115,7 +126,7 @@ def test_a_run_asking_for_rdma_or_infiniband_hears_each_machine_s_ports(cluster:
         node_selection={"names": ["down", "plain"]},
     )
     assert why_not(cluster, "rdma") == (
-        "No machine fits: 7 of 7 machines ready",
+        "No machine fits: 8 of 8 machines ready",
         {
             "a0": ["machine is not among the selected names"],
             "a1": ["machine is not among the selected names"],
@@ -124,6 +135,7 @@ def test_a_run_asking_for_rdma_or_infiniband_hears_each_machine_s_ports(cluster:
             "plain": ["no active RDMA port"],
             "served": ["machine is not among the selected names", "no active RDMA port"],
             "deaf": ["machine is not among the selected names", "no active RDMA port"],
+            "fw": ["machine is not among the selected names", "no active RDMA port"],
         },
     )
     cluster.cli("cancel", "rdma")
@@ -137,6 +149,7 @@ def test_a_run_asking_for_rdma_or_infiniband_hears_each_machine_s_ports(cluster:
         "plain": ["no active InfiniBand port at 800 Gb/s or faster (no InfiniBand port)"],
         "served": ["no active InfiniBand port at 800 Gb/s or faster (no InfiniBand port)"],
         "deaf": ["no active InfiniBand port at 800 Gb/s or faster (no InfiniBand port)"],
+        "fw": ["no active InfiniBand port at 800 Gb/s or faster (no InfiniBand port)"],
     }
     cluster.cli("cancel", "fast")
 
@@ -164,7 +177,7 @@ def test_a_gang_asking_for_infiniband_stays_on_one_fabric(cluster: Cluster, tmp_
 
     submit(cluster, tmp_path, "trio", [{"name": "w", "replicas": 3, "network": {"infiniband_gbps": 100}}], gang=True)
     reason, nodes = why_not(cluster, "trio")
-    assert reason == "Gang cannot be placed whole: 7 of 7 machines ready"
+    assert reason == "Gang cannot be placed whole: 8 of 8 machines ready"
     assert nodes["b0"] == [
         "no active InfiniBand port at 100 Gb/s or faster (mlx5_0/1 active at 100 Gb/s on fabric ib-1; its gang is on "
         "fabric ib-0)"
@@ -183,7 +196,7 @@ def test_a_run_requiring_what_no_machine_can_do_hears_each_machine_say_why(clust
 
     submit(cluster, tmp_path, "boxed", [{"name": "w", "capabilities": {"sandbox": True}}])
     reason, nodes = why_not(cluster, "boxed")
-    assert reason == "No machine fits: 7 of 7 machines ready"
+    assert reason == "No machine fits: 8 of 8 machines ready"
     assert nodes["plain"] == [f"machine cannot run sandboxed workers ({PROCESS_SANDBOX})"]
     cluster.cli("cancel", "boxed")
 
@@ -234,3 +247,41 @@ def test_a_model_server_that_does_not_answer_fails_the_worker(cluster: Cluster, 
     described = cluster.wait_state("unserved", "Failed", "Completed")
     why = "Model server: this machine serves no model (its agent was started without --model-server)"
     assert described["status"]["reason"] == f"Worker w-0 failed on plain: {why}"
+
+
+def machine_address() -> str:
+    """This machine's first global IPv4 address: a worker in a namespace of its own reaches it over its veth."""
+    shown = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True)
+    addresses = [line.split()[3].split("/")[0] for line in shown.stdout.splitlines()]
+    if not addresses:
+        pytest.skip("this machine has no global IPv4 address for a worker behind an outbound policy to try")
+    return addresses[0]
+
+
+def test_a_worker_behind_an_outbound_policy_reaches_only_what_it_allows(
+    cluster: Cluster, tmp_path: Path, served: ModelServer
+) -> None:
+    port = served.server_address[1]
+    # Its namespace's gateway (the machine's end of its veth, in 169.254.0.0/16) is allowed, the machine's own
+    # address is not: the first GET answers, the second is refused by the worker's firewall.
+    fetch = "wget -q -T 3 -O /dev/null"
+    script = (
+        f"gw=$(ip route | awk '/default/ {{print $3}}'); {fetch} http://$gw:{port}/ && echo allowed; "
+        f"{fetch} http://{machine_address()}:{port}/ || echo refused"
+    )
+    policy = {"outbound_policy": {"allow": ["169.254.0.0/16"]}}
+    group = {"name": "w", "command": ["sh", "-c", script], "capabilities": policy}
+    submit(cluster, tmp_path, "fenced", [group])
+    described = cluster.wait_state("fenced", "Completed", "Failed")
+    assert (described["status"]["reason"], machines_of(described)) == ("All workers completed", ["fw"])
+    assert cluster.cli("logs", "fenced/w-0").stdout.splitlines()[0] == "allowed"
+    assert cluster.cli("logs", "fenced/w-0").stdout.splitlines()[-1] == "refused"
+
+
+def test_an_outbound_policy_that_cannot_be_set_up_fails_the_worker(cluster: Cluster, tmp_path: Path) -> None:
+    policy = {"outbound_policy": {"allow": ["nowhere.invalid"]}}
+    submit(cluster, tmp_path, "unfenced", [{"name": "w", "restart_policy": "Never", "capabilities": policy}])
+    described = cluster.wait_state("unfenced", "Failed", "Completed")
+    # The resolver's own words: "Name or service not known", or without a DNS server "Temporary failure ...".
+    why = r"Outbound policy: host nowhere\.invalid does not resolve \(\[Errno -\d+\] [A-Za-z ]+\)"
+    assert re.fullmatch(f"Worker w-0 failed on fw: {why}", described["status"]["reason"]), described["status"]
