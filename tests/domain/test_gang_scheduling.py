@@ -378,3 +378,15 @@ def test_a_patient_gang_waits_for_one_fabric_then_starts_on_ethernet() -> None:
     assert outcome(waiting) == {"g/w-0": reason, "g/w-1": reason}
     later = schedule(patient, nodes, [holding("a1", gpus=8)], at(10))
     assert outcome(later) == {"g/w-0": "a0", "g/w-1": "eth"}
+
+
+def test_a_gang_that_could_only_span_two_fabrics_holds_no_room_as_head() -> None:
+    # ib-0 and ib-1 have one machine each: the gang of two never fits on one fabric, so it holds no machine for
+    # later, and a smaller run behind it takes the tightest one now (held for the gang, it would take the other).
+    nodes = [FABRICS[0], FABRICS[2]]
+    plan = run([*gang(2, network=Network(infiniband_gbps=200)), request(run="small", submitted=1, gpus=8)], nodes)
+    assert outcome(plan) == {
+        "g/w-0": "Gang cannot be placed whole: 2 of 2 machines ready",
+        "g/w-1": "Gang cannot be placed whole: 2 of 2 machines ready",
+        "small/w-0": "a0",
+    }

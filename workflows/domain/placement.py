@@ -324,7 +324,9 @@ def fit_together_empty(
         group = group_nodes.setdefault(request.group, Counter())
         if request.with_run:
             racks = Counter({r: c for n, c in run_nodes.items() if (r := _rack(cluster, n)) is not None})
-            ask = Ask(request, Counter(run_nodes), racks, Counter(group) if request.spread else Counter(), drives)
+            fabrics = frozenset(m.fabric for n in run_nodes if (m := cluster.machines.get(n)) and m.fabric)
+            spread = Counter(group) if request.spread else Counter()
+            ask = Ask(request, Counter(run_nodes), racks, spread, drives, fabrics)
         for name in cluster.by_size:
             if name not in visible:
                 continue
