@@ -32,15 +32,16 @@ test: $(STAMP) lint typecheck engine
 	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q
 
 # The tests start their own Docker engine, build a fake NVML and check deploy/compose.yaml: Debian's docker.io,
-# busybox-static (the rootfs of the test image), gcc and docker-compose, and Debian's chromium and chromium-driver
+# busybox-static (the rootfs of the test image), gcc and docker-compose, runsc (gVisor, the engine's sandbox runtime:
+# tests/integration/test_docker_capabilities.py), and Debian's chromium and chromium-driver
 # (tests/integration/test_console.py drives the console in it with Selenium), installed when missing (as root, like CI).
 # Skipped when all are there.
 engine:
 	@if command -v dockerd >/dev/null && command -v docker >/dev/null && test -x /bin/busybox \
-		&& command -v gcc >/dev/null && command -v docker-compose >/dev/null \
+		&& command -v gcc >/dev/null && command -v docker-compose >/dev/null && test -x /usr/bin/runsc \
 		&& command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; else \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-			docker.io busybox-static gcc libc6-dev docker-compose chromium chromium-driver; fi
+			docker.io busybox-static gcc libc6-dev docker-compose runsc chromium chromium-driver; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

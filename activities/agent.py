@@ -25,6 +25,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.capabilities import CapabilitySetup, Services
 from activities.deletion import tombstones
 from activities.drives import DriveActivities, DriveStore
 from activities.gpus import GpuWatch
@@ -95,6 +96,7 @@ class AgentActivities:
         settings: Settings | None = None,
         instance: str = "",
         identities: Identities | None = None,
+        services: Services | None = None,
     ) -> None:
         self._client = client
         self._inventory = inventory
@@ -114,6 +116,7 @@ class AgentActivities:
         self.drives = DriveActivities(client, preparer.store)  # its data location and copies of drives
         self._identities = identities
         self._identity_renewal: asyncio.Task[None] | None = None  # the renewal of certificates under way
+        capabilities = CapabilitySetup(services or Services(), inventory.capabilities, inventory.capability_notes)
         self._starter = Starter(
             runtime,
             preparer,
@@ -122,6 +125,7 @@ class AgentActivities:
             catalogue=self.drives.catalogue,
             ports=inventory.external_ports,
             identities=identities,
+            capabilities=capabilities,
         )
         self._settings = settings or Settings()
         self._orphan_look: asyncio.Task[None] | None = None  # the look for orphaned workers under way

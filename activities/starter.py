@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from activities.capabilities import CapabilitySetup, Services
 from activities.identities import Identities
 from activities.prepare import Preparer, Waiting
 from activities.runtime.base import Launch, Mount, OnProgress, PortMapping, Runtime, RuntimeFailure, TaskKey
@@ -77,9 +78,11 @@ class Starter:
         catalogue: Catalogue | None = None,
         ports: PortRange | None = None,
         identities: Identities | None = None,
+        capabilities: CapabilitySetup | None = None,
     ) -> None:
         self._runtime = runtime
         self._catalogue = catalogue
+        self._capabilities = capabilities or CapabilitySetup(Services(), (), {})
         self._threads = ThreadPoolExecutor(max_workers=START_THREADS, thread_name_prefix="start")
         self._retry_seconds = retry_seconds
         self._preparer = preparer
@@ -249,13 +252,19 @@ class Starter:
                 reported = outcome.reason.text
             beat(reported)
             await asyncio.sleep(self._retry_seconds)
+        try:  # what the worker requires of its machine, once its drives and secrets are there
+            setup = await asyncio.to_thread(self._capabilities.set_up, group.capabilities)
+        except RuntimeFailure as failure:
+            raise SetupEnded(failure.reason) from None
         identity_env: dict[str, str] = {}
         identity_mounts: list[Mount] = []
         if group.identity and self._identities is not None:
             identity_env, identity_mounts = self._identities.files(key, in_container=self._runtime.name != "process")
         return Launch(
             command=group.command,
-            env={**env, **outcome.env, **identity_env},
+            env={**env, **outcome.env, **setup.env, **identity_env},
+            sandbox_runtime=setup.sandbox_runtime,
+            egress=setup.egress,
             image=group.image,
             gpu_indices=gpus,
             cpu=group.cpu,

@@ -301,10 +301,11 @@ async def cmd_api(args: argparse.Namespace) -> int:
 
 
 async def cmd_agent(args: argparse.Namespace) -> int:
+    from activities.capabilities import Services
     from activities.machine import MachineReadError, parse_port
     from workers.services import AgentOptions, LeaseLost, RegistrationRefused, start_agent
 
-    capabilities, notes = _capabilities(args.capability, args.capability_note)
+    notes = _capability_notes(args.capability_note)
     try:
         ports = [parse_port(item) for item in args.rdma_port] if args.rdma_port else None
     except MachineReadError as error:
@@ -328,8 +329,8 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         host_paths=[str(given_path(prefix)) for prefix in args.host_path],
         rdma_ports=ports,
         ib_fabric=args.ib_fabric,
-        capabilities=capabilities,
         capability_notes=notes,
+        services=Services(args.sandbox_runtime, args.tool_gateway, args.model_server, args.outbound_policy),
         data_location=location,
         refuses_runs=_refusal(args.refuse_runs),
         external_ports=_port_range(args.external_ports),
@@ -379,23 +380,16 @@ def _refusal(why: str | None) -> str | None:
     return None if why is None else why.strip()
 
 
-def _capabilities(names: list[str], notes: list[str]) -> tuple[list[str], dict[str, str]]:
-    """--capability NAME and --capability-note NAME=WHY (why a capability the machine lacks is missing)."""
+def _capability_notes(notes: list[str]) -> dict[str, str]:
+    """--capability-note NAME=WHY: why a capability the machine lacks is missing, in the operator's words."""
     known = get_args(Capability)
-    for name in names:
-        if name not in known:
-            raise AstraeusError(f"--capability {name}: unknown (known: {', '.join(known)})")
     why: dict[str, str] = {}
     for item in notes:
         name, text = _label(item, "--capability-note")
         if name not in known:
             raise AstraeusError(f"--capability-note {item}: unknown capability {name} (known: {', '.join(known)})")
-        if name in names:
-            raise AstraeusError(
-                f"--capability-note {item}: the machine declares {name}; a note says why one is missing"
-            )
         why[name] = text
-    return list(dict.fromkeys(names)), why
+    return why
 
 
 async def _until_signalled() -> None:
@@ -883,11 +877,19 @@ def parser() -> argparse.ArgumentParser:
                             "(repeatable; default: read them from sysfs)")  # fmt: skip
     agent.add_argument("--ib-fabric", help="the fabric its InfiniBand ports are on, e.g. ib-0 (default: the subnet "
                                            "prefix of each port)")  # fmt: skip
-    agent.add_argument("--capability", action="append", default=[],
-                       help="what the machine can do for workers: outbound_policy, sandbox, tool_gateway "
-                            "(repeatable)")  # fmt: skip
     agent.add_argument("--capability-note", action="append", default=[],
-                       help="NAME=WHY: why a capability is missing, shown in the reason (repeatable)")  # fmt: skip
+                       help="NAME=WHY: why a capability is missing, shown in the reason instead of the agent's own "
+                            "(repeatable)")  # fmt: skip
+    agent.add_argument("--sandbox-runtime", default="runsc",
+                       help="the engine's runtime that sandboxes workers (gVisor; default runsc): with it registered, "
+                            "the machine runs sandboxed workers")  # fmt: skip
+    agent.add_argument("--outbound-policy", action="store_true",
+                       help="enforce workers' outbound policies: each such worker in a network namespace of its own "
+                            "behind a firewall (process runtime; needs root, ip and iptables)")  # fmt: skip
+    agent.add_argument("--tool-gateway", help="URL of the tool gateway this machine serves its workers "
+                                              "(ASTRAEUS_TOOL_GATEWAY)")  # fmt: skip
+    agent.add_argument("--model-server", help="URL of the model server this machine serves its workers "
+                                              "(ASTRAEUS_MODEL_SERVER, once it answers)")  # fmt: skip
     agent.add_argument("--data-location", help="where data of drives held elsewhere is copied (its free space is "
                                                "reported)")  # fmt: skip
     agent.add_argument("--external-ports", metavar="FIRST-LAST",

@@ -22,6 +22,7 @@ from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.agent import EXPIRED, TAKEN_OVER, AgentActivities
+from activities.capabilities import Services, machine_capabilities
 from activities.control import DEFAULT_CA_DIR, ControlActivities
 from activities.drives import DriveStore
 from activities.gpus import GpusUnavailable, GpuWatch, NvmlWatch, read_inventory_gpus
@@ -250,8 +251,8 @@ class AgentOptions:
     host_paths: list[str] = field(default_factory=list)  # the only host paths drives may mount; empty: any
     rdma_ports: list[NetworkPort] | None = None  # declared with --rdma-port; None: read from sysfs
     ib_fabric: str | None = None  # names the fabric of its InfiniBand ports (default: their subnet prefix)
-    capabilities: list[str] = field(default_factory=list)  # outbound_policy, sandbox, tool_gateway
-    capability_notes: dict[str, str] = field(default_factory=dict)  # why a capability is missing
+    capability_notes: dict[str, str] = field(default_factory=dict)  # why a capability is missing (the operator's)
+    services: Services = field(default_factory=Services)  # sandbox runtime, tool gateway, model server
     data_location: Path | None = None  # where drives held elsewhere are copied; None: none chosen
     refuses_runs: str | None = None  # why the machine takes no new runs (--refuse-runs); None: it takes them
     external_ports: PortRange | None = None  # ports it assigns to workers' external access (--external-ports)
@@ -303,7 +304,6 @@ def inventory(options: AgentOptions) -> NodeInventory:
         address=options.address,
         ports=ports,
         pressure=pressure,
-        capabilities=options.capabilities,
         capability_notes=options.capability_notes,
         data_free_bytes=data_free_bytes(options.data_location),
         refuses_runs=options.refuses_runs,
@@ -545,6 +545,8 @@ async def start_agent(client: Client, options: AgentOptions, settings: Settings)
     store = DriveStore(options.name, options.data_location)
     node = inventory(options).model_copy(update=dict(store.report()))
     runtime = make_runtime(options)
+    capabilities, notes = machine_capabilities(runtime, options.services, options.capability_notes)
+    node = node.model_copy(update={"capabilities": capabilities, "capability_notes": notes})
     preparer = Preparer(options.data_dir, options.host_paths, store, mounts=options.runtime == "docker")
     instance = new_instance()
     identities = Identities(client, options.data_dir, node.name)
@@ -558,6 +560,7 @@ async def start_agent(client: Client, options: AgentOptions, settings: Settings)
         settings,
         instance=instance,
         identities=identities,
+        services=options.services,
     )
     agent = Agent(client, activities, settings.stop_grace_seconds, settings)
     await activities.adopt_attempts()

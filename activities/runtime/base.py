@@ -85,6 +85,8 @@ class Launch:
     mounts: list[Mount] = field(default_factory=list)
     host_network: bool = False  # share the machine's network (a gang member: reachable at MASTER_ADDR:MASTER_PORT)
     ports: list[PortMapping] = field(default_factory=list)  # its external access, with the machine's ports
+    sandbox_runtime: str | None = None  # the engine's runtime that sandboxes it (gVisor's runsc); None: none
+    egress: tuple[str, ...] | None = None  # its outbound policy: the only networks it may reach; None: any
 
 
 # Told what a start is doing while it takes time (R.Pulling before an image pull); it must not raise.

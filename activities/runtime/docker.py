@@ -39,7 +39,7 @@ from activities.runtime.base import (
     port_environment,
 )
 from activities.runtime.probes import exited, http_get, timed_out
-from workflows.domain.reasons import R, Template
+from workflows.domain.reasons import R, Reason, Template
 from workflows.domain.spec import Readiness
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
@@ -87,14 +87,21 @@ class DockerRuntime:
             raise RuntimeFailure(R.InvalidTask(error="the command is empty"))
         if not launch.image:
             raise RuntimeFailure(R.InvalidTask(error="no image: the docker runtime runs a container image"))
+        if launch.egress is not None:
+            raise RuntimeFailure(R.OutboundPolicyFailed(why=DOCKER_EGRESS))
         with self._attempt_lock(key):
             container = self._find(key)
             if container is None:
                 self._ensure_image(launch.image, launch, on_progress)
                 container = self._create(key, launch)
             if _never_started(container):
-                with _mapped(R.ContainerStartFailed):
+                with _mapped(R.ContainerStartFailed, launch):
                     container.start()
+
+    def engine_runtimes(self) -> set[str]:
+        """The OCI runtimes registered with the engine (runc, and runsc where gVisor is registered)."""
+        with _engine():
+            return set(self._client.info().get("Runtimes") or {})
 
     def ensure_image(self, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Pull the launch's image under its policy, creating nothing (a gang member waiting at the barrier)."""
@@ -239,6 +246,8 @@ class DockerRuntime:
             options["network_mode"] = "host"
         elif launch.ports:  # the machine's port, on every address, to the port the worker listens on
             options["ports"] = {f"{p.port}/tcp": p.host_port for p in launch.ports}
+        if launch.sandbox_runtime is not None:
+            options["runtime"] = launch.sandbox_runtime
         if launch.memory_bytes > 0:
             # Swap counted in the same limit, so that exceeding it is an OOM kill rather than swapping.
             options.update(mem_limit=launch.memory_bytes, memswap_limit=launch.memory_bytes)
@@ -257,7 +266,7 @@ class DockerRuntime:
                     return existing
             # The engine refuses a bad parameter (a mount, a host path, a limit) with 400: the task is invalid.
             template = R.InvalidTask if err.status_code == 400 else R.ContainerCreateFailed
-            raise RuntimeFailure(template(error=explain(err))) from err
+            raise RuntimeFailure(_refused(template, launch, explain(err))) from err
         except (DockerException, requests.RequestException) as err:
             raise _unavailable(err) from err
 
@@ -348,13 +357,28 @@ def _engine() -> Iterator[None]:
         raise _unavailable(err) from err
 
 
+DOCKER_EGRESS = (
+    "the docker runtime does not enforce outbound policies yet: it needs each container on a network of its own "
+    "with firewall rules on the machine; the process runtime enforces them (--outbound-policy)"
+)
+
+
+def _refused(template: Template, launch: Launch, error: str) -> Reason:
+    """The engine's refusal to create or start a container: the step's reason, but "Agent sandbox: <why>" for a
+    sandboxed worker's (its sandbox runtime is what refuses it, whatever the status)."""
+    if launch.sandbox_runtime is not None:
+        return R.AgentSandboxFailed(why=error)
+    return template(error=error)
+
+
 @contextmanager
-def _mapped(template: Template) -> Iterator[None]:
+def _mapped(template: Template, launch: Launch | None = None) -> Iterator[None]:
     """The engine's refusal of this step becomes the step's reason, e.g. "ErrImagePull: <error>"."""
     try:
         yield
     except APIError as err:
-        raise RuntimeFailure(template(error=explain(err))) from err
+        reason = template(error=explain(err)) if launch is None else _refused(template, launch, explain(err))
+        raise RuntimeFailure(reason) from err
     except (DockerException, requests.RequestException) as err:
         raise _unavailable(err) from err
 

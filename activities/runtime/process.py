@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from activities.runtime import egress
 from activities.runtime.base import (
     Launch,
     Observed,
@@ -72,6 +73,9 @@ class ProcessRuntime:
             if _exists(directory, "shim.pid") or _exists(directory, "exit"):
                 return
             (directory / "launch.json").write_text(json.dumps(_recorded(launch)))
+            if launch.egress is not None:  # in a network namespace of its own, behind its firewall
+                write_atomically(directory / "netns", egress.namespace_of(key.slug))
+                launch = dataclasses.replace(launch, command=[*egress.create(key.slug, launch.egress), *launch.command])
             cgroup = self._limit_memory(key, launch, directory)
             try:
                 shim, ready = self._spawn_shim(key, launch, directory, cgroup)
@@ -104,6 +108,7 @@ class ProcessRuntime:
             code = _read_int(directory / "exit")
         if code is None:
             return Observed(running=False, not_found=True)
+        _remove_namespace(directory)
         oom = _exists(directory, "oom")
         with suppress(FileNotFoundError):
             return Observed(running=False, exit_code=code, oom=oom, ended_at=(directory / "exit").stat().st_mtime)
@@ -182,6 +187,7 @@ class ProcessRuntime:
             raise ValueError(f"attempt {key.slug} still runs: stop it before deleting it")
         with suppress(FileNotFoundError):
             end_cgroup((self._dir(key) / "cgroup").read_text())  # the shim removed it, unless it was killed first
+        _remove_namespace(self._dir(key))
         with suppress(FileNotFoundError):
             shutil.rmtree(self._dir(key))
 
@@ -319,9 +325,28 @@ def _task_environment(directory: Path) -> dict[str, str] | None:
     return {name: value for name, _, value in pairs}
 
 
+def _remove_namespace(directory: Path) -> None:
+    """An ended attempt's network namespace (its outbound policy's), once: the file naming it goes with it."""
+    try:
+        name = (directory / "netns").read_text().strip()
+    except FileNotFoundError:
+        return
+    egress.remove(name)
+    with suppress(FileNotFoundError):
+        (directory / "netns").unlink()
+
+
+PROCESS_SANDBOX = (
+    "its agent runs workers as local processes (--runtime process); sandboxed workers need --runtime docker with "
+    "gVisor's runsc registered with the engine"
+)
+
+
 def _refuse_what_cannot_run(launch: Launch) -> None:
     if not launch.command:
         raise RuntimeFailure(R.InvalidTask(error="the command is empty"))
+    if launch.sandbox_runtime is not None:
+        raise RuntimeFailure(R.AgentSandboxFailed(why=PROCESS_SANDBOX))
     if launch.mounts:
         targets = ", ".join(mount.target for mount in launch.mounts)
         error = f"the process runtime cannot mount drives or files ({targets}); run it on a docker machine"

@@ -204,7 +204,7 @@ def test_the_data_location_reports_its_free_space_and_must_exist(tmp_path: Path)
 # ---- the inventory an agent registers -------------------------------------------------------------------------------
 
 
-def test_the_inventory_carries_ports_pressure_capabilities_and_room(tmp_path: Path) -> None:
+def test_the_inventory_carries_ports_pressure_notes_and_room(tmp_path: Path) -> None:
     fake_port(tmp_path / "sys", "mlx5_0", 1, "4: ACTIVE", "200 Gb/sec (4X HDR)")
     options = AgentOptions(
         name="m1",
@@ -213,7 +213,6 @@ def test_the_inventory_carries_ports_pressure_capabilities_and_room(tmp_path: Pa
         cpus=4,
         memory_bytes=2**30,
         ib_fabric="ib-0",
-        capabilities=["sandbox"],
         capability_notes={"outbound_policy": "no egress proxy here"},
         data_location=tmp_path,
         sysfs=tmp_path / "sys",
@@ -222,7 +221,7 @@ def test_the_inventory_carries_ports_pressure_capabilities_and_room(tmp_path: Pa
     node = inventory(options)
     assert node.ports == [NetworkPort(name="mlx5_0/1", speed_gbps=200, fabric="ib-0")]
     assert node.pressure[0] == "memory"
-    assert (node.capabilities, node.capability_notes) == (["sandbox"], {"outbound_policy": "no egress proxy here"})
+    assert (node.capabilities, node.capability_notes) == ([], {"outbound_policy": "no egress proxy here"})
     assert node.data_free_bytes is not None and node.data_free_bytes > 0
 
 
@@ -247,21 +246,14 @@ def test_declared_ports_replace_sysfs_and_take_the_named_fabric_unless_they_name
 @pytest.mark.parametrize(
     ("flags", "error"),
     [
-        (
-            ["--capability", "gpu_direct"],
-            "--capability gpu_direct: unknown (known: outbound_policy, sandbox, tool_gateway)",
-        ),
         (["--capability-note", "sandbox"], "--capability-note sandbox: expected KEY=VALUE"),
         (["--capability-note", "egress=none"], "--capability-note egress=none: unknown capability egress"),
-        (["--capability", "sandbox", "--capability-note", "sandbox=no gVisor"], "the machine declares sandbox"),
         (["--rdma-port", "mlx5_0:InfiniBand"], "--rdma-port mlx5_0:InfiniBand: expected NAME:LINK:SPEED[:FABRIC]"),
         (["--data-location", "/no/such/place"], "--data-location /no/such/place: no such directory"),
     ],
     ids=[
-        "unknown capability",
         "note without why",
         "note of an unknown one",
-        "note of one it has",
         "bad port",
         "missing data location",
     ],

@@ -3,7 +3,8 @@ leading the queue so that smaller runs behind it cannot starve it. Whole sentenc
 
 from __future__ import annotations
 
-from tests.domain.builders import at, holding, machine, request
+from tests.domain.builders import at, holding, ib, machine, request
+from workflows.domain.constraints import Network
 from workflows.domain.nodes import NodeState, NodeView
 from workflows.domain.quotas import Quota
 from workflows.domain.reasons import Reason
@@ -333,3 +334,59 @@ def test_beyond_its_running_minimum_a_member_preempts_and_waits_as_a_single_work
     assert plan.preemptions == [Preemption("job/default/low", ("x-0",), "g", (G, "w-1"))]
     again = run(waiting, EIGHTS, [*placed, victim], preempting={victim.key: (G, "w-1")})
     assert outcome(again) == {"g/w-1": "Starting: waiting for 1 preempted worker(s) to stop"}
+
+
+# ---- one fabric -------------------------------------------------------------------------------------------------
+
+# Two InfiniBand fabrics of two machines each, 8 GPUs a machine.
+FABRICS = [
+    machine("a0", gpus=8, ports=[ib(fabric="ib-0")]),
+    machine("a1", gpus=8, ports=[ib(fabric="ib-0")]),
+    machine("b0", gpus=8, ports=[ib(fabric="ib-1")]),
+    machine("b1", gpus=8, ports=[ib(fabric="ib-1")]),
+]
+
+
+def test_a_gang_asking_for_infiniband_keeps_its_members_on_one_fabric() -> None:
+    # a1 is busy: ib-0 has one free machine, ib-1 two. The gang of two goes to ib-1, not across both fabrics.
+    plan = run(gang(2, network=Network(infiniband_gbps=200)), FABRICS, [holding("a1", gpus=8)])
+    assert outcome(plan) == {"g/w-0": "b0", "g/w-1": "b1"}
+
+
+def test_a_gang_that_cannot_share_one_fabric_waits_and_says_why_for_each_machine() -> None:
+    nodes = [*FABRICS[:1], *FABRICS[2:3]]  # a0 on ib-0, b0 on ib-1: room for two, but never on one fabric
+    plan = run(gang(2, network=Network(infiniband_gbps=200)), nodes)
+    assert outcome(plan) == {f"g/w-{i}": "Gang cannot be placed whole: 2 of 2 machines ready" for i in range(2)}
+    assert [r.text for n in plan.decisions[0].nodes for r in n.reasons] == [
+        "insufficient gpus: need 8, 0 free and usable",
+        "no active InfiniBand port at 200 Gb/s or faster (mlx5_0 active at 400 Gb/s on fabric ib-1; its gang is on "
+        "fabric ib-0)",
+    ]
+
+
+def test_a_gang_asking_for_a_fabric_goes_only_there() -> None:
+    plan = run(gang(2, network=Network(fabric="ib-1")), FABRICS)
+    assert outcome(plan) == {"g/w-0": "b0", "g/w-1": "b1"}
+
+
+def test_a_patient_gang_waits_for_one_fabric_then_starts_on_ethernet() -> None:
+    # One free machine on ib-0 (the other busy) and one on Ethernet: the gang waits out its patience for ib-0.
+    nodes = [*FABRICS[:2], machine("eth", gpus=8)]
+    patient = gang(2, topology={"patience_seconds": 600})
+    waiting = run(patient, nodes, [holding("a1", gpus=8)])
+    reason = "Waiting up to 10 min more for InfiniBand fabric ib-0 (could start now on Ethernet)"
+    assert outcome(waiting) == {"g/w-0": reason, "g/w-1": reason}
+    later = schedule(patient, nodes, [holding("a1", gpus=8)], at(10))
+    assert outcome(later) == {"g/w-0": "a0", "g/w-1": "eth"}
+
+
+def test_a_gang_that_could_only_span_two_fabrics_holds_no_room_as_head() -> None:
+    # ib-0 and ib-1 have one machine each: the gang of two never fits on one fabric, so it holds no machine for
+    # later, and a smaller run behind it takes the tightest one now (held for the gang, it would take the other).
+    nodes = [FABRICS[0], FABRICS[2]]
+    plan = run([*gang(2, network=Network(infiniband_gbps=200)), request(run="small", submitted=1, gpus=8)], nodes)
+    assert outcome(plan) == {
+        "g/w-0": "Gang cannot be placed whole: 2 of 2 machines ready",
+        "g/w-1": "Gang cannot be placed whole: 2 of 2 machines ready",
+        "small/w-0": "a0",
+    }

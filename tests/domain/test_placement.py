@@ -114,6 +114,22 @@ RACK = {"topology.astraeus.io/rack": "r1"}
             id="no infiniband",
         ),
         pytest.param(
+            machine("n0", ports=[ib("mlx5_0", fabric="ib-0"), ib("mlx5_1", speed=100, fabric="ib-1")]),
+            request(network=Network(infiniband_gbps=200, fabric="ib-1")),
+            [],
+            "no active InfiniBand port at 200 Gb/s or faster (mlx5_0 active at 400 Gb/s on fabric ib-0, mlx5_1 active "
+            "at 100 Gb/s on fabric ib-1)",
+            id="infiniband on another fabric",
+        ),
+        pytest.param(
+            machine("n0", ports=[ib("mlx5_0", fabric="ib-0"), ib("mlx5_1", active=False, fabric="ib-1")]),
+            request(network=Network(fabric="ib-1")),
+            [],
+            "no active InfiniBand port on fabric ib-1 (mlx5_0 active at 400 Gb/s on fabric ib-0, mlx5_1 down at 400 "
+            "Gb/s on fabric ib-1)",
+            id="a fabric with no active port",
+        ),
+        pytest.param(
             machine("n0"),
             request("w-1", topology={"one_per_machine": True}),
             [holding("n0", run="a", task="w-0", group="w")],

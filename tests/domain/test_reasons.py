@@ -315,6 +315,11 @@ ADDITIONS: list[Row] = [
     ("CannotBeDecided", {"error": "KeyError: 'w-9'"}, "Cannot be decided: KeyError: 'w-9'"),
     ("WorkerFailedNowhere", {"task": "w-0", "reason": "Exited with code 3"}, "Worker w-0 failed: Exited with code 3"),
     ("RunDeleted", {}, "Run deleted"),
+    (
+        "NoFabricPort",
+        {"fabric": "ib-1", "detail": "mlx5_0 active at 400 Gb/s on fabric ib-0"},
+        "no active InfiniBand port on fabric ib-1 (mlx5_0 active at 400 Gb/s on fabric ib-0)",
+    ),
 ]
 
 ALL_ROWS = [row for rows in SPEC_TABLES.values() for row in rows] + ADDITIONS

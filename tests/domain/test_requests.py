@@ -24,6 +24,8 @@ def test_a_worker_asks_with_its_group_and_time_limit() -> None:
         "selection": None,
         "gpu_requests": (),
         "healthy_only": False,
+        "network": None,
+        "capabilities": (),
         "topology": None,
         "max_parallel": None,
         "gang": False,

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from workflows.domain.requests import request_fields
 from workflows.domain.spec import GroupSpec, JobSpec, job_id, parse_spec
 
 NAME_RULE = "String should match pattern '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'"
@@ -141,6 +142,13 @@ def test_every_built_field_is_kept() -> None:
                     "period_seconds": 2.0,
                     "timeout_seconds": 1.0,
                 },
+                "network": {"rdma": False, "infiniband_gbps": 200, "fabric": "ib-0", "mesh": False},
+                "capabilities": {
+                    "outbound_policy": {"allow": ["10.0.0.0/8", "pypi.org"]},
+                    "sandbox": True,
+                    "tool_gateway": True,
+                    "model_server": True,
+                },
             },
             {
                 "name": "eval",
@@ -164,7 +172,7 @@ def test_every_built_field_is_kept() -> None:
     eval_defaults |= {"pull_policy": "IfNotPresent", "registry_secret": None, "drives": [], "secrets": []}
     eval_defaults |= {"gpu_requests": None, "healthy_only": False, "node_selection": None, "readiness": None}
     eval_defaults |= {"total_gpus": None, "machines": None, "per_gpu": None, "external_access": []}
-    eval_defaults |= {"identity": False}
+    eval_defaults |= {"identity": False, "network": None, "capabilities": None}
     expected = data | {"groups": [data["groups"][0], data["groups"][1] | eval_defaults]}
     assert parse_spec(data).model_dump() == expected
 
@@ -202,6 +210,8 @@ def test_the_dump_leaves_out_the_fields_that_are_not_built() -> None:
         "per_gpu",
         "external_access",
         "identity",
+        "network",
+        "capabilities",
     }
 
 
@@ -464,7 +474,7 @@ def test_a_spec_larger_than_128_kib_is_refused_naming_its_largest_part() -> None
     with pytest.raises(ValueError) as raised:
         parse_spec(data)
     assert str(raised.value) == (
-        "groups.4: the run spec is 152501 bytes as JSON, at most 131072; this is its largest part (30460 bytes)"
+        "groups.4: the run spec is 152676 bytes as JSON, at most 131072; this is its largest part (30495 bytes)"
     )
 
 
@@ -633,21 +643,70 @@ def test_a_bad_drive_secret_or_pull_policy_is_refused_naming_the_field(group: di
     assert str(raised.value) == message
 
 
+def test_the_mesh_is_refused_saying_what_it_needs() -> None:
+    with pytest.raises(ValueError) as raised:
+        parse_spec(with_group(network={"mesh": True}))
+    assert str(raised.value) == (
+        "groups.0.network: mesh needs the node network (subnet assignment and mesh), which this cluster does not "
+        "have yet; Astraeus refuses it rather than ignore it"
+    )
+
+
 @pytest.mark.parametrize(
-    ("field", "value", "needs"),
+    "network",
     [
-        pytest.param("network", {"mesh": True}, "the node network (subnet assignment and mesh)", id="node network"),
+        pytest.param({"rdma": True}, id="any RDMA port"),
+        pytest.param({"infiniband_gbps": 200}, id="InfiniBand at a speed"),
+        pytest.param({"infiniband_gbps": 200, "fabric": "ib-0"}, id="InfiniBand on a fabric"),
     ],
 )
-def test_a_field_needing_infrastructure_we_lack_is_refused_saying_what_it_needs(
-    field: str, value: Any, needs: str
-) -> None:
+def test_a_network_request_is_accepted_and_reaches_the_scheduler(network: dict[str, Any]) -> None:
+    spec = parse_spec(with_group(network=network))
+    assert spec.groups[0].network is not None
+    assert spec.groups[0].network.model_dump(exclude_defaults=True) == network
+    assert request_fields(spec, spec.groups[0])["network"] == spec.groups[0].network
+
+
+@pytest.mark.parametrize(
+    ("capabilities", "message"),
+    [
+        pytest.param(
+            {"interactive_token": True},
+            "groups.0.capabilities.interactive_token: needs interactive sessions with a running worker (a terminal a "
+            "person attaches with the token), which Astraeus does not have yet; Astraeus refuses it rather than "
+            "ignore it",
+            id="an interactive token is refused saying what it needs",
+        ),
+        pytest.param(
+            {"outbound_policy": {"allow": ["10.0.0"]}},
+            "groups.0.capabilities.outbound_policy.allow: '10.0.0' is neither an address, a network (10.0.0.0/8) nor "
+            "a host name",
+            id="an outbound policy names addresses, networks and host names",
+        ),
+        pytest.param(
+            {"outbound_policy": {"allow": []}},
+            "groups.0.capabilities.outbound_policy.allow: List should have at least 1 item after validation, not 0",
+            id="an outbound policy allows something",
+        ),
+        pytest.param({"gpu_direct": True}, "groups.0.capabilities.gpu_direct: unknown field", id="unknown one"),
+    ],
+)
+def test_a_bad_capability_is_refused_naming_it(capabilities: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError) as raised:
-        parse_spec(with_group(**{field: value}))
-    assert str(raised.value) == (
-        f"groups.0.{field}: {field} needs {needs}, which this cluster does not have yet; "
-        "Astraeus refuses it rather than ignore it"
-    )
+        parse_spec(with_group(capabilities=capabilities))
+    assert str(raised.value) == message
+
+
+def test_capabilities_reach_the_scheduler_as_what_it_checks_on_each_machine() -> None:
+    wanted = {"outbound_policy": {"allow": ["192.0.2.7", "10.1.0.0/16", "PyPI.org"]}, "model_server": True}
+    spec = parse_spec(with_group(capabilities=wanted | {"sandbox": True, "tool_gateway": True}))
+    capabilities = spec.groups[0].capabilities
+    assert capabilities is not None and capabilities.outbound_policy is not None
+    assert capabilities.outbound_policy.allow == ["192.0.2.7/32", "10.1.0.0/16", "pypi.org"]
+    checked = request_fields(spec, spec.groups[0])["capabilities"]
+    assert checked == ("outbound_policy", "sandbox", "tool_gateway")  # a model server is set up by the machine only
+    served = parse_spec(with_group(capabilities={"model_server": True}))
+    assert request_fields(served, served.groups[0])["capabilities"] == ()
 
 
 # ---- gangs, groups that wait, services, planning ------------------------------------------------------------------

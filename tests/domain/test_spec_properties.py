@@ -114,6 +114,8 @@ GANG: dict[str, Any] = {
             "time_limit_seconds": 60,
             "restart_policy": "Never",
             "per_gpu": {"memory_bytes": 1000},
+            "network": {"rdma": True, "infiniband_gbps": 200, "fabric": "ib-0"},
+            "capabilities": {"outbound_policy": {"allow": ["10.0.0.0/8", "pypi.org"]}, "sandbox": True},
         },
         {
             "name": "web",

@@ -1,8 +1,7 @@
 """What an agent reports of its machine, end to end on a real cluster (dev server, control plane, scheduler and an
 agent as processes): declared RDMA ports, capabilities with a note, its data location's room, and memory pressure
-read from a /proc (--procfs) that the test changes while the agent runs. A run exercises pressure: the spec does
-not let a run ask for RDMA (`network` is refused at submit) nor for capabilities yet, so those are checked in
-`astraeus nodes --json`."""
+read from a /proc (--procfs) that the test changes while the agent runs. A run exercises pressure; runs that ask
+for RDMA and capabilities are in test_network_and_capabilities.py."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from activities.runtime.process import PROCESS_SANDBOX
 from tests.integration.harness import Cluster
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         flags = ["--cpus", "4", "--memory-bytes", str(8 * GIB), "--procfs", str(root / "proc")]
         flags += ["--rdma-port", "mlx5_0:InfiniBand:100:ib-0", "--rdma-port", "mlx5_1:RoCE:25"]
-        flags += ["--capability", "sandbox", "--capability-note", "outbound_policy=no egress proxy on this rack"]
+        flags += ["--tool-gateway", "http://gateway.internal:9000"]
+        flags += ["--capability-note", "outbound_policy=no egress proxy on this rack"]
         flags += ["--data-location", str(root / "data")]
         c.start({"m0": flags})
         yield c
@@ -57,8 +58,11 @@ def test_the_agent_reports_its_ports_capabilities_room_and_pressure_and_runs_wai
         {"name": "mlx5_0", "link": "InfiniBand", "active": True, "speed_gbps": 100, "fabric": "ib-0"},
         {"name": "mlx5_1", "link": "Ethernet", "active": True, "speed_gbps": 25, "fabric": None},
     ]
-    assert inventory["capabilities"] == ["sandbox"]
-    assert inventory["capability_notes"] == {"outbound_policy": "no egress proxy on this rack"}
+    assert inventory["capabilities"] == ["tool_gateway"]
+    assert inventory["capability_notes"] == {
+        "outbound_policy": "no egress proxy on this rack",
+        "sandbox": PROCESS_SANDBOX,
+    }
     assert inventory["data_free_bytes"] > 0
     assert inventory["pressure"] == []
 

@@ -26,6 +26,8 @@ RACK_LABEL = "topology.astraeus.io/rack"
 # Pools are shown as this label in "machine lacks label <k>=<v>" (the spec counts pools as node_selection labels).
 POOL_LABEL = "pool.astraeus.io/name"
 
+# The capabilities the scheduler checks on each machine (the spec's per-machine reasons); a model server is set up
+# by the machine only ("Model server: <why>").
 Capability = Literal["outbound_policy", "sandbox", "tool_gateway"]
 
 
@@ -94,12 +96,25 @@ class NodeSelection(_Frozen):
 
 
 class Network(_Frozen):
-    """What the worker needs from the machine's fabric: any active RDMA port, or InfiniBand at a speed."""
+    """What the worker needs from the machine's fabric: any active RDMA port, or InfiniBand at a speed, on a
+    fabric. A gang that asks for InfiniBand keeps every member on one fabric."""
 
     rdma: bool = Field(False, description="Needs an active RDMA port (InfiniBand or RoCE).")
     infiniband_gbps: int | None = Field(
         None, gt=0, le=100_000, description="Needs an active InfiniBand port this fast."
     )
+    fabric: Label | None = Field(
+        None, description="Needs an active InfiniBand port on this fabric (as its agent reports it, e.g. ib-0)."
+    )
+    mesh: bool = Field(
+        False,
+        description="Joins the node network: an address on its machine's subnet, routed to every other machine's.",
+    )
+
+    @property
+    def infiniband(self) -> bool:
+        """It asks for an InfiniBand port (a speed or a fabric), not only for any RDMA port."""
+        return self.infiniband_gbps is not None or self.fabric is not None
 
 
 class Topology(_Frozen):

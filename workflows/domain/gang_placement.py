@@ -103,6 +103,11 @@ class GangPlacer:
         if wait is not None:
             return Decision(first, None, wait.reason, reached=wait.reached)
         names, names_key = pass_.visible(quota)
+        on_one = self._on_one_fabric(required, names, names_key)
+        if on_one is not None:
+            for member in required:
+                pass_.usage(first.namespace).add(member)
+            return on_one
         mark = cluster.mark()
         nodes: list[str] = []
         for member in required:
@@ -122,6 +127,35 @@ class GangPlacer:
         for member in required:
             pass_.usage(first.namespace).add(member)
         return nodes
+
+    def _on_one_fabric(self, required: list[TaskRequest], names: list[str], names_key: NamesKey) -> list[str] | None:
+        """A gang that asks for InfiniBand, none of it placed yet, tries each fabric in turn (by name), its members
+        asking for that fabric: taking the tightest machine first could leave a fabric too small for the rest, while
+        another fabric has room for all. The places on the first fabric that takes them all; None when none does
+        (the members are then tried as usual, which explains why they wait)."""
+        pass_, cluster = self.pass_, self.pass_.cluster
+        network = required[0].network
+        if network is None or not network.infiniband or network.fabric or cluster.fabrics_of(required[0].job_id):
+            return None
+        fabrics = sorted({f for n in names if (f := cluster.machines[n].fabric) is not None})
+        if len(fabrics) < 2:
+            return None
+        for fabric in fabrics:
+            pinned = network.model_copy(update={"fabric": fabric})
+            mark = cluster.mark()
+            nodes: list[str] = []
+            for member in required:
+                fields = {name: getattr(member, name) for name in TaskRequest.model_fields}
+                ask = ask_for(TaskRequest(**fields | {"network": pinned}), cluster, pass_.drives)
+                found = pass_.free_for(ask, names_key)
+                if found is None:
+                    break
+                cluster.place(member, found)
+                nodes.append(found)
+            if len(nodes) == len(required):
+                return nodes
+            cluster.rollback(mark)
+        return None
 
     def _apart(self, ask: Ask, names: list[str], names_key: NamesKey, fit: int) -> Decision:
         """Why the gang cannot be placed whole, with the machines' reasons for its first member that did not fit;

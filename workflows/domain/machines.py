@@ -320,6 +320,11 @@ class Cluster:
         if alloc.key in self.held.get(alloc.node, {}):
             self._change(alloc, -1)
 
+    def fabrics_of(self, job_id: str) -> frozenset[str]:
+        """The InfiniBand fabrics of the machines its run's workers are on (placed or tentatively placed)."""
+        machines = (self.machines.get(node) for node in self.run_nodes.get(job_id, Counter()))
+        return frozenset(m.fabric for m in machines if m is not None and m.fabric is not None)
+
     def racks_of(self, job_id: str) -> Counter[str]:
         racks: Counter[str] = Counter()
         for node, count in self.run_nodes.get(job_id, Counter()).items():

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from workflows.domain.constraints import POOL_LABEL, Drive
 from workflows.domain.machines import EPSILON, Cluster, CompiledNode, Free, free_capacity, size_text
+from workflows.domain.nodes import NetworkPort
 from workflows.domain.reasons import R, Reason, Template, number
 from workflows.domain.requests import Allocation, TaskRequest
 
@@ -29,6 +30,7 @@ class Ask:
     run_racks: Counter[str] = field(default_factory=Counter)
     group_nodes: Counter[str] = field(default_factory=Counter)  # where its group's workers are (`spread`)
     drives: Mapping[str, Drive] = field(default_factory=dict)
+    run_fabrics: frozenset[str] = frozenset()  # the InfiniBand fabrics its run's machines are on
 
 
 def ask_for(request: TaskRequest, cluster: Cluster, drives: Mapping[str, Drive]) -> Ask:
@@ -36,7 +38,9 @@ def ask_for(request: TaskRequest, cluster: Cluster, drives: Mapping[str, Drive])
         return Ask(request, drives=drives)
     nodes = cluster.run_nodes.get(request.job_id, Counter())
     group = Counter(cluster.group_nodes.get((request.job_id, request.group), ())) if request.spread else Counter()
-    return Ask(request, Counter(nodes), cluster.racks_of(request.job_id), group, drives)
+    return Ask(
+        request, Counter(nodes), cluster.racks_of(request.job_id), group, drives, cluster.fabrics_of(request.job_id)
+    )
 
 
 def ask_key(ask: Ask) -> tuple[object, ...]:
@@ -116,19 +120,40 @@ def check_labels(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
 
 
 def check_network(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
+    """RDMA: any active port. InfiniBand: an active port at the speed asked, on the fabric asked; a gang's members
+    after the first placed ones also on one of their fabrics (members on two fabrics cannot reach each other)."""
     network = ask.request.network
     if network is None:
         return None
-    if network.infiniband_gbps is not None:
-        speed = network.infiniband_gbps
+    if network.infiniband:
+        fabrics = {network.fabric} if network.fabric else set()
+        if ask.request.gang and ask.run_fabrics:
+            fabrics = fabrics & ask.run_fabrics if fabrics else set(ask.run_fabrics)
+        speed = network.infiniband_gbps or 0
         infiniband = [p for p in node.ports if p.link == "InfiniBand"]
-        if any(p.active and p.speed_gbps >= speed for p in infiniband):
+        if any(p.active and p.speed_gbps >= speed and (not fabrics or p.fabric in fabrics) for p in infiniband):
             return None
-        seen = ", ".join(f"{p.name} {'active' if p.active else 'down'} at {p.speed_gbps} Gb/s" for p in infiniband)
-        return fill(R.NoInfinibandPort, speed=speed, detail=seen or "no InfiniBand port")
+        return _no_infiniband(infiniband, network.infiniband_gbps, network.fabric, ask)
     if network.rdma and not any(p.active for p in node.ports):
         return fill(R.NoRdmaPort)
     return None
+
+
+def _no_infiniband(ports: list[NetworkPort], speed: int | None, fabric: str | None, ask: Ask) -> Reason:
+    """The spec's reason for a speed, ours for a fabric alone; the detail lists the machine's InfiniBand ports
+    (with their fabric when one was asked, or the gang is on one)."""
+    on_fabric = fabric is not None or (ask.request.gang and bool(ask.run_fabrics))
+
+    def port(p: NetworkPort) -> str:
+        text = f"{p.name} {'active' if p.active else 'down'} at {p.speed_gbps} Gb/s"
+        return f"{text} on fabric {p.fabric or 'unknown'}" if on_fabric else text
+
+    detail = ", ".join(port(p) for p in ports) or "no InfiniBand port"
+    if ask.request.gang and ask.run_fabrics:
+        detail += f"; its gang is on fabric {', '.join(sorted(ask.run_fabrics))}"
+    if speed is not None:
+        return fill(R.NoInfinibandPort, speed=speed, detail=detail)
+    return fill(R.NoFabricPort, fabric=fabric, detail=detail)
 
 
 def check_one_per_machine(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
@@ -313,7 +338,9 @@ def fit_together_empty(
         group = group_nodes.setdefault(request.group, Counter())
         if request.with_run:
             racks = Counter({r: c for n, c in run_nodes.items() if (r := _rack(cluster, n)) is not None})
-            ask = Ask(request, Counter(run_nodes), racks, Counter(group) if request.spread else Counter(), drives)
+            fabrics = frozenset(m.fabric for n in run_nodes if (m := cluster.machines.get(n)) and m.fabric)
+            spread = Counter(group) if request.spread else Counter()
+            ask = Ask(request, Counter(run_nodes), racks, spread, drives, fabrics)
         for name in cluster.by_size:
             if name not in visible:
                 continue

@@ -220,6 +220,8 @@ class R:
     # The spec names no reason for a worker placed on a machine that has not picked it up yet (Pending; since
     # protocol 5, before which a placed worker was Preparing with it).
     Placed = _t("Placed", "Placed on {node}")
+    # The spec's InfiniBand reason names a speed; a worker that asks for a fabric and no speed is told this.
+    NoFabricPort = _t("NoFabricPort", "no active InfiniBand port on fabric {fabric} ({detail})")
     # Nor for a machine that picked a worker up and sets it up with nothing to wait for (Preparing): the spec's edge
     # "placed, machine picks it up".
     PickedUp = _t("PickedUp", "Picked up by {node}")

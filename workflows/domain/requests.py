@@ -91,6 +91,8 @@ class TaskRequest(BaseModel):
     def with_run(self) -> bool:
         """Whether where its run's other workers are changes which machines fit it."""
         topology = self.topology
+        if self.gang and self.network is not None and self.network.infiniband:
+            return True  # its gang stays on the fabric of its members placed first
         return self.spread or (
             topology is not None
             and (
@@ -177,6 +179,8 @@ def request_fields(spec: JobSpec, group: GroupSpec) -> dict[str, Any]:
         "selection": selection,
         "gpu_requests": tuple(group.gpu_requests or ()),
         "healthy_only": bool(group.healthy_only),
+        "network": group.network,
+        "capabilities": group.capabilities.checked() if group.capabilities else (),
         "topology": spec.topology,
         "max_parallel": group.array.max_parallel if group.array else None,
         "gang": spec.gang,

@@ -6,8 +6,10 @@ accepted is honoured.
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
-from typing import Annotated, Any, Literal
+import re
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -26,32 +28,24 @@ from workflows.domain.bounds import (
     Arguments,
     EnvName,
     EnvValue,
+    Label,
     PathText,
 )
-from workflows.domain.constraints import GpuRequest, NodeSelection, Topology
+from workflows.domain.constraints import Capability, GpuRequest, Network, NodeSelection, Topology
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="Lower-case letters, digits and dashes.")]
 
 RestartPolicy = Literal["OnFailure", "Always", "Never"]
 
-# Fields that need infrastructure this cluster does not have yet, and what each one needs.
-NEEDS_INFRASTRUCTURE = {
-    "network": "the node network (subnet assignment and mesh)",
-}
 MAX_EXTERNAL_ACCESS = 16  # ports one worker exposes on its machine
 
+# capabilities.interactive_token: what it needs that is not built yet.
+INTERACTIVE_NEEDS = "interactive sessions with a running worker (a terminal a person attaches with the token)"
+# network.mesh: what the node network needs that is not built yet.
+MESH_NEEDS = "the node network (subnet assignment and mesh)"
+
 NotBuilt = Annotated[SkipJsonSchema[Any], Field(exclude=True, repr=False)]
-
-
-def _refuse_infrastructure(value: Any, info: Any) -> Any:
-    if value is not None:
-        needs = NEEDS_INFRASTRUCTURE[info.field_name]
-        raise ValueError(
-            f"{info.field_name} needs {needs}, which this cluster does not have yet; "
-            "Astraeus refuses it rather than ignore it"
-        )
-    return value
 
 
 class _Frozen(BaseModel):
@@ -148,6 +142,63 @@ class ExternalAccess(_Frozen):
     def variable(self) -> str:
         """The name's part of its environment variables: `web-ui` -> `WEB_UI`."""
         return self.name.upper().replace("-", "_")
+
+
+HOST_PATTERN = (
+    r"^(?=.{1,253}$)[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$"
+)
+
+
+def _host_or_cidr(entry: str) -> str:
+    """An address or network (10.0.0.0/8, 192.0.2.7, 2001:db8::/32) or a host name (pypi.org)."""
+    try:
+        return str(ipaddress.ip_network(entry, strict=False))
+    except ValueError:
+        pass
+    if re.match(HOST_PATTERN, entry) is None or entry.replace(".", "").isdigit():
+        raise ValueError(f"{entry!r} is neither an address, a network (10.0.0.0/8) nor a host name")
+    return entry.lower()
+
+
+class OutboundPolicy(_Frozen):
+    """Egress allowed only to these hosts and networks; the machine refuses every other connection the worker opens."""
+
+    allow: list[Label] = Field(
+        min_length=1, max_length=256, description="Addresses, networks (10.0.0.0/8) and host names (pypi.org)."
+    )
+
+    @field_validator("allow")
+    @classmethod
+    def _entries(cls, allow: list[str]) -> list[str]:
+        return [_host_or_cidr(entry) for entry in allow]
+
+
+class Capabilities(_Frozen):
+    """What its workers require of their machine besides room: each is checked on the machine, or set up by it."""
+
+    outbound_policy: OutboundPolicy | None = Field(
+        None, description="Egress only to the hosts and networks listed; the machine must enforce it."
+    )
+    sandbox: bool = Field(False, description="Run each worker in gVisor (runsc), a kernel in user space.")
+    tool_gateway: bool = Field(False, description="The machine's tool gateway, given as ASTRAEUS_TOOL_GATEWAY.")
+    model_server: bool = Field(False, description="The machine's model server, given as ASTRAEUS_MODEL_SERVER.")
+    interactive_token: NotBuilt = None
+
+    @field_validator("interactive_token")
+    @classmethod
+    def _token_not_built(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError(
+                f"needs {INTERACTIVE_NEEDS}, which Astraeus does not have yet; "
+                "Astraeus refuses it rather than ignore it"
+            )
+        return value
+
+    def checked(self) -> tuple[Capability, ...]:
+        """What the scheduler checks on each machine, in the spec's order."""
+        wanted = {"outbound_policy": self.outbound_policy is not None, "sandbox": self.sandbox}
+        wanted["tool_gateway"] = self.tool_gateway
+        return tuple(name for name in get_args(Capability) if wanted[name])
 
 
 class HttpGet(_Frozen):
@@ -270,9 +321,23 @@ class GroupSpec(_Frozen):
         "(spiffe://astraeus/ns/<ns>/run/<run>/worker/<worker>/attempt/<n>), issued by the cluster CA, renewed while "
         "it runs, as files named by ASTRAEUS_IDENTITY_CERT, ASTRAEUS_IDENTITY_KEY and ASTRAEUS_IDENTITY_BUNDLE.",
     )
-    network: NotBuilt = None
+    network: Network | None = Field(
+        None, description="What its workers need of the machine's network: RDMA, InfiniBand at a speed, a fabric."
+    )
 
-    _refuse_needs_infrastructure = field_validator(*NEEDS_INFRASTRUCTURE)(_refuse_infrastructure)
+    capabilities: Capabilities | None = Field(
+        None, description="What its workers require of their machine: outbound policy, sandbox, gateways."
+    )
+
+    @field_validator("network")
+    @classmethod
+    def _mesh_not_built(cls, network: Network | None) -> Network | None:
+        if network is not None and network.mesh:
+            raise ValueError(
+                f"mesh needs {MESH_NEEDS}, which this cluster does not have yet; Astraeus refuses it rather than "
+                "ignore it"
+            )
+        return network
 
     @field_validator("command")
     @classmethod
