@@ -269,11 +269,11 @@ class NodeWorkflow:
     async def remove(self, request: CordonRequest) -> NodeView:
         """The machine leaves the cluster: the scheduler forgets it and its workers go Down ("Machine removed from
         the cluster"). An agent that registers again brings it back."""
-        return await self._decide(Removed())
+        return await self._decide(Removed(reason=request.reason))
 
     @remove.validator
     def _validate_remove(self, request: CordonRequest) -> None:
-        self._validate(Removed())
+        self._validate(Removed(reason=request.reason))
 
     @workflow.query(name=contracts.VIEW.name)
     def view(self) -> NodeView:

@@ -93,6 +93,14 @@ CASES: list[tuple[str, NodeView, NodeEvent, str, list[tuple[str, str]], list[Nod
         [Notify(), TellRuns(removed=True, lost_at=NOW)],
     ),
     (
+        "removed with a reason: kept in its history",
+        READY,
+        Removed(reason="motherboard replaced"),
+        "Removed",
+        [("Ready", "An admin removes it: motherboard replaced"), ("Removed", "Machine removed from the cluster")],
+        [Notify(), TellRuns(removed=True, lost_at=NOW)],
+    ),
+    (
         "its lease expires: Down, told, and its runs told",
         READY,
         LeaseExpired(),

@@ -292,6 +292,7 @@ ADDITIONS: list[Row] = [
         "40 earlier changes summarised, from 2026-01-01 00:00:03 UTC to 2026-01-01 00:09:00 UTC",
     ),
     ("RunTerminated", {"why": "stuck"}, "Its workflow was terminated in Temporal: stuck"),
+    ("RemovedByAdmin", {"why": "motherboard replaced"}, "An admin removes it: motherboard replaced"),
     (
         "OrphanStopped",
         {"task": "w-0", "run": "default/sleepy", "status": "terminated"},

@@ -95,6 +95,7 @@ async def test_a_removed_machine_stays_removed_when_its_lease_then_expires(time_
         view = await handle.query(NodeWorkflow.view)
         assert [(e.state, e.reason) for e in view.history] == [
             ("Ready", "Registered by its agent"),
+            ("Ready", "An admin removes it: decommissioned"),  # the admin's reason, kept
             ("Removed", "Machine removed from the cluster"),
         ]
         assert machine.lost == [MachineLost(node=name, removed=True, lost_at=view.history[-1].at)]

@@ -80,7 +80,7 @@ class Uncordoned(_Msg):
 
 
 class Removed(_Msg):
-    pass
+    reason: str = ""  # the admin's, kept in the machine's history; its state's reason is the spec's
 
 
 class LeaseExpired(_Msg):
@@ -214,8 +214,9 @@ def decide_node(view: NodeView, event: NodeEvent, now: datetime) -> tuple[NodeVi
             return view.model_copy(update={"cordon": reason or "no reason given"}), [Notify()]
         case Uncordoned():
             return view.model_copy(update={"cordon": None}), [Notify()]
-        case Removed():
+        case Removed(reason=why):
             # The scheduler forgets the machine and its workers go Down; an agent that registers brings it back.
+            view = _note(view, R.RemovedByAdmin(why=why), now) if why else view
             return _change(view, NodeState.REMOVED, R.MachineRemoved(), now), [
                 Notify(),
                 TellRuns(removed=True, lost_at=now),

@@ -232,6 +232,9 @@ class R:
     # A run whose workflow was terminated in Temporal (the UI's Terminate button): its workflow decides nothing more,
     # so clients show it Terminated with the reason Temporal recorded ("no reason given" when there was none).
     RunTerminated = _t("RunTerminated", "Its workflow was terminated in Temporal: {why}")
+    # A machine's own history: why an admin removed it (`astraeus nodes remove --reason`, the console), before the
+    # spec's "Machine removed from the cluster".
+    RemovedByAdmin = _t("RemovedByAdmin", "An admin removes it: {why}")
     # A machine's own history: its agent stopped a worker whose run's workflow is closed, terminated or gone.
     OrphanStopped = _t("OrphanStopped", "Stopped worker {task} of run {run}: its run is no longer open ({status})")
     # A machine's own history: its agent stopped an attempt its (open) run no longer has there (it was lost with

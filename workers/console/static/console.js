@@ -464,12 +464,12 @@ function gpuHealth(gpus) {
   return notes.length ? h("span", { class: "error" }, notes.join("; ")) : "";
 }
 
-// Cordon, uncordon or remove a machine (admin tokens); cordon and remove are confirmed first, cordon with a reason.
+// Cordon, uncordon or remove a machine (admin tokens); cordon and remove are confirmed first, each with a reason
+// (a removal's is kept in the machine's history, before "Machine removed from the cluster").
 async function machineVerb(node, v, after) {
-  // A removal keeps no reason (the machine's history says "Machine removed from the cluster"): none is asked.
   let reason = "";
   if (v === "cordon") reason = await confirmDialog(`Cordon ${node}?`, "No new work is placed there; running work stays.", true);
-  if (v === "remove") reason = await confirmDialog(`Remove ${node}?`, "It leaves the cluster: its workers go Down and restart elsewhere by their policy; its agent brings it back when it registers again.", false);
+  if (v === "remove") reason = await confirmDialog(`Remove ${node}?`, "It leaves the cluster: its workers go Down and restart elsewhere by their policy; its agent brings it back when it registers again.", true);
   if (reason === null) return;
   try {
     await api(`/nodes/${encodeURIComponent(node)}/${v}`, { method: "POST", headers: { "content-type": "application/json" },
@@ -479,8 +479,9 @@ async function machineVerb(node, v, after) {
   after();
 }
 
-function machineActions(n, after) {
-  if (n.state === "Removed") return "—";
+// Only an admin's token may change a machine: a workspace token is shown no buttons.
+function machineActions(n, after, admin) {
+  if (n.state === "Removed" || !admin) return "—";
   return h("div", { class: "actions" },
     n.cordon === null ? h("button", { type: "button", class: "cordon", "aria-label": `Cordon ${n.name}`, onclick: () => machineVerb(n.name, "cordon", after) }, "Cordon")
       : h("button", { type: "button", class: "uncordon", "aria-label": `Uncordon ${n.name}`, onclick: () => machineVerb(n.name, "uncordon", after) }, "Uncordon"),
@@ -493,7 +494,7 @@ function machinesPage(page) {
   const body = h("div", { id: "machines" });
   page.replaceChildren(h("h1", {}, "Machines"), body);
   async function refresh() {
-    const [nodes, use] = await Promise.all([api("/nodes"), api("/usage")]);
+    const [nodes, use, who] = await Promise.all([api("/nodes"), api("/usage"), whoami()]);
     if (!nodes.length) { body.replaceChildren(h("p", { class: "empty" }, "No machines yet. Start an agent on each: astraeus agent --name NAME (astraeus dev starts local ones).")); return; }
     const free = new Map(use.machines.map((m) => [m.name, m]));
     body.replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, ["Machine", "State", "Reason", "GPUs", "Free room",
@@ -511,7 +512,7 @@ function machinesPage(page) {
           h("td", {}, (inv.pools || []).join(", ") || "—"), h("td", {}, (inv.labels || {})[RACK] || "—"),
           h("td", {}, (inv.pressure || []).join(", ") || "—"),
           h("td", {}, n.cordon === null ? "—" : n.cordon || "(cordoned)"),
-          h("td", {}, machineActions(n, refresh)));
+          h("td", {}, machineActions(n, refresh, who.admin)));
       }))));
   }
   return refresh;
@@ -547,7 +548,7 @@ function machinePage(page, name) {
     const placed = free ? free.placed : [];
     const others = free ? free.workers - placed.length : 0;
     top.replaceChildren(
-      h("div", { class: "actions" }, machineActions(n, refresh), temporalLink(`node/${name}`, "Its workflow in the Temporal UI")),
+      h("div", { class: "actions" }, machineActions(n, refresh, who.admin), temporalLink(`node/${name}`, "Its workflow in the Temporal UI")),
       h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
       h("h2", {}, "GPUs"),
       gpus.length ? h("table", { id: "gpus" }, h("thead", {}, h("tr", {}, ["GPU", "Model", "Memory", "Health"].map((c) => h("th", { scope: "col" }, c)))),
