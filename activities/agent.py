@@ -659,7 +659,11 @@ class AgentActivities:
         """Stop every worker that runs here while its run's workflow is closed, terminated (the Temporal UI's
         Terminate button) or gone, or while its open run no longer has that attempt here (it was lost with the
         machine, or the run moved on): nothing else would ever stop it. Each stop is written in the machine's
-        history. A run that cannot be read now (Temporal does not answer) is looked at again next time."""
+        history. A run that cannot be read now (Temporal does not answer) is looked at again next time. Exits 0 its
+        runs may have lost are told first: a run about to restart such a worker must hear it before its back-off
+        ends, and reading the runs takes a while on a busy server."""
+        if tell:
+            await self._tell_exits_while_lost()
         try:
             running = await asyncio.to_thread(self._runtime.running)
         except Exception as err:  # the engine does not answer: look again next time
@@ -690,7 +694,6 @@ class AgentActivities:
                 self._orphans_untold.append(report)
         if tell:
             await self._tell_orphans_stopped()
-            await self._tell_exits_while_lost()
 
     async def _tell_exits_while_lost(self) -> None:
         """Tell each run whose worker's watch ended before the worker did, and which then exited 0, that it did

@@ -192,6 +192,7 @@ async def test_a_stop_that_waits_out_its_grace_never_holds_up_the_leases_heartbe
     temporal = Temporal({"job/default/stubborn": WorkflowExecutionStatus.TERMINATED})
     machine = Machine(root, temporal, Settings(orphan_check_seconds=0.1, stop_grace_seconds=2))
     stubborn = machine.run(key("stubborn"), ["sh", "-c", "trap '' TERM; sleep 60"])  # ignores the stop signal
+    await until(lambda: machine.runs(stubborn))  # started (on a busy machine its shim takes a moment)
     machine.hold_lease()
     try:
         began = time.monotonic()

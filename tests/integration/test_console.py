@@ -112,7 +112,7 @@ class Console(Page):
         box = self.see(By.ID, "token")
         box.send_keys(token)
         self.browser.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
-        self.see(By.ID, "runs")
+        self.see(By.ID, "runs", timeout=60)  # the first page after signing in: slow on a busy machine
 
     def open(self, hash_: str) -> None:
         self.browser.get(f"{self.url}/console/{hash_}")
