@@ -171,8 +171,10 @@ class Cluster:
         self.free: dict[str, Free] = {m.name: Free(m.cpus, m.memory_bytes, len(m.gpus)) for m in self.machines.values()}
         self.held: dict[str, dict[tuple[str, str], Allocation]] = {name: {} for name in self.names}
         self.allocations: dict[tuple[str, str], Allocation] = {}
-        self.run_nodes: dict[str, Counter[str]] = {}
-        self.group_nodes: dict[tuple[str, str], Counter[str]] = {}  # where each (run, group)'s workers are
+        # Where each run's and each (run, group)'s workers are, counted by machine: plain dicts, as one is made per run
+        # at every pass (a Counter each cost the scheduler's pass 40% of its time in a burst: bench/README.md).
+        self.run_nodes: dict[str, dict[str, int]] = {}
+        self.group_nodes: dict[tuple[str, str], dict[str, int]] = {}
         self.group_placed: Counter[tuple[str, str]] = Counter()
         self.version = 0
         self.changed: list[str] = []  # the machine changed by each version, in order: changed[v - 1]
@@ -243,14 +245,16 @@ class Cluster:
                 held.pop(alloc.key, None)
         run_nodes = self.run_nodes.get(alloc.job_id)
         if run_nodes is None:
-            run_nodes = self.run_nodes[alloc.job_id] = Counter()
+            run_nodes = self.run_nodes[alloc.job_id] = {}
         group_nodes = self.group_nodes.get((alloc.job_id, alloc.group))
         if group_nodes is None:
-            group_nodes = self.group_nodes[(alloc.job_id, alloc.group)] = Counter()
+            group_nodes = self.group_nodes[(alloc.job_id, alloc.group)] = {}
         for nodes in (run_nodes, group_nodes):
-            nodes[alloc.node] += sign
-            if nodes[alloc.node] <= 0:
-                del nodes[alloc.node]
+            count = nodes.get(alloc.node, 0) + sign
+            if count > 0:
+                nodes[alloc.node] = count
+            else:
+                nodes.pop(alloc.node, None)
         self.group_placed[(alloc.job_id, alloc.group)] += sign
         free = self.free.get(alloc.node)
         if free is not None:
@@ -313,7 +317,7 @@ class Cluster:
 
     def placed_count(self, job_id: str) -> int:
         """How many workers of the run hold room."""
-        return sum(self.run_nodes.get(job_id, Counter()).values())
+        return sum(self.run_nodes.get(job_id, {}).values())
 
     def release(self, alloc: Allocation) -> None:
         """`alloc`'s room is free again (an undone placement, or a preempted worker as its head sees it)."""
@@ -322,12 +326,12 @@ class Cluster:
 
     def fabrics_of(self, job_id: str) -> frozenset[str]:
         """The InfiniBand fabrics of the machines its run's workers are on (placed or tentatively placed)."""
-        machines = (self.machines.get(node) for node in self.run_nodes.get(job_id, Counter()))
+        machines = (self.machines.get(node) for node in self.run_nodes.get(job_id, {}))
         return frozenset(m.fabric for m in machines if m is not None and m.fabric is not None)
 
     def racks_of(self, job_id: str) -> Counter[str]:
         racks: Counter[str] = Counter()
-        for node, count in self.run_nodes.get(job_id, Counter()).items():
+        for node, count in self.run_nodes.get(job_id, {}).items():
             machine = self.machines.get(node)
             if machine is not None and machine.rack is not None:
                 racks[machine.rack] += count

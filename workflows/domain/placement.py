@@ -36,7 +36,7 @@ class Ask:
 def ask_for(request: TaskRequest, cluster: Cluster, drives: Mapping[str, Drive]) -> Ask:
     if not request.with_run:
         return Ask(request, drives=drives)
-    nodes = cluster.run_nodes.get(request.job_id, Counter())
+    nodes = cluster.run_nodes.get(request.job_id, {})
     group = Counter(cluster.group_nodes.get((request.job_id, request.group), ())) if request.spread else Counter()
     return Ask(
         request, Counter(nodes), cluster.racks_of(request.job_id), group, drives, cluster.fabrics_of(request.job_id)
