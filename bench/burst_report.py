@@ -149,7 +149,10 @@ def lines(b: Burst) -> list[str]:
     out += _reason_lines("reasons their worker had while Pending (runs)", f["reasons_seen_while_waiting"])
     out += _reason_lines("reasons of the runs that ended", f["reasons_ended"])
     if problems["kinds"]:
-        out += ["timeouts, failures and retries by kind:", *(f"{n:5d} x {k}" for k, n in problems["kinds"].items())]
+        out += ["timeouts, failures and retries by kind:"]
+        for kind, n in problems["kinds"].items():
+            named = problems["examples"].get(kind)
+            out.append(f"{n:5d} x {kind}" + (f", e.g. {', '.join(named)}" if named else ""))
     out += [f"error: {e}" for e in f["errors"]]
     if b.floor is not None:
         ratio = f["burst_over_floor"]
@@ -165,12 +168,20 @@ def _running(b: Burst) -> list[Run]:
 def _problems(b: Burst) -> dict[str, Any]:
     runs = [r.history for r in b.runs if r.history]
     kinds: collections.Counter[str] = collections.Counter()
+    examples: dict[str, list[str]] = {}  # a few runs of each kind, to read their histories
     for who, histories in (("run", runs), ("machine", b.machine_histories)):
         for h in histories:
             kinds.update(f"{who}: {p}" for p in h.workflow_task_problems + h.activity_problems)
             kinds.update(f"{who}: {name} retried ({why})" for name, why in h.activity_retries)
     for r in b.runs:
         kinds.update(f"run: {name} in flight, retrying ({why})" for name, why in r.pending_retries)
+        found = r.history.workflow_task_problems + r.history.activity_problems if r.history else []
+        found += [f"{name} retried ({why})" for name, why in r.history.activity_retries] if r.history else []
+        found += [f"{name} in flight, retrying ({why})" for name, why in r.pending_retries]
+        for kind in dict.fromkeys(found):
+            named = examples.setdefault(f"run: {kind}", [])
+            if len(named) < EXAMPLES:
+                named.append(r.name)
     return {
         "runs_wft": sum(len(h.workflow_task_problems) for h in runs),
         "machines_wft": sum(len(h.workflow_task_problems) for h in b.machine_histories),
@@ -179,6 +190,7 @@ def _problems(b: Burst) -> dict[str, Any]:
         "runs_activity": sum(len(h.activity_problems) for h in runs),
         "machines_activity": sum(len(h.activity_problems) for h in b.machine_histories),
         "kinds": dict(kinds.most_common()),
+        "examples": examples,
     }
 
 

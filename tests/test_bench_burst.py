@@ -149,3 +149,24 @@ def test_the_servers_log_is_counted_from_where_the_window_began(tmp_path: Path) 
     found, end = logged(log, start)
     assert found == {"ERROR Update workflow execution operation failed. (context canceled)": 2}
     assert end == log.stat().st_size
+
+
+def test_each_kind_of_problem_names_a_few_of_its_runs() -> None:
+    """So that their histories can be read: the runs a timeout or retry happened in, the first few of each kind."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from bench.burst import Burst, Run
+    from bench.burst_report import _problems
+    from bench.common import HistoryFigures
+
+    timed_out = "workflow task TIMED_OUT (START_TO_CLOSE), after WORKFLOW_EXECUTION_STARTED"
+    runs = [Run(name=f"run-{i:04d}", history=HistoryFigures(workflow_task_problems=[timed_out] * 2)) for i in range(5)]
+    runs.append(Run(name="run-0005", history=HistoryFigures(), pending_retries=[("run_task", "Heartbeat timeout")]))
+    runs.append(Run(name="run-0006", history=HistoryFigures()))
+    found = _problems(cast(Burst, SimpleNamespace(runs=runs, machine_histories=[])))
+    assert found["kinds"] == {f"run: {timed_out}": 10, "run: run_task in flight, retrying (Heartbeat timeout)": 1}
+    assert found["examples"] == {
+        f"run: {timed_out}": ["run-0000", "run-0001", "run-0002"],
+        "run: run_task in flight, retrying (Heartbeat timeout)": ["run-0005"],
+    }
