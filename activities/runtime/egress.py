@@ -31,13 +31,11 @@ def missing() -> str | None:
             return f"{tool} is not installed"
     probe = f"axprobe{os.getpid()}"
     try:
-        _run(["ip", "netns", "add", probe])
-        _run(["ip", "netns", "exec", probe, "iptables", "-A", "OUTPUT", "-j", "REJECT"])
-    except RuntimeFailure as failure:
-        return failure.reason.text.removeprefix("Outbound policy: ")
+        return _failed(["ip", "netns", "add", probe]) or _failed(
+            ["ip", "netns", "exec", probe, "iptables", "-A", "OUTPUT", "-j", "REJECT"]
+        )
     finally:
         subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
-    return None
 
 
 def namespace_of(slug: str) -> str:
@@ -86,10 +84,17 @@ def remove(name: str) -> None:
 
 
 def _run(command: list[str]) -> None:
+    why = _failed(command)
+    if why is not None:
+        raise RuntimeFailure(R.OutboundPolicyFailed(why=why))
+
+
+def _failed(command: list[str]) -> str | None:
+    """Why the command failed (the command and its error), or None once it succeeded."""
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=COMMAND_TIMEOUT_SECONDS)
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise RuntimeFailure(R.OutboundPolicyFailed(why=f"{' '.join(command)}: {err}")) from err
+        return f"{' '.join(command)}: {err}"
     if done.returncode != 0:
-        why = f"{' '.join(command)}: {done.stderr.strip() or f'exit status {done.returncode}'}"
-        raise RuntimeFailure(R.OutboundPolicyFailed(why=why))
+        return f"{' '.join(command)}: {done.stderr.strip() or f'exit status {done.returncode}'}"
+    return None
