@@ -200,6 +200,9 @@ class AgentActivities:
         # The lease's heartbeat timeout (renewals come three times within it); at least PAUSE_FLOOR_SECONDS, so that
         # a slow look (a pressure read is waited for up to a second) on a loaded machine is not mistaken for a pause.
         ttl = max(3 * input.renew_seconds, PAUSE_FLOOR_SECONDS)
+        # Twice per renewal: a crashed agent's lease expires at least 5/6 of its TTL after its last look.
+        period = min(input.renew_seconds / 2, GPU_HEALTH_SECONDS)
+        reporting = asyncio.ensure_future(self._keep_reporting(period))
         last = time.monotonic()
         try:
             while True:
@@ -214,11 +217,7 @@ class AgentActivities:
                 activity.heartbeat()
                 self._look_for_orphans()
                 self._renew_identities()
-                await self._report_gpu_health()
-                await self._report_pressure()
-                await self.drives.report()
-                # Twice per renewal: a crashed agent's lease expires at least 5/6 of its TTL after its last look.
-                await asyncio.sleep(min(input.renew_seconds / 2, GPU_HEALTH_SECONDS))
+                await asyncio.sleep(period)
         except asyncio.CancelledError:
             details = activity.cancellation_details()
             replaced = self.registrations != registrations  # this agent registered again: a new lease replaces it
@@ -234,6 +233,21 @@ class AgentActivities:
                 self.lost_why = EXPIRED if expired else TAKEN_OVER
                 self.lost.set()
             raise
+        finally:
+            reporting.cancel()
+
+    async def _keep_reporting(self, period: float) -> None:
+        """Tell the machine's workflow the GPUs' health, the machine's pressure and its data location when they
+        change, on a loop of their own beside the lease's: each report is an update that waits for the machine's
+        workflow task, which a burst of runs can hold up for many seconds (two machines lost their leases so, in a
+        500-run burst, when these reports were awaited between the lease's heartbeats)."""
+        while True:
+            for report in (self._report_gpu_health, self._report_pressure, self.drives.report):
+                try:
+                    await report()
+                except Exception:  # told again at the next look
+                    log.exception("%s: a report to the machine's workflow failed", self._inventory.name)
+            await asyncio.sleep(period)
 
     async def _carried(self, lease: int, ttl: float) -> bool:
         """Whether the machine's workflow continued as new holding this lease (its former run's lease activity is

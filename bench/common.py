@@ -167,7 +167,8 @@ def read_history(events: Iterable[HistoryEvent]) -> HistoryFigures:
             scheduled[event.event_id] = (event.activity_task_scheduled_event_attributes.activity_type.name, at)
             last_activity = scheduled[event.event_id]
         elif event.HasField("workflow_task_scheduled_event_attributes"):
-            scheduled[event.event_id] = ("workflow task", at)
+            # A run's first task (from the shared queue, creating its instance) apart from the others (sticky)
+            scheduled[event.event_id] = ("workflow task" if scheduled else "first workflow task", at)
         elif event.HasField("activity_task_started_event_attributes"):
             activity = event.activity_task_started_event_attributes
             name, when = scheduled.get(activity.scheduled_event_id, ("?", at))
@@ -189,7 +190,8 @@ def read_history(events: Iterable[HistoryEvent]) -> HistoryFigures:
                 figures.phases.append(("signal -> workflow task started", ms(at, signaled) or 0.0))
                 signaled = None
             started[wft.scheduled_event_id] = at
-            figures.phases.append(("workflow task: queued", ms(at, scheduled[wft.scheduled_event_id][1]) or 0.0))
+            kind = scheduled[wft.scheduled_event_id][0]
+            figures.phases.append((f"{kind}: queued", ms(at, scheduled[wft.scheduled_event_id][1]) or 0.0))
         elif event.HasField("activity_task_completed_event_attributes"):
             done = event.activity_task_completed_event_attributes.scheduled_event_id
             if done in started:
@@ -197,7 +199,7 @@ def read_history(events: Iterable[HistoryEvent]) -> HistoryFigures:
         elif event.HasField("workflow_task_completed_event_attributes"):
             done = event.workflow_task_completed_event_attributes.scheduled_event_id
             if done in started:
-                figures.phases.append(("workflow task: ran", ms(at, started[done]) or 0.0))
+                figures.phases.append((f"{scheduled[done][0]}: ran", ms(at, started[done]) or 0.0))
         elif event.HasField("activity_task_timed_out_event_attributes"):
             attributes = event.activity_task_timed_out_event_attributes
             name = scheduled.get(attributes.scheduled_event_id, ("?", at))[0]

@@ -276,6 +276,8 @@ class Workflows:
     def __init__(self) -> None:
         self.updates: list[tuple[str, str, Any]] = []
         self.refuse = False
+        self.answering = asyncio.Event()  # cleared: an update waits (the machine's workflow task is held up)
+        self.answering.set()
 
     def get_workflow_handle(self, workflow_id: str) -> Workflows._Handle:
         return Workflows._Handle(self, workflow_id)
@@ -287,6 +289,7 @@ class Workflows:
         async def execute_update(self, name: str, message: Any, result_type: Any = None) -> None:
             if self._owner.refuse:
                 raise RuntimeError("control plane unreachable")
+            await self._owner.answering.wait()
             self._owner.updates.append((self._id, name, message))
 
 
@@ -364,3 +367,24 @@ async def test_a_hung_pressure_read_never_stops_the_heartbeats(tmp_path: Path) -
     with suppress(BaseException):
         await holding
     assert workflows.updates == [("node/n0", "report_pressure", PressureReported(pressure=["disk"]))]
+
+
+async def test_an_update_the_machines_workflow_is_slow_to_answer_never_stops_the_heartbeats(tmp_path: Path) -> None:
+    pressure = ScriptedPressure()
+    pressure.now = ["memory"]
+    agent, workflows = lease_holder(tmp_path, pressure)
+    workflows.answering.clear()  # a burst holds up the machine's workflow task: the report waits for its answer
+    beats: list[float] = []
+    environment = ActivityEnvironment()
+    environment.on_heartbeat = lambda *_: beats.append(time.monotonic())
+    holding = asyncio.ensure_future(environment.run(agent.hold_lease, LeaseInput(node="n0", renew_seconds=0.05)))
+    await asyncio.sleep(2)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(beats)]
+    assert len(beats) >= 20 and max(gaps) < 0.5
+    assert workflows.updates == []
+    workflows.answering.set()
+    await until(lambda: len(workflows.updates) == 1)
+    holding.cancel()
+    with suppress(BaseException):
+        await holding
+    assert workflows.updates == [("node/n0", "report_pressure", PressureReported(pressure=["memory"]))]

@@ -191,8 +191,10 @@ async def test_the_lease_holder_stops_workers_of_runs_no_longer_open_and_writes_
 async def test_a_stop_that_waits_out_its_grace_never_holds_up_the_leases_heartbeats(root: Path) -> None:
     temporal = Temporal({"job/default/stubborn": WorkflowExecutionStatus.TERMINATED})
     machine = Machine(root, temporal, Settings(orphan_check_seconds=0.1, stop_grace_seconds=2))
-    stubborn = machine.run(key("stubborn"), ["sh", "-c", "trap '' TERM; sleep 60"])  # ignores the stop signal
-    await until(lambda: machine.runs(stubborn))  # started (on a busy machine its shim takes a moment)
+    trapped = root / "trapped"
+    # It ignores the stop signal, once its shell has set the trap (a stop before that would end it at once)
+    stubborn = machine.run(key("stubborn"), ["sh", "-c", f"trap '' TERM; touch {trapped}; sleep 60"])
+    await until(lambda: machine.runs(stubborn) and trapped.exists())  # on a busy machine its shim takes a moment
     machine.hold_lease()
     try:
         began = time.monotonic()
