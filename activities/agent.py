@@ -74,7 +74,6 @@ PRESSURE_READ_SECONDS = 1.0
 PAUSE_FLOOR_SECONDS = 5.0  # a lease's loop unheard for this long (at least) counts the lease lost: it was paused
 # How long an exit returned to a run is remembered: should the lease expire meanwhile, it is told to its run again.
 RETURNED_KEPT_SECONDS = 600.0  # a pressure read still going after this is collected at a later look
-LISTED_AT_ONCE = 100  # runs asked about in one visibility query
 # A worker whose setting up takes longer than this is told to its run as picked up (Preparing) while it lasts; a
 # quicker one is told once, started and running, with when it was picked up and started (no signal more).
 PICK_UP_REPORT_SECONDS = 1.0
@@ -683,16 +682,14 @@ class AgentActivities:
         except Exception as err:  # the engine does not answer: look again next time
             log.warning("%s: could not list its workers: %s", self._inventory.name, err)
             return
-        runs = sorted({(key.namespace, key.job) for key in running})
-        try:
-            listed_open = await self._listed_open(runs)
-        except Exception as err:  # read each run instead
-            log.warning("%s: could not list its runs: %s", self._inventory.name, err)
-            listed_open = set()
+        # Only the runs with an attempt here that no activity of this agent watches are read (a describe each). A
+        # watched attempt needs no look: its watch heartbeats to its run, and when the run closes or stops
+        # wanting it, the server answers the heartbeat "not found" or "cancelled", the watch ends, and the attempt
+        # is looked at next time. Asking about every run (a visibility query per machine each look) cost a busy
+        # server a slow read every 5 s per machine, which held up its writes (bench/README.md).
+        runs = sorted({(key.namespace, key.job) for key in running if key not in self._live})
         for namespace, job in runs:
             keys = [key for key in running if (key.namespace, key.job) == (namespace, job)]
-            if (namespace, job) in listed_open and all(key in self._live for key in keys):
-                continue  # open, and every attempt of it here is watched: its run has it
             try:
                 stale = await self._not_the_runs(namespace, job, keys)
             except Exception as err:
@@ -750,21 +747,6 @@ class AgentActivities:
             for key in unwatched
             if (why := _stale(answer, key.task, key.attempt)) is not None
         ]
-
-    async def _listed_open(self, runs: list[tuple[str, str]]) -> set[tuple[str, str]]:
-        """Of these runs, those the visibility store lists open: one query for all, where a describe each cost the
-        server a read per worker alive every look (bench/README.md). The list may lag by a moment: a run it does not
-        list open is read exactly (describe), and one closed a moment ago is found at the next look."""
-        ids = {job_id(namespace, job): (namespace, job) for namespace, job in runs}
-        found: set[tuple[str, str]] = set()
-        names = sorted(ids)
-        for first in range(0, len(names), LISTED_AT_ONCE):
-            quoted = ", ".join(f"'{name}'" for name in names[first : first + LISTED_AT_ONCE])
-            query = f"WorkflowId IN ({quoted}) AND ExecutionStatus = 'Running'"
-            async for execution in self._client.list_workflows(query, page_size=LISTED_AT_ONCE):
-                if execution.id in ids:
-                    found.add(ids[execution.id])
-        return found
 
     async def _closed_run(self, namespace: str, job: str) -> str | None:
         """How Temporal has a run's workflow when it is no longer open ("terminated", "completed", "not found",

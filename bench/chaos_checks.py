@@ -117,6 +117,9 @@ class StartedTwice:
     same_attempt: list[Case] = field(default_factory=list)  # one attempt's process started more than once
     overlapping: list[Case] = field(default_factory=list)  # two attempts of one worker alive at once
     after_completing: list[Case] = field(default_factory=list)  # started again after an attempt ended with 0
+    # Started again after an attempt ended with 0 while its machine's agent was dead, before a new agent was there to
+    # read that end: nothing alive saw it, and the spec restarts a worker lost with its machine. Shown, not failed.
+    unseen_end: list[Case] = field(default_factory=list)
 
     @property
     def cases(self) -> list[Case]:
@@ -128,8 +131,11 @@ class StartedTwice:
         return len({case.text.split(":", 1)[0] for case in self.cases})
 
 
-def started_twice(intervals: Iterable[Interval]) -> StartedTwice:
+def started_twice(intervals: Iterable[Interval], faults: Iterable[Fault] = ()) -> StartedTwice:
+    """Every second start of a worker; one after an end that no agent was alive to see is kept apart (`faults`:
+    the agents killed, and when their machine was theirs again)."""
     found = StartedTwice()
+    agents_dead = [f for f in faults if f.node is not None]
     by_worker: dict[tuple[str, str], list[Interval]] = {}
     for interval in intervals:
         by_worker.setdefault((interval.run, interval.task), []).append(interval)
@@ -151,9 +157,20 @@ def started_twice(intervals: Iterable[Interval]) -> StartedTwice:
                     f"{name}: attempt {b.attempt} on {b.node} started after attempt {a.attempt} on {a.node} "
                     "had completed (exit 0)"
                 )
-                found.after_completing.append(Case(text, b.start, a.node))
+                dead = next((f for f in agents_dead if f.node == a.node and _unseen(f, a.end, b.start)), None)
+                if dead is not None:
+                    found.unseen_end.append(Case(f"{text} while its agent was dead ({dead.name})", b.start, a.node))
+                else:
+                    found.after_completing.append(Case(text, b.start, a.node))
                 break
     return found
+
+
+def _unseen(fault: Fault, ended: float, again: float) -> bool:
+    """Whether an end at `ended` on the fault's machine came while its agent was dead, and the start `again` came
+    before a new agent held the machine (Ready again; else restarted) and could read it."""
+    back = fault.ready_again if fault.ready_again is not None else fault.restarted
+    return fault.killed <= ended and (back is None or (ended <= back and again <= back))
 
 
 def gpus_held_twice(intervals: Iterable[Interval]) -> list[Case]:

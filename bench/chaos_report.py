@@ -108,7 +108,7 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
     """The lines to print, the same figures as data, and the checks that failed."""
     judged = verdicts(outcome)
     kinds = collections.Counter(v.kind for v in judged)
-    twice = started_twice(outcome.intervals)
+    twice = started_twice(outcome.intervals, outcome.faults)
     held_twice = gpus_held_twice(outcome.intervals)
     wrong_gpus = without_gpu(outcome.intervals, outcome.gpus_per_worker)
     orphans = left_running(outcome)
@@ -173,6 +173,7 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
             "same_attempt": len(twice.same_attempt),
             "overlapping": len(twice.overlapping),
             "after_completing": len(twice.after_completing),
+            "unseen_end": [str(c) for c in twice.unseen_end],
         },
         "ends": dict(ends),
         "faults": fault_figures,
@@ -185,7 +186,8 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
 def _twice(twice: Any, cases: list[str]) -> str:
     return (
         f"{twice.workers} ({len(twice.same_attempt)} attempts started again, {len(twice.overlapping)} attempts at "
-        f"once, {len(twice.after_completing)} re-run after completing)"
+        f"once, {len(twice.after_completing)} re-run after completing; {len(twice.unseen_end)} re-run after an end "
+        "no agent was alive to see, not counted)"
     )
 
 

@@ -87,6 +87,28 @@ def test_workers_started_twice_are_found(lines: list[str], same: int, overlappin
     assert (len(found.same_attempt), len(found.overlapping), len(found.after_completing)) == (same, overlapping, after)
 
 
+@pytest.mark.parametrize(
+    ("again", "ready_again", "unseen", "after"),
+    [(6.0, 8.0, 1, 0), (9.0, 8.0, 0, 1)],
+    ids=["re-run before a new agent was there to read the end", "re-run after the new agent held the machine"],
+)
+def test_a_rerun_after_an_end_no_agent_was_alive_to_see_is_kept_apart(
+    again: float, ready_again: float, unseen: int, after: int
+) -> None:
+    # m-0's agent is killed at 3; its worker exits 0 at 4, unseen; the run restarts it on m-1 at `again`
+    text = "\n".join(
+        [
+            line("start", "a", 0, "m-0", "0", 1, 1),
+            line("end", "a", 0, "m-0", "0", 4, 1, "0"),
+            line("start", "a", 1, "m-1", "0", again, 2),
+        ]
+    )
+    fault = Fault("agent-after-lease", "agents-0", "m-0", killed=3.0, restarted=7.0, ready_again=ready_again)
+    found = started_twice(read_journal(text), [fault])
+    assert (len(found.unseen_end), len(found.after_completing)) == (unseen, after)
+    assert found.cases == found.after_completing  # only those fail the check
+
+
 def test_one_gpu_held_by_two_workers_at_once_is_found_and_one_after_the_other_is_not() -> None:
     text = "\n".join(
         [
