@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -26,8 +27,12 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest
 from docker.types import Mount as DockerMount
 from docker.utils import parse_repository_tag
+from docker.utils.socket import STDERR, STDOUT, frames_iter
 
 from activities.runtime.base import (
+    EXEC_TIMED_OUT,
+    ExecRefused,
+    Executed,
     Launch,
     Observed,
     OnProgress,
@@ -37,6 +42,7 @@ from activities.runtime.base import (
     TaskKey,
     ignore_progress,
     port_environment,
+    ran_too_long,
 )
 from activities.runtime.probes import exited, http_get, timed_out
 from workflows.domain.reasons import R, Reason, Template
@@ -270,6 +276,44 @@ class DockerRuntime:
         except (DockerException, requests.RequestException) as err:
             raise _unavailable(err) from err
 
+    def exec(self, key: TaskKey, argv: list[str], stdin: bytes, timeout_seconds: float) -> Executed:
+        """`exec` in the running container, its input written to the exec's stream and its output read back apart
+        (stdout, stderr). The engine cannot end an exec: one past its timeout is left to finish on its own (as the
+        kubelet does), and what it wrote until then is kept."""
+        container = self._find(key)
+        if container is None or container.attrs["State"]["Status"] != "running":
+            raise ExecRefused("the container is not running")
+        api = self._client.api
+        try:
+            exec_id = api.exec_create(container.id, argv, stdin=True, stdout=True, stderr=True)["Id"]
+            stream = api.exec_start(exec_id, socket=True)
+        except NotFound:
+            raise ExecRefused("the container is not running") from None
+        except APIError as err:
+            raise ExecRefused(explain(err)) from None
+        except (DockerException, requests.RequestException) as err:
+            raise _unavailable(err) from err
+        raw: socket.socket = getattr(stream, "_sock", stream)
+        frames: list[tuple[int, bytes]] = []
+        try:
+            raw.settimeout(timeout_seconds)
+            raw.sendall(stdin)
+            raw.shutdown(socket.SHUT_WR)  # its input ends: a shell reading it exits at its end
+            for frame in frames_iter(stream, tty=False):
+                frames.append(frame)
+        except TimeoutError:
+            stdout, stderr = _demuxed(frames)
+            return Executed(EXEC_TIMED_OUT, stdout, stderr + ran_too_long(timeout_seconds))
+        finally:
+            stream.close()
+        stdout, stderr = _demuxed(frames)
+        deadline = time.monotonic() + 5
+        while (code := api.exec_inspect(exec_id)["ExitCode"]) is None and time.monotonic() < deadline:
+            time.sleep(_EXEC_POLL_SECONDS)  # the stream ends a moment before the engine records the exit
+        if code is None:
+            raise ExecRefused("the engine did not say how the command ended")
+        return Executed(int(code), stdout, stderr)
+
     def _exec(self, container: Container, command: list[str], timeout_seconds: float) -> tuple[bool, str]:
         """Run `command` in the container and wait for its exit code up to the timeout. The engine cannot end an
         exec: one that outlives its timeout is left to finish on its own (as the kubelet does)."""
@@ -385,6 +429,13 @@ def _mapped(template: Template, launch: Launch | None = None) -> Iterator[None]:
 
 def _unavailable(err: Exception) -> RuntimeUnavailable:
     return RuntimeUnavailable(f"the Docker engine does not answer: {err}")
+
+
+def _demuxed(frames: list[tuple[int, bytes]]) -> tuple[bytes, bytes]:
+    """An exec's frames as its stdout and its stderr (stream 1 and 2)."""
+    out = b"".join(data for stream, data in frames if stream == STDOUT)
+    err = b"".join(data for stream, data in frames if stream == STDERR)
+    return out, err
 
 
 def explain(err: APIError) -> str:
