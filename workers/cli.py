@@ -621,9 +621,9 @@ async def cmd_interactive_token(args: argparse.Namespace) -> int:
 async def cmd_attach(args: argparse.Namespace) -> int:
     """Run a command (default: a shell reading this input) in a running worker, and exit with its code."""
     ns, name, task = _run_and_task(args.task, args.namespace)
-    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    argv = args.argv
     client = await _temporal_client(args)
-    token = args.token or os.environ.get("ASTRAEUS_INTERACTIVE_TOKEN")
+    token = args.session_token or os.environ.get("ASTRAEUS_INTERACTIVE_TOKEN")
     if not token:  # one of our own, for this command only
         token, _ = await client.interactive_token(ns, name, task, ATTACH_OWN_TOKEN_SECONDS)
     stdin = sys.stdin.read() if args.stdin or not argv else ""
@@ -996,13 +996,13 @@ def parser() -> argparse.ArgumentParser:
     token.add_argument("-n", "--namespace", default="default")
     attach = command("attach", cmd_attach, "run a command in a running worker (capabilities.interactive_token)")
     attach.add_argument("task", help="RUN/TASK, e.g. hello/worker-0")
-    attach.add_argument("--token", help="a token from `astraeus interactive-token` (default "
+    attach.add_argument("--token", dest="session_token", help="a token from `astraeus interactive-token` (default "
                                         "$ASTRAEUS_INTERACTIVE_TOKEN, else one issued for this command)")  # fmt: skip
     attach.add_argument("--stdin", "-i", action="store_true",
                         help="send this input to the command (always: a shell run without a command)")  # fmt: skip
     attach.add_argument("--timeout", type=float, default=60, help="stop the command after this many seconds")
     attach.add_argument("-n", "--namespace", default="default")
-    attach.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+    attach.add_argument("argv", nargs="*", metavar="-- COMMAND",
                         help="the command and its arguments (default: sh, reading this input)")  # fmt: skip
     about = "list machines; cordon, uncordon or remove one; data-location NAME [PATH]: where it keeps drives' copies"
     nodes = command("nodes", cmd_nodes, about, read=True)
@@ -1055,9 +1055,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     os._exit(code)
 
 
+def _command_after_dashes(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """`attach ... -- COMMAND`: the arguments before `--`, and the command after it (None without one), which
+    argparse does not read past a verb's options."""
+    given = list(argv)
+    if "--" not in given or "attach" not in given[: given.index("--")]:
+        return given, None
+    cut = given.index("--")
+    return given[:cut], given[cut + 1 :]
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     top = parser()
-    args = top.parse_args(argv)
+    given, command = _command_after_dashes(sys.argv[1:] if argv is None else argv)
+    args = top.parse_args(given)
+    if command is not None:
+        args.argv = [*args.argv, *command]
     for name in GLOBAL_HELP:
         if getattr(args, name) not in (None, False) and name not in args.takes:
             top.error(f"--{'api' if name == 'api_url' else name} does not apply to {args.command}")

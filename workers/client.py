@@ -591,7 +591,7 @@ class AstraeusClient:
             if isinstance(cause, TimeoutError):
                 why = f"it did not answer within {request.answer_within_seconds:g} s (is its agent running?)"
                 raise AstraeusError(f"machine {request.node}: {why}") from None
-            raise AstraeusError(str(cause)) from None
+            raise AstraeusError(cause.message if isinstance(cause, ApplicationError) else str(cause)) from None
 
     async def ls(
         self,
