@@ -18,6 +18,7 @@ import yaml
 
 from activities.session_token import public_key
 from tests.integration.harness import ASTRAEUS, Cluster
+from tests.integration.test_drives import ROOT, readme_commands
 from tests.integration.test_identity import histories, payloads
 
 pytestmark = pytest.mark.integration
@@ -119,3 +120,32 @@ def test_a_machine_that_hosts_no_sessions_fails_the_worker(cluster: Cluster, tmp
         "Worker w-0 failed on closed: Interactive token: this machine hosts no interactive sessions (its agent was "
         "started with --no-interactive-sessions)"
     )
+
+
+def test_the_readmes_session_commands_run_as_written(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """On a machine named as `astraeus dev` names it, in a shell pointed at the cluster by $ASTRAEUS_TEMPORAL, each
+    command of the README's "Interactive sessions" as it writes it, with the output its comments say."""
+    commands = readme_commands("## Interactive sessions")
+    assert commands == [
+        "astraeus submit examples/shell.yaml",
+        "astraeus wait shell --for Running",
+        "astraeus attach shell/shell-0 -- echo hello",
+        "T=$(astraeus interactive-token shell/shell-0 --ttl 600)",
+        "astraeus attach shell/shell-0 --token \"$T\" -- sh -c 'echo $GREETING from $ASTRAEUS_TASK'",
+        "echo 'echo $GREETING; pwd' | astraeus attach shell/shell-0 --token \"$T\"",
+        "astraeus cancel shell",
+    ]
+    c = Cluster(tmp_path_factory.mktemp("readme-sessions"))
+    try:
+        c.start({"local-0": MACHINE})
+        env = {**os.environ, "ASTRAEUS_TEMPORAL": c.address, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+        env.pop("ASTRAEUS_INTERACTIVE_TOKEN", None)
+        ran = subprocess.run(
+            ["bash", "-ec", "\n".join(commands)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert ran.returncode == 0, ran.stderr
+        lines = ran.stdout.splitlines()
+        assert (lines[-5:-2], lines[-1]) == (["hello", "hello from shell-0", "hello"], "cancelling default/shell")
+        assert Path(lines[-2]).name == "default.shell.shell-0.0"  # the worker's own directory
+    finally:
+        c.stop()
