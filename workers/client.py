@@ -582,7 +582,7 @@ class AstraeusClient:
             return await self.temporal.execute_workflow(
                 SessionWorkflow.run,
                 request,
-                id=f"session/{namespace}/{name}/{task.id}/{uuid.uuid4()}",
+                id=f"{contracts.session_id_prefix(namespace, name)}{task.id}/{uuid.uuid4()}",
                 task_queue=CONTROL_TASK_QUEUE,
                 execution_timeout=timedelta(seconds=timeout + 20),
             )

@@ -140,6 +140,11 @@ def logs_id_prefix(namespace: str, name: str) -> str:
     return f"logs/{namespace}/{name}/"
 
 
+def session_id_prefix(namespace: str, name: str) -> str:
+    """The ids of the run's SessionWorkflows begin so (`session/<ns>/<name>/<worker>/<uuid>`)."""
+    return f"session/{namespace}/{name}/"
+
+
 def identity_id(namespace: str, name: str, task: str, attempt: int, serial: str) -> str:
     """One issue of an attempt's certificate (`identity/<ns>/<name>/<worker>/<attempt>/<serial>`)."""
     return f"identity/{namespace}/{name}/{task}/{attempt}/{serial}"
