@@ -13,6 +13,7 @@ import math
 import os
 import re
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest
 from docker.types import Mount as DockerMount
 from docker.utils import parse_repository_tag
-from docker.utils.socket import STDERR, STDOUT, frames_iter
+from docker.utils.socket import STDERR
 
 from activities.runtime.base import (
     EXEC_TIMED_OUT,
@@ -294,19 +295,20 @@ class DockerRuntime:
         except (DockerException, requests.RequestException) as err:
             raise _unavailable(err) from err
         raw: socket.socket = getattr(stream, "_sock", stream)
-        frames: list[tuple[int, bytes]] = []
+        received = bytearray()
+        deadline = time.monotonic() + timeout_seconds
         try:
             raw.settimeout(timeout_seconds)
             raw.sendall(stdin)
             raw.shutdown(socket.SHUT_WR)  # its input ends: a shell reading it exits at its end
-            for frame in frames_iter(stream, tty=False):
-                frames.append(frame)
+            while chunk := _receive(raw, deadline):
+                received += chunk
         except TimeoutError:
-            stdout, stderr = _demuxed(frames)
+            stdout, stderr = _demuxed(bytes(received))
             return Executed(EXEC_TIMED_OUT, stdout, stderr + ran_too_long(timeout_seconds))
         finally:
             stream.close()
-        stdout, stderr = _demuxed(frames)
+        stdout, stderr = _demuxed(bytes(received))
         deadline = time.monotonic() + 5
         while (code := api.exec_inspect(exec_id)["ExitCode"]) is None and time.monotonic() < deadline:
             time.sleep(_EXEC_POLL_SECONDS)  # the stream ends a moment before the engine records the exit
@@ -431,11 +433,24 @@ def _unavailable(err: Exception) -> RuntimeUnavailable:
     return RuntimeUnavailable(f"the Docker engine does not answer: {err}")
 
 
-def _demuxed(frames: list[tuple[int, bytes]]) -> tuple[bytes, bytes]:
-    """An exec's frames as its stdout and its stderr (stream 1 and 2)."""
-    out = b"".join(data for stream, data in frames if stream == STDOUT)
-    err = b"".join(data for stream, data in frames if stream == STDERR)
-    return out, err
+def _receive(raw: socket.socket, deadline: float) -> bytes:
+    """The next bytes of an exec's stream, b"" at its end; TimeoutError past the deadline."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    raw.settimeout(left)
+    return raw.recv(1 << 16)
+
+
+def _demuxed(received: bytes) -> tuple[bytes, bytes]:
+    """An exec's stream (frames of an 8-byte header: the stream, 1 or 2, and the length) as its stdout and stderr;
+    a frame cut short (the stream was left at a timeout) is kept as far as it came."""
+    out, err, at = bytearray(), bytearray(), 0
+    while at + 8 <= len(received):
+        stream, length = struct.unpack(">BxxxL", received[at : at + 8])
+        (err if stream == STDERR else out).extend(received[at + 8 : at + 8 + length])
+        at += 8 + length
+    return bytes(out), bytes(err)
 
 
 def explain(err: APIError) -> str:
