@@ -101,6 +101,10 @@ class Unreachable(AstraeusError):
     """Temporal cannot be reached."""
 
 
+class SessionRefused(AstraeusError):
+    """An interactive token refused, or a worker that hosts no session: the message says why."""
+
+
 class Terminated(BaseModel):
     """How a run's workflow was terminated in Temporal: the reason recorded, and when."""
 
@@ -565,7 +569,7 @@ class AstraeusClient:
         try:
             signed = session_token.sign(token, request)
         except session_token.BadToken as err:
-            raise AstraeusError(f"token refused: {err}") from None
+            raise SessionRefused(f"token refused: {err}") from None
         answer = await self._session(namespace, name, task, SessionInput(node=task.node or "", attach=signed))
         assert answer.attached is not None
         return answer.attached
@@ -591,6 +595,8 @@ class AstraeusClient:
             if isinstance(cause, TimeoutError):
                 why = f"it did not answer within {request.answer_within_seconds:g} s (is its agent running?)"
                 raise AstraeusError(f"machine {request.node}: {why}") from None
+            if isinstance(cause, ApplicationError) and cause.type == "SessionRefused":
+                raise SessionRefused(cause.message) from None
             raise AstraeusError(cause.message if isinstance(cause, ApplicationError) else str(cause)) from None
 
     async def ls(
