@@ -23,13 +23,12 @@ with workflow.unsafe.imports_passed_through():
 class SessionWorkflow:
     @workflow.run
     async def run(self, input: SessionInput) -> SessionOutput:
-        queue = node_task_queue(input.node)
         answer_within = timedelta(seconds=input.answer_within_seconds)
         if input.grant is not None:
             granted = await workflow.execute_activity(
                 contracts.grant_session,
                 input.grant,
-                task_queue=queue,
+                task_queue=node_task_queue(input.node),
                 schedule_to_close_timeout=answer_within,
                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=2)),
                 summary=f"grant a session with {input.grant.ref.task_id} on {input.node}",
@@ -39,7 +38,7 @@ class SessionWorkflow:
         attached = await workflow.execute_activity(
             contracts.attach_session,
             input.attach,
-            task_queue=queue,
+            task_queue=node_task_queue(input.node),
             schedule_to_start_timeout=answer_within,
             start_to_close_timeout=timedelta(seconds=input.attach.timeout_seconds + 10),
             retry_policy=RetryPolicy(maximum_attempts=1),

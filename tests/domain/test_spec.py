@@ -148,6 +148,7 @@ def test_every_built_field_is_kept() -> None:
                     "sandbox": True,
                     "tool_gateway": True,
                     "model_server": True,
+                    "interactive_token": True,
                 },
             },
             {
