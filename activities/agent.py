@@ -33,6 +33,7 @@ from activities.identities import Identities
 from activities.machine import PressureWatch
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime, TaskKey
+from activities.sessions import SessionRefused, Sessions
 from activities.starter import SetupEnded, Starter
 from workflows import contracts
 from workflows.contracts import implements, node_id
@@ -43,14 +44,18 @@ from workflows.domain.reasons import R, Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import Readiness, job_id
 from workflows.messages import (
+    Attached,
+    AttachInput,
     AttemptsOnNode,
     AttemptsQuery,
     DeletedFiles,
     DeleteRunFilesInput,
+    GrantSessionInput,
     LeaseInput,
     LogText,
     ReadLogInput,
     RunTaskInput,
+    SessionGranted,
     StartTaskInput,
     StartTaskResult,
     StopTaskInput,
@@ -96,6 +101,7 @@ class AgentActivities:
         instance: str = "",
         identities: Identities | None = None,
         services: Services | None = None,
+        sessions: Sessions | None = None,
     ) -> None:
         self._client = client
         self._inventory = inventory
@@ -125,7 +131,9 @@ class AgentActivities:
             ports=inventory.external_ports,
             identities=identities,
             capabilities=capabilities,
+            sessions=sessions,
         )
+        self._sessions = sessions
         self._settings = settings or Settings()
         self._orphan_look: asyncio.Task[None] | None = None  # the look for orphaned workers under way
         self._orphan_look_due = 0.0  # time.monotonic() of the next look
@@ -506,6 +514,33 @@ class AgentActivities:
         key = task_key(input.ref)
         text = await asyncio.to_thread(self._runtime.log_tail, key, input.lines, input.max_bytes)
         return LogText(text=text)
+
+    @implements(contracts.grant_session)
+    async def grant_session(self, input: GrantSessionInput) -> SessionGranted:
+        """Let the holder of a token run commands in a running attempt here, until it expires (its public key)."""
+        sessions = self._hosting_sessions()
+        try:
+            expires = await asyncio.to_thread(
+                sessions.grant, task_key(input.ref), input.public_key, input.ttl_seconds, datetime.now(UTC)
+            )
+        except SessionRefused as err:
+            raise ApplicationError(str(err), type="SessionRefused", non_retryable=True) from None
+        return SessionGranted(expires_at=expires)
+
+    @implements(contracts.attach_session)
+    async def attach_session(self, input: AttachInput) -> Attached:
+        """Run a person's command in a running attempt here, for a request signed by a token granted for it."""
+        sessions = self._hosting_sessions()
+        try:
+            return await asyncio.to_thread(sessions.attach, task_key(input.ref), input, datetime.now(UTC))
+        except SessionRefused as err:
+            raise ApplicationError(str(err), type="SessionRefused", non_retryable=True) from None
+
+    def _hosting_sessions(self) -> Sessions:
+        if self._sessions is None or not self._sessions.hosts:
+            why = f"machine {self.node_name} hosts no interactive sessions (its agent runs --no-interactive-sessions)"
+            raise ApplicationError(why, type="SessionRefused", non_retryable=True)
+        return self._sessions
 
     async def _check_health(self, ref: TaskRef, readiness: Readiness) -> None:
         """Every period, run the readiness check on a thread (a slow check never delays a heartbeat) and signal

@@ -11,7 +11,8 @@ missing (shown in the per-machine reasons: "machine cannot run sandboxed workers
   resolved when the worker is set up; `activities/runtime/egress.py`). The docker runtime does not enforce them yet.
 
 A model server (`--model-server`) is set up per attempt only: the worker gets ASTRAEUS_MODEL_SERVER once it answers,
-else the attempt fails with "Model server: <why>".
+else the attempt fails with "Model server: <why>". So is an interactive token (`activities/sessions.py`): a machine
+whose agent runs `--no-interactive-sessions` fails such an attempt with "Interactive token: <why>".
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Services:
     tool_gateway: str | None = None
     model_server: str | None = None
     outbound_policy: bool = False  # enforce outbound policies (process runtime: a namespace and firewall per worker)
+    interactive_sessions: bool = True  # host people's sessions in workers that ask an interactive token
 
 
 @dataclass(frozen=True)

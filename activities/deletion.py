@@ -20,6 +20,7 @@ from workflows.contracts import (
     OPEN_NODES,
     job_id,
     logs_id_prefix,
+    session_id_prefix,
 )
 from workflows.domain.nodes import NodeState
 from workflows.domain.tombstones import Tombstone
@@ -81,15 +82,16 @@ async def end_run(client: Client, input: EndRunInput) -> EndedRun:
 
 
 async def forget_run(client: Client, input: ForgetRunInput) -> None:
-    """Remove the deleted run's workflow runs and its logs' workflows from Temporal, then keep its tombstone (from
-    then on no client serves the run, and its name may be used again). Idempotent."""
+    """Remove the deleted run's workflow runs and its logs' and sessions' workflows from Temporal, then keep its
+    tombstone (from then on no client serves the run, and its name may be used again). Idempotent."""
     t = input.tombstone
     await _remove(client, job_id(t.namespace, t.name), t.run_id)
     query = f'WorkflowId="{job_id(t.namespace, t.name)}" AND ExecutionStatus!="Running"'
     async for wf in client.list_workflows(query):  # the runs it continued as new from
         await _remove(client, wf.id, wf.run_id)
-    async for wf in client.list_workflows(f'WorkflowId STARTS_WITH "{logs_id_prefix(t.namespace, t.name)}"'):
-        await _remove(client, wf.id, wf.run_id)
+    for prefix in (logs_id_prefix(t.namespace, t.name), session_id_prefix(t.namespace, t.name)):
+        async for wf in client.list_workflows(f'WorkflowId STARTS_WITH "{prefix}"'):  # their output, commands
+            await _remove(client, wf.id, wf.run_id)
     handle = await contracts.singleton(
         client, contracts.DELETED_RUNS_WORKFLOW, DeletedRunsInput(), DELETED_RUNS_WORKFLOW_ID, "deleted runs"
     )

@@ -23,6 +23,7 @@ from activities.capabilities import CapabilitySetup, Services
 from activities.identities import Identities
 from activities.prepare import Preparer, Waiting
 from activities.runtime.base import Launch, Mount, OnProgress, PortMapping, Runtime, RuntimeFailure, TaskKey
+from activities.sessions import Sessions
 from workflows.domain.constraints import Drive
 from workflows.domain.nodes import GpuInfo, PortRange
 from workflows.domain.reasons import R, Reason
@@ -79,8 +80,10 @@ class Starter:
         ports: PortRange | None = None,
         identities: Identities | None = None,
         capabilities: CapabilitySetup | None = None,
+        sessions: Sessions | None = None,
     ) -> None:
         self._runtime = runtime
+        self._sessions = sessions  # where attempts' interactive sessions are granted; None: it hosts none
         self._catalogue = catalogue
         self._capabilities = capabilities or CapabilitySetup(Services(), (), {})
         self._threads = ThreadPoolExecutor(max_workers=START_THREADS, thread_name_prefix="start")
@@ -162,6 +165,8 @@ class Starter:
         await asyncio.to_thread(shutil.rmtree, self._preparer.config_root / key.slug, True)
         if self._identities is not None:
             await asyncio.to_thread(shutil.rmtree, self._identities.directory(key), True)
+        if self._sessions is not None:
+            await asyncio.to_thread(shutil.rmtree, self._sessions.directory(key), True)
 
     # ---- steps ------------------------------------------------------------------------------------------------
 
@@ -216,6 +221,8 @@ class Starter:
             self._preparer.forget(keep=[*in_use, *self._reserved, key.slug])
             if self._identities is not None:
                 self._identities.forget(keep=[*in_use, *self._reserved, key.slug])
+            if self._sessions is not None:
+                self._sessions.forget(keep=[*in_use, *self._reserved, key.slug])
             taken = {index for indices in [*in_use.values(), *self._reserved.values()] for index in indices}
             usable = [gpu for gpu in self._gpus() if gpu.index not in taken and gpu.fault is None]
             usable.sort(key=lambda gpu: (gpu.at_risk is not None, gpu.index))
@@ -254,6 +261,8 @@ class Starter:
             await asyncio.sleep(self._retry_seconds)
         try:  # what the worker requires of its machine, once its drives and secrets are there
             setup = await asyncio.to_thread(self._capabilities.set_up, group.capabilities)
+            if group.capabilities is not None and group.capabilities.interactive_token:
+                await asyncio.to_thread(self._set_up_sessions, key)
         except RuntimeFailure as failure:
             raise SetupEnded(failure.reason) from None
         identity_env: dict[str, str] = {}
@@ -274,6 +283,11 @@ class Starter:
             mounts=[*outcome.mounts, *identity_mounts],
             ports=ports or [],
         )
+
+    def _set_up_sessions(self, key: TaskKey) -> None:
+        if self._sessions is None:
+            raise RuntimeFailure(R.InteractiveTokenFailed(why="this machine's agent hosts no interactive sessions"))
+        self._sessions.set_up(key)
 
     async def _identity(self, key: TaskKey) -> Reason | None:
         """Why the attempt still waits for its certificate, or None once it holds one."""

@@ -26,7 +26,18 @@ from workflows import contracts
 from workflows.domain.settings import Settings
 from workflows.messages import PlaceInput, PlaceResult
 
-WORKFLOW_MODULES = ["job", "node", "quotas", "logs", "tokens", "deletion", "deleted_runs", "drives", "identity"]
+WORKFLOW_MODULES = [
+    "job",
+    "node",
+    "quotas",
+    "logs",
+    "tokens",
+    "deletion",
+    "deleted_runs",
+    "drives",
+    "identity",
+    "sessions",
+]
 SOURCE = Path(contracts.__file__).parent
 MACHINE, INSTANCE = "m1", "host:42:cafe"
 
@@ -237,8 +248,9 @@ def test_the_processes_poll_the_queues_the_workflows_address() -> None:
     defined = [workflow._Definition.must_from_class(cls).name for cls in served["control"].workflows]
     names = [contracts.JOB_WORKFLOW, contracts.NODE_WORKFLOW, contracts.LOGS_WORKFLOW, contracts.QUOTAS_WORKFLOW]
     names += [contracts.TOKENS_WORKFLOW, contracts.DELETE_RUN_WORKFLOW, contracts.DELETED_RUNS_WORKFLOW]
-    names += [contracts.DRIVES_WORKFLOW, contracts.IDENTITY_WORKFLOW]
+    names += [contracts.DRIVES_WORKFLOW, contracts.IDENTITY_WORKFLOW, contracts.SESSION_WORKFLOW]
     assert (defined, contracts.IDENTITY_WORKFLOW) == (names, "IdentityWorkflow")
+    assert contracts.SESSION_WORKFLOW == "SessionWorkflow"
 
 
 def test_names_on_the_wire_are_those_the_committed_histories_and_running_clusters_use() -> None:
@@ -254,8 +266,8 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
             *("quotas_changed", "release"),
         ],
         "machine": [
-            *("delete_run_files", "read_log", "run_task", "start_task", "stop_task", "supervise_task"),
-            "use_data_location",
+            *("attach_session", "delete_run_files", "grant_session", "read_log", "run_task", "start_task"),
+            *("stop_task", "supervise_task", "use_data_location"),
         ],
         "lease": ["hold_lease"],
     }

@@ -14,6 +14,7 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import datetime
 from typing import Annotated, Any, Literal, cast
 
 import uvicorn
@@ -29,7 +30,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.scheduler_link import SchedulerLink
 from workers import admin, console
 from workers.api_auth import TokenBook
-from workers.client import AstraeusClient, AstraeusError, NotFound, RunPage
+from workers.client import AstraeusClient, AstraeusError, NotFound, RunPage, SessionRefused
 from workers.console import SignIn
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import NewDrive
@@ -41,7 +42,13 @@ from workflows.domain.tokens import Token, may_see
 from workflows.domain.tombstones import DELETED, Tombstone
 from workflows.domain.use import ClusterUse
 from workflows.domain.views import TERMINATED, JobDescription, TaskView
-from workflows.messages import DataLocationRequest
+from workflows.messages import (
+    SESSION_OUTPUT_MAX_BYTES,
+    SESSION_TIMEOUT_MAX_SECONDS,
+    SESSION_TTL_MAX_SECONDS,
+    Attached,
+    DataLocationRequest,
+)
 
 log = logging.getLogger("astraeus.api")
 SCHEDULER_AWAY_SECONDS = 30.0
@@ -87,6 +94,24 @@ class StopRequest(BaseModel):
     reason: str | None = Field(None, max_length=1024, description='why (default "Stopped by scheduler")')
 
 
+class InteractiveTokenBody(BaseModel):
+    ttl_seconds: int = Field(3600, ge=1, le=SESSION_TTL_MAX_SECONDS, description="how long it is valid")
+
+
+class InteractiveToken(BaseModel):
+    """A token for one attempt of a task (made by this API process and kept nowhere: keep it), and its expiry."""
+
+    token: str
+    expires_at: datetime
+
+
+class AttachBody(BaseModel):
+    token: str = Field(max_length=128, description="an interactive token issued for the task's current attempt")
+    argv: list[str] = Field(min_length=1, max_length=4096, description="the command and its arguments")
+    stdin: str = Field("", max_length=SESSION_OUTPUT_MAX_BYTES, description="its input, whole")
+    timeout_seconds: float = Field(60, gt=0, le=SESSION_TIMEOUT_MAX_SECONDS)
+
+
 class CordonBody(BaseModel):
     reason: str = Field("", max_length=1024)
 
@@ -120,7 +145,7 @@ SPEC_BODY = {
 }
 WHY = {
     401: "no token, or not a valid one (nothing more is said)",
-    403: "only an admin token may change it",
+    403: "only an admin token may change it; an interactive token refused (the error says why)",
     404: "no such run, task or machine, or one the token's workspace may not see",
     409: "the run's state refuses it: it ended, the task is stopping, the name is taken, no machine holds the task",
     422: "bad input, naming the field",
@@ -311,6 +336,25 @@ def api_app(
             text = client.follow_logs(ns, name, task)
             return StreamingResponse(await _primed(text), media_type="text/plain; charset=utf-8")
         return PlainTextResponse(await client.logs(ns, name, task, lines=tail or 100_000))
+
+    @app.post("/jobs/{ns}/{name}/tasks/{task}/interactive-token", response_model=InteractiveToken, tags=["tasks"],
+              responses=answers(403, 409))  # fmt: skip
+    async def interactive_token(
+        ns: str, name: str, task: str, token: Caller, body: InteractiveTokenBody | None = None
+    ) -> InteractiveToken:
+        """A token with which a person runs commands in the running task (`capabilities.interactive_token`), for
+        its current attempt; its machine is told only its public half."""
+        visible(token, ns, name)
+        made, expires = await client.interactive_token(ns, name, task, (body or InteractiveTokenBody()).ttl_seconds)
+        return InteractiveToken(token=made, expires_at=expires)
+
+    @app.post("/jobs/{ns}/{name}/tasks/{task}/attach", response_model=Attached, tags=["tasks"],
+              responses=answers(403, 409))  # fmt: skip
+    async def attach(ns: str, name: str, task: str, token: Caller, body: AttachBody) -> Attached:
+        """Run a command in the running task with an interactive token issued for it: its exit code and output
+        (403 when the token is refused, saying why)."""
+        visible(token, ns, name)
+        return await client.attach(ns, name, task, body.token, body.argv, body.stdin, body.timeout_seconds)
 
     @app.get("/nodes", response_model=list[NodeView], tags=["nodes"], responses=answers())
     async def nodes(token: Caller) -> list[NodeView]:
@@ -513,6 +557,7 @@ def _errors(app: FastAPI) -> None:
     app.add_exception_handler(Unauthorized, unauthorized)
     app.add_exception_handler(NotFound, answer(404))
     app.add_exception_handler(Forbidden, answer(403))
+    app.add_exception_handler(SessionRefused, answer(403))
     app.add_exception_handler(BadInput, answer(422))
     # What else the client refuses is refused by the run's state: it ended, a worker is stopping, a name is taken.
     app.add_exception_handler(AstraeusError, answer(409))

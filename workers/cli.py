@@ -330,7 +330,9 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         rdma_ports=ports,
         ib_fabric=args.ib_fabric,
         capability_notes=notes,
-        services=Services(args.sandbox_runtime, args.tool_gateway, args.model_server, args.outbound_policy),
+        services=Services(
+            args.sandbox_runtime, args.tool_gateway, args.model_server, args.outbound_policy, args.interactive_sessions
+        ),
         data_location=location,
         refuses_runs=_refusal(args.refuse_runs),
         external_ports=_port_range(args.external_ports),
@@ -594,6 +596,44 @@ async def cmd_logs(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
     return ExitCode.OK
+
+
+ATTACH_OWN_TOKEN_SECONDS = 300  # a token `attach` issues itself, for one command
+
+
+def _run_and_task(given: str, namespace: str) -> tuple[str, str, str]:
+    run, sep, task = given.rpartition("/")
+    if not sep or not run:
+        raise AstraeusError(f"{given}: expected RUN/TASK, e.g. hello/worker-0")
+    ns, name = split_run(run, namespace)
+    return ns, name, task
+
+
+async def cmd_interactive_token(args: argparse.Namespace) -> int:
+    """Print a new token for the worker's current attempt (on stdout alone, for `T=$(...)`), and until when."""
+    ns, name, task = _run_and_task(args.task, args.namespace)
+    token, expires = await (await _temporal_client(args)).interactive_token(ns, name, task, args.ttl)
+    print(token)
+    print(f"astraeus: a token for {ns}/{name}/{task} until {expires:%Y-%m-%d %H:%M:%S} UTC", file=sys.stderr)
+    return ExitCode.OK
+
+
+async def cmd_attach(args: argparse.Namespace) -> int:
+    """Run a command (default: a shell reading this input) in a running worker, and exit with its code."""
+    ns, name, task = _run_and_task(args.task, args.namespace)
+    argv = args.argv
+    client = await _temporal_client(args)
+    token = args.session_token or os.environ.get("ASTRAEUS_INTERACTIVE_TOKEN")
+    if not token:  # one of our own, for this command only
+        token, _ = await client.interactive_token(ns, name, task, ATTACH_OWN_TOKEN_SECONDS)
+    stdin = sys.stdin.read() if args.stdin or not argv else ""
+    done = await client.attach(ns, name, task, token, argv or ["sh"], stdin, args.timeout)
+    sys.stdout.write(done.stdout)
+    sys.stdout.flush()
+    sys.stderr.write(done.stderr)
+    if done.cut:
+        print("astraeus: the command's output was cut to its last 512 KiB", file=sys.stderr)
+    return done.exit_code
 
 
 async def cmd_nodes(args: argparse.Namespace) -> int:
@@ -890,6 +930,9 @@ def parser() -> argparse.ArgumentParser:
                                               "(ASTRAEUS_TOOL_GATEWAY)")  # fmt: skip
     agent.add_argument("--model-server", help="URL of the model server this machine serves its workers "
                                               "(ASTRAEUS_MODEL_SERVER, once it answers)")  # fmt: skip
+    agent.add_argument("--no-interactive-sessions", dest="interactive_sessions", action="store_false",
+                       help="host no interactive sessions: a worker asking an interactive token fails here "
+                            "(\"Interactive token: <why>\")")  # fmt: skip
     agent.add_argument("--data-location", help="where data of drives held elsewhere is copied (its free space is "
                                                "reported)")  # fmt: skip
     agent.add_argument("--external-ports", metavar="FIRST-LAST",
@@ -945,6 +988,22 @@ def parser() -> argparse.ArgumentParser:
     how.add_argument("--tail", type=int, help="only the last N lines")
     how.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the worker ends")
     logs.add_argument("-n", "--namespace", default="default")
+    about = "issue a token with which a person runs commands in a worker (capabilities.interactive_token)"
+    token = command("interactive-token", cmd_interactive_token, about)
+    token.add_argument("task", help="RUN/TASK, e.g. hello/worker-0")
+    token.add_argument("--ttl", type=int, default=3600, metavar="SECONDS",
+                       help="how long it is valid (default 3600; at most a week; never past the attempt)")  # fmt: skip
+    token.add_argument("-n", "--namespace", default="default")
+    attach = command("attach", cmd_attach, "run a command in a running worker (capabilities.interactive_token)")
+    attach.add_argument("task", help="RUN/TASK, e.g. hello/worker-0")
+    attach.add_argument("--token", dest="session_token", help="a token from `astraeus interactive-token` (default "
+                                        "$ASTRAEUS_INTERACTIVE_TOKEN, else one issued for this command)")  # fmt: skip
+    attach.add_argument("--stdin", "-i", action="store_true",
+                        help="send this input to the command (always: a shell run without a command)")  # fmt: skip
+    attach.add_argument("--timeout", type=float, default=60, help="stop the command after this many seconds")
+    attach.add_argument("-n", "--namespace", default="default")
+    attach.add_argument("argv", nargs="*", metavar="-- COMMAND",
+                        help="the command and its arguments (default: sh, reading this input)")  # fmt: skip
     about = "list machines; cordon, uncordon or remove one; data-location NAME [PATH]: where it keeps drives' copies"
     nodes = command("nodes", cmd_nodes, about, read=True)
     verbs = ["ls", "cordon", "uncordon", "remove", "data-location"]
@@ -996,9 +1055,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     os._exit(code)
 
 
+def _command_after_dashes(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """`attach ... -- COMMAND`: the arguments before `--`, and the command after it (None without one), which
+    argparse does not read past a verb's options."""
+    given = list(argv)
+    if "--" not in given or "attach" not in given[: given.index("--")]:
+        return given, None
+    cut = given.index("--")
+    return given[:cut], given[cut + 1 :]
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     top = parser()
-    args = top.parse_args(argv)
+    given, command = _command_after_dashes(sys.argv[1:] if argv is None else argv)
+    args = top.parse_args(given)
+    if command is not None:
+        args.argv = [*args.argv, *command]
     for name in GLOBAL_HELP:
         if getattr(args, name) not in (None, False) and name not in args.takes:
             top.error(f"--{'api' if name == 'api_url' else name} does not apply to {args.command}")

@@ -32,6 +32,7 @@ from temporalio.exceptions import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities import session_token
 from activities.deletion import deleted, tombstones
 from workflows import contracts
 from workflows.contracts import (
@@ -71,13 +72,19 @@ from workflows.job import JobWorkflow, search_attributes
 from workflows.logs import LogsWorkflow
 from workflows.messages import (
     RUN_FAILED,
+    Attached,
+    AttachInput,
     DeleteRunInput,
+    GrantSessionInput,
     JobInput,
     LogsInput,
     ReadLogInput,
+    SessionInput,
+    SessionOutput,
     StopTaskRequest,
     TaskRef,
 )
+from workflows.sessions import SessionWorkflow
 
 _LET_GO_SECONDS = 0.1  # AstraeusClient.close: time for the SDK's threads to let go of a dropped connection
 
@@ -92,6 +99,10 @@ class NotFound(AstraeusError):
 
 class Unreachable(AstraeusError):
     """Temporal cannot be reached."""
+
+
+class SessionRefused(AstraeusError):
+    """An interactive token refused, or a worker that hosts no session: the message says why."""
 
 
 class Terminated(BaseModel):
@@ -530,6 +541,63 @@ class AstraeusClient:
                 why = str(cause)
             raise AstraeusError(f"cannot read the log of {task.id} on machine {node}: {why}") from None
         return result.text
+
+    async def interactive_token(
+        self, namespace: str, name: str, task_id: str, ttl_seconds: int = 3600
+    ) -> tuple[str, datetime]:
+        """A new token for the worker's current attempt, and when it expires: made here, its public key granted
+        by the worker's machine (the token itself never leaves this process)."""
+        task = await self._session_task(namespace, name, task_id)
+        token = session_token.new_token()
+        ref = TaskRef(namespace=namespace, job=name, task_id=task.id, attempt=task.attempt)
+        grant = GrantSessionInput(ref=ref, public_key=session_token.public_key(token), ttl_seconds=ttl_seconds)
+        answer = await self._session(namespace, name, task, SessionInput(node=task.node or "", grant=grant))
+        assert answer.granted is not None
+        return token, answer.granted.expires_at
+
+    async def attach(
+        self, namespace: str, name: str, task_id: str, token: str, argv: list[str], stdin: str = "",
+        timeout_seconds: float = 60,
+    ) -> Attached:  # fmt: skip
+        """Run `argv` in the worker's current attempt with `stdin` as its input, as the holder of `token`."""
+        task = await self._session_task(namespace, name, task_id)
+        ref = TaskRef(namespace=namespace, job=name, task_id=task.id, attempt=task.attempt)
+        request = AttachInput(
+            ref=ref, argv=argv, stdin=stdin, timeout_seconds=timeout_seconds, nonce=uuid.uuid4().hex,
+            signed_at=datetime.now(UTC),
+        )  # fmt: skip
+        try:
+            signed = session_token.sign(token, request)
+        except session_token.BadToken as err:
+            raise SessionRefused(f"token refused: {err}") from None
+        answer = await self._session(namespace, name, task, SessionInput(node=task.node or "", attach=signed))
+        assert answer.attached is not None
+        return answer.attached
+
+    async def _session_task(self, namespace: str, name: str, task_id: str) -> TaskView:
+        task = await self._task(namespace, name, task_id)
+        if task.node is None or task.status.state not in ("Running", "Stale"):
+            raise AstraeusError(f"worker {task_id} of run {name} is not running ({task.status.state})")
+        return task
+
+    async def _session(self, namespace: str, name: str, task: TaskView, request: SessionInput) -> SessionOutput:
+        timeout = request.answer_within_seconds + (request.attach.timeout_seconds if request.attach else 0)
+        try:
+            return await self.temporal.execute_workflow(
+                SessionWorkflow.run,
+                request,
+                id=f"{contracts.session_id_prefix(namespace, name)}{task.id}/{uuid.uuid4()}",
+                task_queue=CONTROL_TASK_QUEUE,
+                execution_timeout=timedelta(seconds=timeout + 20),
+            )
+        except WorkflowFailureError as error:
+            cause = error.cause.cause if isinstance(error.cause, ActivityError) else error.cause
+            if isinstance(cause, TimeoutError):
+                why = f"it did not answer within {request.answer_within_seconds:g} s (is its agent running?)"
+                raise AstraeusError(f"machine {request.node}: {why}") from None
+            if isinstance(cause, ApplicationError) and cause.type == "SessionRefused":
+                raise SessionRefused(cause.message) from None
+            raise AstraeusError(cause.message if isinstance(cause, ApplicationError) else str(cause)) from None
 
     async def ls(
         self,

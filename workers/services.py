@@ -35,6 +35,7 @@ from activities.runtime.docker import DockerRuntime
 from activities.runtime.process import ProcessRuntime
 from activities.scheduler import SchedulerService
 from activities.scheduler_link import DEFAULT_ADDRESS, SchedulerDoor, SchedulerLink
+from activities.sessions import Sessions
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id, node_task_queue
 from workflows.deleted_runs import DeletedRunsWorkflow
 from workflows.deletion import DeleteRunWorkflow
@@ -48,6 +49,7 @@ from workflows.logs import LogsWorkflow
 from workflows.messages import NodeInput
 from workflows.node import NodeWorkflow
 from workflows.quotas import QuotasWorkflow
+from workflows.sessions import SessionWorkflow
 from workflows.tokens import TokensWorkflow
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,7 @@ def control_serves(control: ControlActivities, link: SchedulerLink) -> Serves:
             DeletedRunsWorkflow,
             DrivesWorkflow,
             IdentityWorkflow,
+            SessionWorkflow,
         ],
         [
             control.load_settings,
@@ -152,6 +155,8 @@ def machine_serves(activities: AgentActivities) -> Serves:
             activities.supervise_task,
             activities.stop_task,
             activities.read_log,
+            activities.grant_session,
+            activities.attach_session,
             activities.delete_run_files,
             activities.drives.use_data_location,
         ],
@@ -561,6 +566,7 @@ async def start_agent(client: Client, options: AgentOptions, settings: Settings)
         instance=instance,
         identities=identities,
         services=options.services,
+        sessions=Sessions(runtime, options.data_dir, node.name, options.services.interactive_sessions),
     )
     agent = Agent(client, activities, settings.stop_grace_seconds, settings)
     await activities.adopt_attempts()

@@ -42,6 +42,8 @@ from workflows.domain.tokens import Token
 from workflows.domain.tombstones import Tombstone
 from workflows.domain.views import Event, JobDescription
 from workflows.messages import (
+    Attached,
+    AttachInput,
     AttemptsOnNode,
     AttemptsQuery,
     CancelRunInput,
@@ -54,6 +56,7 @@ from workflows.messages import (
     EndedRun,
     EndRunInput,
     ForgetRunInput,
+    GrantSessionInput,
     IssuedIdentity,
     IssueIdentityInput,
     LeaseInput,
@@ -71,6 +74,7 @@ from workflows.messages import (
     RevokeTokenRequest,
     RunTaskInput,
     SchedulerView,
+    SessionGranted,
     StartTaskInput,
     StartTaskResult,
     StopTaskInput,
@@ -111,6 +115,7 @@ DELETE_RUN_WORKFLOW = "DeleteRunWorkflow"
 DELETED_RUNS_WORKFLOW = "DeletedRunsWorkflow"
 DRIVES_WORKFLOW = "DrivesWorkflow"
 IDENTITY_WORKFLOW = "IdentityWorkflow"
+SESSION_WORKFLOW = "SessionWorkflow"
 
 QUOTAS_WORKFLOW_ID = "quotas"
 TOKENS_WORKFLOW_ID = "tokens"  # the HTTP API's tokens (their digests), for every API process alike
@@ -133,6 +138,11 @@ def delete_id(namespace: str, name: str) -> str:
 def logs_id_prefix(namespace: str, name: str) -> str:
     """The ids of the run's LogsWorkflows begin so (`logs/<ns>/<name>/<worker>/<uuid>`)."""
     return f"logs/{namespace}/{name}/"
+
+
+def session_id_prefix(namespace: str, name: str) -> str:
+    """The ids of the run's SessionWorkflows begin so (`session/<ns>/<name>/<worker>/<uuid>`)."""
+    return f"session/{namespace}/{name}/"
 
 
 def identity_id(namespace: str, name: str, task: str, attempt: int, serial: str) -> str:
@@ -302,6 +312,18 @@ async def stop_task(input: StopTaskInput) -> None:
 @activity.defn
 async def read_log(input: ReadLogInput) -> LogText:
     """A worker's output, for `astraeus logs`."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def grant_session(input: GrantSessionInput) -> SessionGranted:
+    """Let the holder of a token (its public key) run commands in a running attempt until it expires."""
+    raise NotImplementedError
+
+
+@activity.defn
+async def attach_session(input: AttachInput) -> Attached:
+    """Run a command in a running attempt, for a request signed by a token granted for it (`astraeus attach`)."""
     raise NotImplementedError
 
 

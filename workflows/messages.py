@@ -339,6 +339,68 @@ class LogsInput(_Msg):
     answer_within_seconds: float = Field(20, gt=0, description="How long a person waits for the machine.")
 
 
+SESSION_TTL_MAX_SECONDS = 7 * 24 * 3600  # a token lives at most a week (and never longer than its attempt)
+SESSION_OUTPUT_MAX_BYTES = 512 * 1024  # of each of a command's stdout and stderr: the rest is cut (payloads <= 2 MB)
+SESSION_TIMEOUT_MAX_SECONDS = 3600
+
+
+class GrantSessionInput(_Msg):
+    """Activity `grant_session`: let the holder of a token run commands in an attempt until it expires. Only the
+    token's public key travels; its private half stays with the person (`activities/session_token.py`)."""
+
+    ref: TaskRef
+    public_key: str = Field(min_length=1, max_length=64)
+    ttl_seconds: int = Field(ge=1, le=SESSION_TTL_MAX_SECONDS)
+
+
+class SessionGranted(_Msg):
+    expires_at: datetime
+
+
+class AttachInput(_Msg):
+    """Activity `attach_session`: run `argv` in a running attempt, with `stdin` as its input, signed by a token
+    granted for that attempt (`public_key`, `signature`); the machine runs each `nonce` once."""
+
+    ref: TaskRef
+    argv: list[str] = Field(min_length=1, max_length=4096)
+    stdin: str = Field("", max_length=SESSION_OUTPUT_MAX_BYTES)
+    timeout_seconds: float = Field(60, gt=0, le=SESSION_TIMEOUT_MAX_SECONDS)
+    nonce: str = Field(min_length=16, max_length=64)
+    signed_at: datetime
+    public_key: str = Field("", max_length=64)
+    signature: str = Field("", max_length=128)
+
+
+class Attached(_Msg):
+    """What a command run in a worker gave back: its exit code and its output (each cut at the start beyond
+    SESSION_OUTPUT_MAX_BYTES, said in `cut`)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    cut: bool = False
+
+
+class SessionInput(_Msg):
+    """SessionWorkflow: a grant or an attach, on the machine of the attempt (`node`); exactly one of them."""
+
+    node: str
+    grant: GrantSessionInput | None = None
+    attach: AttachInput | None = None
+    answer_within_seconds: float = Field(20, gt=0, description="How long a person waits for the machine.")
+
+    @model_validator(mode="after")
+    def _one(self) -> SessionInput:
+        if (self.grant is None) == (self.attach is None):
+            raise ValueError("a session request is a grant or an attach, one of them")
+        return self
+
+
+class SessionOutput(_Msg):
+    granted: SessionGranted | None = None
+    attached: Attached | None = None
+
+
 class IssueIdentityInput(_Msg):
     """IdentityWorkflow: a certificate for one attempt, asked by the machine it is on (`node`), for the key of the
     certificate request it sends (the key itself never leaves the machine)."""

@@ -108,6 +108,27 @@ class Observed:
     ended_at: float | None = field(default=None, compare=False)  # when it exited (epoch seconds), if known
 
 
+@dataclass(frozen=True)
+class Executed:
+    """What a command run in an attempt gave back (`Runtime.exec`). A command that ran past its timeout was killed:
+    its code is 124, as timeout(1) says, and its stderr ends saying so."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+
+EXEC_TIMED_OUT = 124
+
+
+def ran_too_long(timeout_seconds: float) -> bytes:
+    return f"astraeus: the command ran past its timeout of {timeout_seconds:g} s and was stopped\n".encode()
+
+
+class ExecRefused(Exception):
+    """A command the runtime cannot run in the attempt: it does not run, or the engine refused the exec."""
+
+
 class RuntimeFailure(Exception):
     """A start the runtime refused; `reason` is the spec's sentence (e.g. "Container start failed: ...")."""
 
@@ -149,6 +170,10 @@ class Runtime(Protocol):
 
     def log_tail(self, key: TaskKey, lines: int, max_bytes: int) -> str:
         """The last `lines` lines of its output, at most `max_bytes` bytes."""
+
+    def exec(self, key: TaskKey, argv: list[str], stdin: bytes, timeout_seconds: float) -> Executed:
+        """Run `argv` inside the running attempt (as it runs: its environment, its directory, its network), with
+        `stdin` as its input, and wait for it up to its timeout. Raises ExecRefused when it cannot be run there."""
 
     def gpus_in_use(self) -> dict[str, list[int]]:
         """GPU indices held by attempts that still run, by attempt slug."""

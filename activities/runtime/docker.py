@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -26,8 +28,12 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest
 from docker.types import Mount as DockerMount
 from docker.utils import parse_repository_tag
+from docker.utils.socket import STDERR
 
 from activities.runtime.base import (
+    EXEC_TIMED_OUT,
+    ExecRefused,
+    Executed,
     Launch,
     Observed,
     OnProgress,
@@ -37,6 +43,7 @@ from activities.runtime.base import (
     TaskKey,
     ignore_progress,
     port_environment,
+    ran_too_long,
 )
 from activities.runtime.probes import exited, http_get, timed_out
 from workflows.domain.reasons import R, Reason, Template
@@ -270,6 +277,45 @@ class DockerRuntime:
         except (DockerException, requests.RequestException) as err:
             raise _unavailable(err) from err
 
+    def exec(self, key: TaskKey, argv: list[str], stdin: bytes, timeout_seconds: float) -> Executed:
+        """`exec` in the running container, its input written to the exec's stream and its output read back apart
+        (stdout, stderr). The engine cannot end an exec: one past its timeout is left to finish on its own (as the
+        kubelet does), and what it wrote until then is kept."""
+        container = self._find(key)
+        if container is None or container.attrs["State"]["Status"] != "running":
+            raise ExecRefused("the container is not running")
+        api = self._client.api
+        try:
+            exec_id = api.exec_create(container.id, argv, stdin=True, stdout=True, stderr=True)["Id"]
+            stream = api.exec_start(exec_id, socket=True)
+        except NotFound:
+            raise ExecRefused("the container is not running") from None
+        except APIError as err:
+            raise ExecRefused(explain(err)) from None
+        except (DockerException, requests.RequestException) as err:
+            raise _unavailable(err) from err
+        raw: socket.socket = getattr(stream, "_sock", stream)
+        received = bytearray()
+        deadline = time.monotonic() + timeout_seconds
+        try:
+            raw.settimeout(timeout_seconds)
+            raw.sendall(stdin)
+            raw.shutdown(socket.SHUT_WR)  # its input ends: a shell reading it exits at its end
+            while chunk := _receive(raw, deadline):
+                received += chunk
+        except TimeoutError:
+            stdout, stderr = _demuxed(bytes(received))
+            return Executed(EXEC_TIMED_OUT, stdout, stderr + ran_too_long(timeout_seconds))
+        finally:
+            stream.close()
+        stdout, stderr = _demuxed(bytes(received))
+        deadline = time.monotonic() + 5
+        while (code := api.exec_inspect(exec_id)["ExitCode"]) is None and time.monotonic() < deadline:
+            time.sleep(_EXEC_POLL_SECONDS)  # the stream ends a moment before the engine records the exit
+        if code is None:
+            raise ExecRefused("the engine did not say how the command ended")
+        return Executed(int(code), stdout, stderr)
+
     def _exec(self, container: Container, command: list[str], timeout_seconds: float) -> tuple[bool, str]:
         """Run `command` in the container and wait for its exit code up to the timeout. The engine cannot end an
         exec: one that outlives its timeout is left to finish on its own (as the kubelet does)."""
@@ -385,6 +431,26 @@ def _mapped(template: Template, launch: Launch | None = None) -> Iterator[None]:
 
 def _unavailable(err: Exception) -> RuntimeUnavailable:
     return RuntimeUnavailable(f"the Docker engine does not answer: {err}")
+
+
+def _receive(raw: socket.socket, deadline: float) -> bytes:
+    """The next bytes of an exec's stream, b"" at its end; TimeoutError past the deadline."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    raw.settimeout(left)
+    return raw.recv(1 << 16)
+
+
+def _demuxed(received: bytes) -> tuple[bytes, bytes]:
+    """An exec's stream (frames of an 8-byte header: the stream, 1 or 2, and the length) as its stdout and stderr;
+    a frame cut short (the stream was left at a timeout) is kept as far as it came."""
+    out, err, at = bytearray(), bytearray(), 0
+    while at + 8 <= len(received):
+        stream, length = struct.unpack(">BxxxL", received[at : at + 8])
+        (err if stream == STDERR else out).extend(received[at + 8 : at + 8 + length])
+        at += 8 + length
+    return bytes(out), bytes(err)
 
 
 def explain(err: APIError) -> str:

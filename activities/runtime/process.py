@@ -24,6 +24,9 @@ from pathlib import Path
 
 from activities.runtime import egress
 from activities.runtime.base import (
+    EXEC_TIMED_OUT,
+    ExecRefused,
+    Executed,
     Launch,
     Observed,
     OnProgress,
@@ -31,6 +34,7 @@ from activities.runtime.base import (
     TaskKey,
     ignore_progress,
     port_environment,
+    ran_too_long,
 )
 from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from activities.runtime.probes import exited, http_get, timed_out
@@ -150,6 +154,18 @@ class ProcessRuntime:
         _signal_group(directory, signal.SIGKILL)
         if not self._wait_until_ended(key, _KILL_WAIT_SECONDS):
             raise TimeoutError(f"attempt {key.slug} still runs {_KILL_WAIT_SECONDS:g} s after SIGKILL")
+
+    def exec(self, key: TaskKey, argv: list[str], stdin: bytes, timeout_seconds: float) -> Executed:
+        """Run `argv` as the worker runs: the same user, its working directory, the environment it was started
+        with, and its network namespace when it has one (an outbound policy's); killed, group and all, past its
+        timeout."""
+        directory = self._dir(key)
+        env = _task_environment(directory)
+        if env is None:
+            raise ExecRefused("the worker is not running")
+        with suppress(FileNotFoundError):
+            argv = ["ip", "netns", "exec", (directory / "netns").read_text().strip(), *argv]
+        return _run_session(argv, directory, env, stdin, timeout_seconds)
 
     def log_tail(self, key: TaskKey, lines: int, max_bytes: int) -> str:
         """The last `lines` lines of its output, then at most the last `max_bytes` bytes of those."""
@@ -351,6 +367,35 @@ def _refuse_what_cannot_run(launch: Launch) -> None:
         targets = ", ".join(mount.target for mount in launch.mounts)
         error = f"the process runtime cannot mount drives or files ({targets}); run it on a docker machine"
         raise RuntimeFailure(R.InvalidTask(error=error))
+
+
+def _run_session(argv: list[str], cwd: Path, env: dict[str, str], stdin: bytes, timeout_seconds: float) -> Executed:
+    """Run a person's command in its own process group and collect its output; past its timeout it is killed, group
+    and all, and what it wrote until then is kept. A program that cannot start gets the shell's codes (126, 127)."""
+    try:
+        command = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        return Executed(127, b"", f"{argv[0]}: command not found\n".encode())
+    except PermissionError:
+        return Executed(126, b"", f"{argv[0]}: permission denied\n".encode())
+    except (OSError, ValueError) as err:
+        raise ExecRefused(f"{argv[0]}: {err}") from None
+    try:
+        stdout, stderr = command.communicate(stdin, timeout=timeout_seconds)
+    except subprocess.TimeoutExpired:
+        with suppress(ProcessLookupError):  # not reaped yet, so its id still names its group
+            os.killpg(command.pid, signal.SIGKILL)
+        stdout, stderr = command.communicate()
+        return Executed(EXEC_TIMED_OUT, stdout, stderr + ran_too_long(timeout_seconds))
+    return Executed(command.returncode, stdout, stderr)
 
 
 def _run_check(command: list[str], cwd: Path, env: dict[str, str], timeout_seconds: float) -> tuple[bool, str]:

@@ -22,6 +22,8 @@ from activities.identities import Identities
 from activities.identity import AttemptIdentity, ClusterCA, spiffe_id
 from activities.prepare import Preparer
 from activities.runtime.base import (
+    EXEC_TIMED_OUT,
+    ExecRefused,
     Launch,
     Mount,
     Observed,
@@ -380,6 +382,33 @@ def test_a_command_check_is_exec_d_in_the_container(runtime: DockerRuntime) -> N
     runtime.stop(k, grace_seconds=0)
     assert runtime.probe(k, check(["true"])) == (False, "the container is not running")
     assert runtime.probe(key(), check(["true"])) == (False, "the container is not running")
+
+
+# ---- interactive sessions ---------------------------------------------------------------------------------------
+
+
+def test_a_person_s_command_runs_in_the_container_with_its_input_and_output_apart(runtime: DockerRuntime) -> None:
+    k = key()
+    runtime.start(k, sh("sleep 30", env={"GREETING": "hello"}))
+
+    done = runtime.exec(k, ["sh", "-c", 'echo "$GREETING"; echo oops >&2; exit 3'], b"", 10)
+    assert (done.exit_code, done.stdout, done.stderr) == (3, b"hello\n", b"oops\n")
+    shell = runtime.exec(k, ["sh"], b"echo $GREETING from a shell\nexit 4\n", 10)
+    assert (shell.exit_code, shell.stdout) == (4, b"hello from a shell\n")
+    read = runtime.exec(k, ["sh", "-c", "read line; echo got $line"], b"this\n", 10)
+    assert (read.exit_code, read.stdout) == (0, b"got this\n")
+    began = time.monotonic()
+    slow = runtime.exec(k, ["sh", "-c", "echo started; sleep 5"], b"", 0.5)
+    assert (slow.exit_code, slow.stdout) == (EXEC_TIMED_OUT, b"started\n")
+    assert slow.stderr == b"astraeus: the command ran past its timeout of 0.5 s and was stopped\n"
+    assert time.monotonic() - began < 3
+    missing = runtime.exec(k, ["/no/such/program"], b"", 10)
+    assert missing.exit_code in (126, 127)
+
+    runtime.stop(k, grace_seconds=0)
+    with pytest.raises(ExecRefused) as raised:
+        runtime.exec(k, ["true"], b"", 10)
+    assert str(raised.value) == "the container is not running"
 
 
 def test_an_http_check_of_a_container_without_an_address_fails(runtime: DockerRuntime) -> None:

@@ -148,6 +148,7 @@ def test_every_built_field_is_kept() -> None:
                     "sandbox": True,
                     "tool_gateway": True,
                     "model_server": True,
+                    "interactive_token": True,
                 },
             },
             {
@@ -671,11 +672,9 @@ def test_a_network_request_is_accepted_and_reaches_the_scheduler(network: dict[s
     ("capabilities", "message"),
     [
         pytest.param(
-            {"interactive_token": True},
-            "groups.0.capabilities.interactive_token: needs interactive sessions with a running worker (a terminal a "
-            "person attaches with the token), which Astraeus does not have yet; Astraeus refuses it rather than "
-            "ignore it",
-            id="an interactive token is refused saying what it needs",
+            {"interactive_token": "always"},
+            "groups.0.capabilities.interactive_token: Input should be a valid boolean, unable to interpret input",
+            id="an interactive token is asked with true or false",
         ),
         pytest.param(
             {"outbound_policy": {"allow": ["10.0.0"]}},
@@ -707,6 +706,13 @@ def test_capabilities_reach_the_scheduler_as_what_it_checks_on_each_machine() ->
     assert checked == ("outbound_policy", "sandbox", "tool_gateway")  # a model server is set up by the machine only
     served = parse_spec(with_group(capabilities={"model_server": True}))
     assert request_fields(served, served.groups[0])["capabilities"] == ()
+
+
+def test_an_interactive_token_is_accepted_and_set_up_by_the_machine_only() -> None:
+    spec = parse_spec(with_group(capabilities={"interactive_token": True}))
+    capabilities = spec.groups[0].capabilities
+    assert capabilities is not None and capabilities.interactive_token is True
+    assert request_fields(spec, spec.groups[0])["capabilities"] == ()  # no machine is kept out for it
 
 
 # ---- gangs, groups that wait, services, planning ------------------------------------------------------------------

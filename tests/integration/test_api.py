@@ -285,6 +285,38 @@ def test_drives_and_a_data_location_are_read_by_all_and_changed_by_admins(api: A
         assert http.get("/nodes/a0").json()["inventory"]["data_location"] == str(tmp_path)
 
 
+def test_a_workspace_issues_an_interactive_token_and_attaches_to_its_worker(api: Api) -> None:
+    shell = "name: shell\ngroups: [{name: w, command: [sleep, '60'], capabilities: {interactive_token: true}}]\n"
+    with api.client(api.research) as http:
+        submitted = http.post("/jobs", content=shell, headers={"content-type": "application/yaml"})
+        assert submitted.status_code == 201, submitted.text
+        _running(api, api.research, "research/shell")
+        issued = http.post("/jobs/research/shell/tasks/w-0/interactive-token", json={"ttl_seconds": 600})
+        assert issued.status_code == 200, issued.text
+        token = issued.json()["token"]
+        ran = http.post(
+            "/jobs/research/shell/tasks/w-0/attach",
+            json={"token": token, "argv": ["sh"], "stdin": "echo hello from $ASTRAEUS_TASK\nexit 3\n"},
+        )
+        assert (ran.status_code, ran.json()) == (
+            200,
+            {"exit_code": 3, "stdout": "hello from w-0\n", "stderr": "", "cut": False},
+        )
+        forged = http.post("/jobs/research/shell/tasks/w-0/attach", json={"token": "astraeus-it-x", "argv": ["true"]})
+        assert (forged.status_code, forged.json()) == (
+            403,
+            {"error": "token refused: not an interactive token (it is cut short or altered)"},
+        )
+        other = http.post("/jobs/research/shell/tasks/w-0/interactive-token").json()["token"]
+        assert http.post("/jobs/research/shell/tasks/w-0/attach", json={"token": other, "argv": ["true"]}).json() == (
+            {"exit_code": 0, "stdout": "", "stderr": "", "cut": False}
+        )
+        assert http.post("/jobs/research/shell/cancel").status_code == 200
+    with api.client(api.other) as http:  # another workspace sees no such run
+        hidden = http.post("/jobs/research/shell/tasks/w-0/interactive-token")
+        assert (hidden.status_code, hidden.json()) == (404, {"error": "no run named shell in namespace research"})
+
+
 def test_the_served_openapi_document_is_the_committed_one(api: Api) -> None:
     served = httpx.get(f"{api.url}/openapi.json").json()
     assert served == openapi_document() == json.loads((ROOT / "deploy" / "openapi.json").read_text())

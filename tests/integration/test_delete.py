@@ -1,10 +1,12 @@
 """Deleting a run, against a real cluster through the HTTP API and the CLI: a running run's workers are stopped
 with "Run deleted", their files and logs leave the machine, nothing of the run is served any more but its tombstone
 (listed with include_deleted only), its name is free again; another workspace cannot delete it; a machine that was
-down during the delete removes the files when it comes back; and the CLI doing it all through `--api`."""
+down during the delete removes the files when it comes back; the workflows of its sessions (commands people ran in
+it, and their output) go with it; and the CLI doing it all through `--api`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -15,8 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 
 from tests.integration.harness import ASTRAEUS, Cluster
+from workflows.contracts import session_id_prefix
 
 pytestmark = pytest.mark.integration
 
@@ -177,3 +182,29 @@ def test_the_cli_through_the_api_submits_describes_stops_cancels_and_deletes(api
     assert (gone.returncode, gone.stderr) == (3, "astraeus: no run named via in namespace research\n")
     refused = _cli(api, "--token", "astraeus_nope", "ls", check=False)
     assert refused.returncode != 0 and "refused the token" in refused.stderr
+
+
+def test_a_deleted_run_s_session_workflows_go_with_it(api: Api) -> None:
+    """A session's workflow holds the commands a person ran and their output: deleting the run removes them."""
+    shell = {"name": "talked", "groups": [{"name": "w", "command": ["sleep", "60"],
+                                           "capabilities": {"interactive_token": True}}]}  # fmt: skip
+    with api.client(api.research) as http:
+        assert http.post("/jobs", json=shell).status_code == 201
+        api.cluster.wait_for(
+            lambda: http.get("/jobs/research/talked").json()["status"]["state"] == "Running", "talked to run"
+        )
+        token = http.post("/jobs/research/talked/tasks/w-0/interactive-token").json()["token"]
+        ran = http.post("/jobs/research/talked/tasks/w-0/attach", json={"token": token, "argv": ["echo", "secret"]})
+        assert ran.json()["stdout"] == "secret\n"
+        assert len(sessions(api, "research", "talked")) == 2  # the grant and the attach
+        assert http.delete("/jobs/research/talked").status_code == 200
+        api.cluster.wait_for(lambda: sessions(api, "research", "talked") == [], "its sessions to be removed")
+
+
+def sessions(api: Api, namespace: str, name: str) -> list[str]:
+    async def listed() -> list[str]:
+        client = await Client.connect(api.cluster.address, data_converter=pydantic_data_converter)
+        query = f'WorkflowId STARTS_WITH "{session_id_prefix(namespace, name)}"'
+        return [wf.id async for wf in client.list_workflows(query)]
+
+    return asyncio.run(listed())

@@ -1,7 +1,8 @@
 """Sandboxed workers, end to end: a real cluster whose agents run `--runtime docker` against a Docker engine the
 tests started with gVisor's runsc registered (tests/docker_engine.py). A machine whose engine has it runs a
 sandboxed worker under gVisor; one whose sandbox runtime refuses every container fails the worker with "Agent
-sandbox: <why>"; one whose engine lacks the runtime says so in its per-machine reason."""
+sandbox: <why>"; one whose engine lacks the runtime says so in its per-machine reason. A person attaches to a
+sandboxed worker: the command is exec'd in its container, under gVisor."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import yaml
 
 from tests.docker_engine import IMAGE, DockerEngine, sandbox_missing
 from tests.integration.harness import Cluster
+from tests.integration.test_interactive import astraeus as attach_as_a_person
 
 pytestmark = pytest.mark.integration
 
@@ -82,3 +84,18 @@ def test_a_machine_whose_engine_lacks_the_sandbox_runtime_says_so(cluster: Clust
         "broken-sandbox, io.containerd.runc.v2, io.containerd.runtime.v1.linux, runc, runsc))"
     ]
     cluster.cli("cancel", "unboxed")
+
+
+def test_a_person_attaches_to_a_sandboxed_worker_in_its_container(cluster: Cluster, tmp_path: Path) -> None:
+    wanted = {"sandbox": True, "interactive_token": True}
+    submit(
+        cluster, tmp_path, "shell", "boxed", command=["sleep", "300"], env={"GREETING": "hello"}, capabilities=wanted
+    )
+    cluster.wait_state("shell", "Running")
+    token = attach_as_a_person(cluster, "interactive-token", "shell/w-0").stdout.strip()
+    inside = attach_as_a_person(cluster, "attach", "shell/w-0", "--", "sh", "-c", "echo $GREETING; dmesg | head -1")
+    assert inside.returncode == 0, inside.stderr
+    assert inside.stdout.splitlines()[0] == "hello" and "Starting gVisor..." in inside.stdout  # in its sandbox
+    shell = attach_as_a_person(cluster, "attach", "shell/w-0", "--token", token, stdin="echo $GREETING\nexit 5\n")
+    assert (shell.returncode, shell.stdout) == (5, "hello\n")
+    cluster.cli("cancel", "shell")

@@ -2,7 +2,8 @@
 and agents as processes): machines report RDMA ports read from fake sysfs trees (`--sysfs`), runs ask for any RDMA
 port, InfiniBand at a speed, or a fabric, and a gang stays on one fabric; runs require capabilities (an outbound
 policy, a sandbox, a tool gateway, a model server) that machines have or say why not, and that machines set up or
-fail with the spec's reason. Read back through `astraeus describe --json` as a user reads it, whole sentences.
+fail with the spec's reason; a person's command in a worker behind an outbound policy is behind it too. Read back
+through `astraeus describe --json` as a user reads it, whole sentences.
 Sandboxed workers on a Docker engine with gVisor are in test_docker_capabilities.py."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import yaml
 from activities.capabilities import OUTBOUND_NEEDS
 from activities.runtime.process import PROCESS_SANDBOX
 from tests.integration.harness import Cluster
+from tests.integration.test_interactive import astraeus as attach_as_a_person
 
 pytestmark = pytest.mark.integration
 
@@ -285,3 +287,19 @@ def test_an_outbound_policy_that_cannot_be_set_up_fails_the_worker(cluster: Clus
     # The resolver's own words: "Name or service not known", or without a DNS server "Temporary failure ...".
     why = r"Outbound policy: host nowhere\.invalid does not resolve \(\[Errno -\d+\] [A-Za-z ]+\)"
     assert re.fullmatch(f"Worker w-0 failed on fw: {why}", described["status"]["reason"]), described["status"]
+
+
+def test_a_person_s_command_runs_behind_the_worker_s_outbound_policy(
+    cluster: Cluster, tmp_path: Path, served: ModelServer
+) -> None:
+    """`astraeus attach` runs in the worker's network namespace: what it may reach is what the worker may reach."""
+    wanted = {"outbound_policy": {"allow": ["169.254.0.0/16"]}, "interactive_token": True}
+    submit(cluster, tmp_path, "fenced-shell", [{"name": "w", "command": ["sleep", "300"], "capabilities": wanted}])
+    described = cluster.wait_state("fenced-shell", "Running")
+    assert machines_of(described) == ["fw"]
+    fetch = f"wget -q -T 3 -O /dev/null http://{machine_address()}:{served.server_address[1]}/"
+    outside = subprocess.run(["sh", "-c", f"{fetch} && echo allowed"], capture_output=True, text=True)
+    assert outside.stdout == "allowed\n"  # the machine itself reaches it
+    inside = attach_as_a_person(cluster, "attach", "fenced-shell/w-0", "--", "sh", "-c", f"{fetch} || echo refused")
+    assert (inside.returncode, inside.stdout) == (0, "refused\n")
+    cluster.cli("cancel", "fenced-shell")

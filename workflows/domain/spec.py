@@ -40,8 +40,6 @@ RestartPolicy = Literal["OnFailure", "Always", "Never"]
 
 MAX_EXTERNAL_ACCESS = 16  # ports one worker exposes on its machine
 
-# capabilities.interactive_token: what it needs that is not built yet.
-INTERACTIVE_NEEDS = "interactive sessions with a running worker (a terminal a person attaches with the token)"
 # network.mesh: what the node network needs that is not built yet.
 MESH_NEEDS = "the node network (subnet assignment and mesh)"
 
@@ -182,17 +180,11 @@ class Capabilities(_Frozen):
     sandbox: bool = Field(False, description="Run each worker in gVisor (runsc), a kernel in user space.")
     tool_gateway: bool = Field(False, description="The machine's tool gateway, given as ASTRAEUS_TOOL_GATEWAY.")
     model_server: bool = Field(False, description="The machine's model server, given as ASTRAEUS_MODEL_SERVER.")
-    interactive_token: NotBuilt = None
-
-    @field_validator("interactive_token")
-    @classmethod
-    def _token_not_built(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError(
-                f"needs {INTERACTIVE_NEEDS}, which Astraeus does not have yet; "
-                "Astraeus refuses it rather than ignore it"
-            )
-        return value
+    interactive_token: bool = Field(
+        False,
+        description="Its machine hosts sessions in each attempt: a person holding a token issued for it runs commands "
+        "in the running worker (astraeus interactive-token, astraeus attach).",
+    )
 
     def checked(self) -> tuple[Capability, ...]:
         """What the scheduler checks on each machine, in the spec's order."""
