@@ -27,6 +27,7 @@ from workflows.domain.settings import Settings
 from workflows.messages import PlaceInput, PlaceResult
 
 WORKFLOW_MODULES = ["job", "node", "quotas", "logs", "tokens", "deletion", "deleted_runs", "drives", "identity"]
+WORKFLOW_MODULES += ["subnets"]
 SOURCE = Path(contracts.__file__).parent
 MACHINE, INSTANCE = "m1", "host:42:cafe"
 
@@ -237,7 +238,7 @@ def test_the_processes_poll_the_queues_the_workflows_address() -> None:
     defined = [workflow._Definition.must_from_class(cls).name for cls in served["control"].workflows]
     names = [contracts.JOB_WORKFLOW, contracts.NODE_WORKFLOW, contracts.LOGS_WORKFLOW, contracts.QUOTAS_WORKFLOW]
     names += [contracts.TOKENS_WORKFLOW, contracts.DELETE_RUN_WORKFLOW, contracts.DELETED_RUNS_WORKFLOW]
-    names += [contracts.DRIVES_WORKFLOW, contracts.IDENTITY_WORKFLOW]
+    names += [contracts.DRIVES_WORKFLOW, contracts.IDENTITY_WORKFLOW, contracts.SUBNETS_WORKFLOW]
     assert (defined, contracts.IDENTITY_WORKFLOW) == (names, "IdentityWorkflow")
 
 
@@ -283,6 +284,7 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "tokens",
         "tombstones",
         "drives",
+        "subnets",
     ]
     assert [m.name for m in contracts.UPDATES] == [
         "cancel",
@@ -305,6 +307,8 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "create_drive",
         "remove_drive",
         "report_drive",
+        "assign_subnet",
+        "free_subnet",
     ]
     assert (contracts.CONTROL_TASK_QUEUE, contracts.SCHEDULER_TASK_QUEUE) == ("astraeus-control", "astraeus-scheduler")
     assert (contracts.node_task_queue("m1"), contracts.lease_task_queue("m1", "h:1:t")) == (
@@ -318,6 +322,7 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
     )
     assert (contracts.TOKENS_WORKFLOW, contracts.TOKENS_WORKFLOW_ID) == ("TokensWorkflow", "tokens")
     assert (contracts.DRIVES_WORKFLOW, contracts.DRIVES_WORKFLOW_ID) == ("DrivesWorkflow", "drives")
+    assert (contracts.SUBNETS_WORKFLOW, contracts.SUBNETS_WORKFLOW_ID) == ("SubnetsWorkflow", "subnets")
     assert [contracts.SA_NAMESPACE, contracts.SA_STATE, contracts.SA_PRIORITY, contracts.SA_NODES] == [
         "AstraeusNamespace",
         "AstraeusState",

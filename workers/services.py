@@ -48,6 +48,7 @@ from workflows.logs import LogsWorkflow
 from workflows.messages import NodeInput
 from workflows.node import NodeWorkflow
 from workflows.quotas import QuotasWorkflow
+from workflows.subnets import SubnetsWorkflow
 from workflows.tokens import TokensWorkflow
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ def control_serves(control: ControlActivities, link: SchedulerLink) -> Serves:
             DeletedRunsWorkflow,
             DrivesWorkflow,
             IdentityWorkflow,
+            SubnetsWorkflow,
         ],
         [
             control.load_settings,
