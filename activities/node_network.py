@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from temporalio.client import Client
 
-from activities.runtime.base import Runtime, RuntimeFailure, RuntimeUnavailable
+from activities.runtime.base import NetworkNotUp, Runtime
 from workflows import contracts
 from workflows.contracts import SUBNETS_WORKFLOW_ID
 from workflows.messages import SubnetRequest, SubnetsInput
@@ -59,22 +59,26 @@ class NodeNetwork:
             )
             assigned = await contracts.update(handle, contracts.ASSIGN_SUBNET, SubnetRequest(node=self._node))
         except Exception as err:  # the control plane is away: asked again at the next look
-            self.why = f"the control plane did not assign a subnet: {err}"
-            log.warning("%s: %s", self._node, self.why)
+            self._note(f"the control plane did not assign a subnet: {err}")
             return None
         if assigned.subnet is None:
-            self.why = f"no subnet: {assigned.why}"
+            self._note(f"no subnet: {assigned.why}")
             return None
         make = getattr(self._runtime, "node_network")  # noqa: B009 (the docker runtime's, checked above)
         try:
             name = await asyncio.to_thread(make, assigned.subnet)
-        except (RuntimeFailure, RuntimeUnavailable) as err:
-            self.why = f"its network with subnet {assigned.subnet} is not up: {err}"
-            log.warning("%s: %s", self._node, self.why)
+        except NetworkNotUp as err:
+            self._note(f"its network with subnet {assigned.subnet} is not up: {err}")
             return None
         self.up = NodeNetworkUp(name=name, subnet=assigned.subnet)
         log.info("%s: node network %s up with subnet %s", self._node, name, assigned.subnet)
         return self.up
+
+    def _note(self, why: str) -> None:
+        """Why it is not up; logged when that changes (it is asked again at every look)."""
+        if why != self.why:
+            log.warning("%s: node network: %s", self._node, why)
+        self.why = why
 
     def forget(self) -> None:
         """The machine registered again (it may have been removed, its subnet freed): ask again."""

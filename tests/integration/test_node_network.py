@@ -18,7 +18,7 @@ import yaml
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from tests.docker_engine import IMAGE, DockerEngine
+from tests.docker_engine import DockerEngine
 from tests.integration.harness import Cluster
 from workflows import contracts
 from workflows.contracts import SUBNETS_WORKFLOW_ID
@@ -72,18 +72,16 @@ def test_a_process_machine_says_it_cannot_host_the_node_network(cluster: Cluster
 
 
 def test_mesh_workers_wait_for_their_machines_network_then_reach_each_other_on_its_subnet(
-    cluster: Cluster, tmp_path: Path, docker_engine: DockerEngine
+    cluster: Cluster, docker_engine: DockerEngine
 ) -> None:
-    serve = "echo $ASTRAEUS_NODE_SUBNET $ASTRAEUS_NODE_HOSTNAME; ip -4 -o addr show eth0; sleep 30"
-    ask = "until ping -c 1 -W 1 server-0.mesh.default; do sleep 0.5; done"
-    submit(cluster, tmp_path, "mesh", "d0", [
-        {"name": "server", "image": IMAGE, "command": ["sh", "-c", serve]},
-        {"name": "client", "image": IMAGE, "command": ["sh", "-c", ask]},
-    ])  # fmt: skip
+    cluster.cli("submit", "examples/mesh.yaml")  # only d0 hosts the node network: it goes there
     waiting = cluster.wait_for(
-        lambda: (d := cluster.describe("mesh"))["tasks"][0]["status"]["state"] == "Preparing" and d, "mesh to wait"
+        lambda: (d := cluster.describe("mesh"))["tasks"][1]["status"]["state"] == "Preparing" and d, "mesh to wait"
     )
-    assert [t["status"]["reason"] for t in waiting["tasks"]] == [WAITING, WAITING]
+    assert [(t["id"], t["status"]["state"], t["status"]["reason"]) for t in waiting["tasks"]] == [
+        ("server-0", "Preparing", WAITING),
+        ("client-0", "Preparing", WAITING),
+    ]
     assert waiting["status"]["reason"] == WAITING
 
     docker_engine.docker("network", "rm", BLOCKER)  # the machine makes its network at its next look
