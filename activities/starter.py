@@ -21,7 +21,7 @@ from typing import Any
 
 from activities.capabilities import CapabilitySetup, Services
 from activities.identities import Identities
-from activities.node_network import NodeNetworkUp
+from activities.node_network import NodeNetworkUp, network_missing
 from activities.prepare import Preparer, Waiting
 from activities.runtime.base import Launch, Mount, OnProgress, PortMapping, Runtime, RuntimeFailure, TaskKey
 from workflows.domain.constraints import Drive
@@ -253,7 +253,7 @@ class Starter:
                 )
             except RuntimeFailure as failure:
                 raise SetupEnded(failure.reason) from None
-            network = self._node_network() if group.network is not None and group.network.mesh else None
+            network = self._joined_network(group)
             if not isinstance(outcome, Waiting) and group.network is not None and group.network.mesh and not network:
                 outcome = Waiting(R.WaitingForNodeNetwork())
             if not isinstance(outcome, Waiting) and group.identity:  # the last step: its certificate
@@ -294,6 +294,16 @@ class Starter:
             mounts=[*outcome.mounts, *identity_mounts],
             ports=ports or [],
         )
+
+    def _joined_network(self, group: GroupSpec) -> NodeNetworkUp | None:
+        """The node network a mesh worker joins, None while it is not up (or the worker asks for none); a machine
+        that cannot host it fails the worker (its scheduler keeps such workers off it)."""
+        if group.network is None or not group.network.mesh:
+            return None
+        missing = network_missing(self._runtime)
+        if missing is not None:
+            raise SetupEnded(R.ContainerStartFailed(error=f"network.mesh: {missing}"))
+        return self._node_network()
 
     async def _identity(self, key: TaskKey) -> Reason | None:
         """Why the attempt still waits for its certificate, or None once it holds one."""
