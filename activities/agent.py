@@ -31,6 +31,7 @@ from activities.drives import DriveActivities, DriveStore
 from activities.gpus import GpuWatch
 from activities.identities import Identities
 from activities.machine import PressureWatch
+from activities.node_network import NodeNetwork
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime, TaskKey
 from activities.sessions import SessionRefused, Sessions
@@ -122,6 +123,8 @@ class AgentActivities:
         self._identities = identities
         self._identity_renewal: asyncio.Task[None] | None = None  # the renewal of certificates under way
         capabilities = CapabilitySetup(services or Services(), inventory.capabilities, inventory.capability_notes)
+        self.node_network = NodeNetwork(client, inventory.name, runtime)
+        self._network_look: asyncio.Task[object] | None = None  # asking for the subnet, making the network
         self._starter = Starter(
             runtime,
             preparer,
@@ -132,6 +135,7 @@ class AgentActivities:
             identities=identities,
             capabilities=capabilities,
             sessions=sessions,
+            node_network=lambda: self.node_network.up,
         )
         self._sessions = sessions
         self._settings = settings or Settings()
@@ -173,6 +177,7 @@ class AgentActivities:
         """The machine's workflow took this agent's registration (its first, or again after its lease expired): it
         holds the lease again, and looks at once for attempts its runs no longer have."""
         self.registered_at = view.since
+        self.node_network.forget()  # asked again: a machine removed meanwhile had its subnet freed
         self.drives.chosen(view.data_location)
         if self.registrations:
             # Its lease had expired: an exit returned lately may never have reached its run (the activity had
@@ -224,6 +229,7 @@ class AgentActivities:
                 activity.heartbeat()
                 self._look_for_orphans()
                 self._renew_identities()
+                self._look_at_node_network()
                 await asyncio.sleep(period)
         except asyncio.CancelledError:
             details = activity.cancellation_details()
@@ -255,6 +261,12 @@ class AgentActivities:
                 except Exception:  # told again at the next look
                     log.exception("%s: a report to the machine's workflow failed", self._inventory.name)
             await asyncio.sleep(period)
+
+    def _look_at_node_network(self) -> None:
+        """Until the machine's node network is up, ask for its subnet and make it, beside the lease (an answer that
+        is slow to come must not hold up the lease's renewals)."""
+        if self.node_network.up is None and (self._network_look is None or self._network_look.done()):
+            self._network_look = asyncio.ensure_future(self.node_network.ensure())
 
     async def _carried(self, lease: int, ttl: float) -> bool:
         """Whether the machine's workflow continued as new holding this lease (its former run's lease activity is

@@ -6,6 +6,8 @@ missing (shown in the per-machine reasons: "machine cannot run sandboxed workers
 - `sandbox`: a Docker engine with gVisor's runtime registered (`--sandbox-runtime`, default `runsc`); a sandboxed
   worker's container runs under it. The process runtime has none.
 - `tool_gateway`: the gateway URL given with `--tool-gateway`, handed to the worker as ASTRAEUS_TOOL_GATEWAY.
+- `node_network`: a runtime whose workers can join a network with the machine's subnet (the docker runtime's; the
+  process runtime's workers share the machine's own network): `activities/node_network.py`.
 - `outbound_policy`: with `--outbound-policy`, on the process runtime as root with `ip` and `iptables`: each such
   worker runs in a network namespace of its own whose firewall allows only the networks listed (host names are
   resolved when the worker is set up; `activities/runtime/egress.py`). The docker runtime does not enforce them yet.
@@ -24,10 +26,12 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from activities.node_network import network_missing
 from activities.runtime import egress
 from activities.runtime.base import Runtime, RuntimeFailure, RuntimeUnavailable
 from activities.runtime.docker import DOCKER_EGRESS
 from activities.runtime.process import PROCESS_SANDBOX
+from workflows.domain.placement import NODE_NETWORK
 from workflows.domain.reasons import R
 from workflows.domain.spec import Capabilities
 
@@ -90,7 +94,10 @@ def machine_capabilities(
         missing["sandbox"] = sandbox
     if services.tool_gateway is None:
         missing["tool_gateway"] = "its agent was started without --tool-gateway"
-    found = [name for name in ("outbound_policy", "sandbox", "tool_gateway") if name not in missing]
+    network = network_missing(runtime)
+    if network is not None:
+        missing[NODE_NETWORK] = network
+    found = [name for name in ("outbound_policy", "sandbox", "tool_gateway", NODE_NETWORK) if name not in missing]
     return found, {name: notes.get(name, why) for name, why in missing.items()}
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from activities.capabilities import CapabilitySetup, Services
 from activities.identities import Identities
+from activities.node_network import NodeNetworkUp, network_missing
 from activities.prepare import Preparer, Waiting
 from activities.runtime.base import Launch, Mount, OnProgress, PortMapping, Runtime, RuntimeFailure, TaskKey
 from activities.sessions import Sessions
@@ -38,6 +39,8 @@ Report = Callable[[TaskKey, Reason], Coroutine[Any, Any, None]]
 Beat = Callable[[str], None]
 # The cluster's catalogue of drives (the drives workflow's query), read when a worker mounts some.
 Catalogue = Callable[[], Awaitable[Mapping[str, Drive]]]
+# The machine's node network once it is up (subnet assigned, network made), else None.
+NodeNetworkState = Callable[[], NodeNetworkUp | None]
 # Called just before the runtime starts an attempt; raises to refuse the start (its attempt is stale: fencing).
 Fence = Callable[[], Awaitable[None]]
 
@@ -58,6 +61,11 @@ def bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def node_hostname(key: TaskKey) -> str:
+    """A worker's name on its machine's node network: `<worker>.<run>.<workspace>`, the same for every attempt."""
+    return f"{key.task}.{key.job}.{key.namespace}"
 
 
 class SetupEnded(Exception):
@@ -81,9 +89,11 @@ class Starter:
         identities: Identities | None = None,
         capabilities: CapabilitySetup | None = None,
         sessions: Sessions | None = None,
+        node_network: NodeNetworkState | None = None,
     ) -> None:
         self._runtime = runtime
         self._sessions = sessions  # where attempts' interactive sessions are granted; None: it hosts none
+        self._node_network = node_network or (lambda: None)
         self._catalogue = catalogue
         self._capabilities = capabilities or CapabilitySetup(Services(), (), {})
         self._threads = ThreadPoolExecutor(max_workers=START_THREADS, thread_name_prefix="start")
@@ -187,7 +197,8 @@ class Starter:
             return gpus, None
         try:
             launch = await self._prepare(key, group, env, gpus, beat, reported)
-            launch = dataclasses.replace(launch, host_network=host_network)
+            # A worker on the node network has its own address there, not the machine's network.
+            launch = dataclasses.replace(launch, host_network=host_network and launch.network is None)
             if key.slug not in self._pulled and key.slug not in self._starting:
                 self._not_stopped(key)
                 pulling = asyncio.ensure_future(
@@ -249,6 +260,9 @@ class Starter:
                 )
             except RuntimeFailure as failure:
                 raise SetupEnded(failure.reason) from None
+            network = self._joined_network(group)
+            if not isinstance(outcome, Waiting) and group.network is not None and group.network.mesh and not network:
+                outcome = Waiting(R.WaitingForNodeNetwork())
             if not isinstance(outcome, Waiting) and group.identity:  # the last step: its certificate
                 waits = await self._identity(key)
                 outcome = Waiting(waits) if waits is not None else outcome
@@ -269,9 +283,15 @@ class Starter:
         identity_mounts: list[Mount] = []
         if group.identity and self._identities is not None:
             identity_env, identity_mounts = self._identities.files(key, in_container=self._runtime.name != "process")
+        alias, network_env = None, {}
+        if network is not None:  # its name on the node network, where the run's other workers reach it
+            alias = node_hostname(key)
+            network_env = {"ASTRAEUS_NODE_SUBNET": network.subnet, "ASTRAEUS_NODE_HOSTNAME": alias}
         return Launch(
             command=group.command,
-            env={**env, **outcome.env, **setup.env, **identity_env},
+            env={**env, **outcome.env, **setup.env, **identity_env, **network_env},
+            network=network.name if network is not None else None,
+            network_alias=alias,
             sandbox_runtime=setup.sandbox_runtime,
             egress=setup.egress,
             image=group.image,
@@ -288,6 +308,16 @@ class Starter:
         if self._sessions is None:
             raise RuntimeFailure(R.InteractiveTokenFailed(why="this machine's agent hosts no interactive sessions"))
         self._sessions.set_up(key)
+
+    def _joined_network(self, group: GroupSpec) -> NodeNetworkUp | None:
+        """The node network a mesh worker joins, None while it is not up (or the worker asks for none); a machine
+        that cannot host it fails the worker (its scheduler keeps such workers off it)."""
+        if group.network is None or not group.network.mesh:
+            return None
+        missing = network_missing(self._runtime)
+        if missing is not None:
+            raise SetupEnded(R.ContainerStartFailed(error=f"network.mesh: {missing}"))
+        return self._node_network()
 
     async def _identity(self, key: TaskKey) -> Reason | None:
         """Why the attempt still waits for its certificate, or None once it holds one."""

@@ -24,6 +24,14 @@ def test_schema_prints_the_run_specs_json_schema(capsys: pytest.CaptureFixture[s
     assert schema["title"] == "JobSpec"
     assert schema["additionalProperties"] is False
     assert set(schema["$defs"]["GroupSpec"]["properties"]) >= {"command", "replicas", "gpus", "restart_policy"}
+    assert schema["$defs"]["Network"]["properties"]["mesh"] == {
+        "default": False,
+        "description": "Joins the node network: an address on its machine's subnet, where the run's other workers "
+        "reach it as <worker>.<run>.<workspace> (docker machines; the run is kept on one machine: "
+        "topology.one_machine).",
+        "title": "Mesh",
+        "type": "boolean",
+    }
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
@@ -34,6 +42,7 @@ def test_every_example_is_a_valid_run_spec(path: Path) -> None:
 def test_the_example_settings_file_loads() -> None:
     settings = load_settings(str(ROOT / "deploy" / "settings.example.yaml"))
     assert settings.backoff_base_seconds == 10
+    assert (settings.node_subnet_range, settings.node_subnet_prefix) == ("10.200.0.0/16", 24)
 
 
 def test_a_settings_file_with_an_unknown_key_is_refused(tmp_path: Path) -> None:

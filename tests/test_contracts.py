@@ -38,6 +38,7 @@ WORKFLOW_MODULES = [
     "identity",
     "sessions",
 ]
+WORKFLOW_MODULES += ["subnets"]
 SOURCE = Path(contracts.__file__).parent
 MACHINE, INSTANCE = "m1", "host:42:cafe"
 
@@ -249,6 +250,7 @@ def test_the_processes_poll_the_queues_the_workflows_address() -> None:
     names = [contracts.JOB_WORKFLOW, contracts.NODE_WORKFLOW, contracts.LOGS_WORKFLOW, contracts.QUOTAS_WORKFLOW]
     names += [contracts.TOKENS_WORKFLOW, contracts.DELETE_RUN_WORKFLOW, contracts.DELETED_RUNS_WORKFLOW]
     names += [contracts.DRIVES_WORKFLOW, contracts.IDENTITY_WORKFLOW, contracts.SESSION_WORKFLOW]
+    names += [contracts.SUBNETS_WORKFLOW]
     assert (defined, contracts.IDENTITY_WORKFLOW) == (names, "IdentityWorkflow")
     assert contracts.SESSION_WORKFLOW == "SessionWorkflow"
 
@@ -295,6 +297,7 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "tokens",
         "tombstones",
         "drives",
+        "subnets",
     ]
     assert [m.name for m in contracts.UPDATES] == [
         "cancel",
@@ -317,6 +320,8 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "create_drive",
         "remove_drive",
         "report_drive",
+        "assign_subnet",
+        "free_subnet",
     ]
     assert (contracts.CONTROL_TASK_QUEUE, contracts.SCHEDULER_TASK_QUEUE) == ("astraeus-control", "astraeus-scheduler")
     assert (contracts.node_task_queue("m1"), contracts.lease_task_queue("m1", "h:1:t")) == (
@@ -330,6 +335,7 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
     )
     assert (contracts.TOKENS_WORKFLOW, contracts.TOKENS_WORKFLOW_ID) == ("TokensWorkflow", "tokens")
     assert (contracts.DRIVES_WORKFLOW, contracts.DRIVES_WORKFLOW_ID) == ("DrivesWorkflow", "drives")
+    assert (contracts.SUBNETS_WORKFLOW, contracts.SUBNETS_WORKFLOW_ID) == ("SubnetsWorkflow", "subnets")
     assert [contracts.SA_NAMESPACE, contracts.SA_STATE, contracts.SA_PRIORITY, contracts.SA_NODES] == [
         "AstraeusNamespace",
         "AstraeusState",

@@ -14,7 +14,15 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from workers.client import AstraeusClient, AstraeusError, NotFound
 from workflows import contracts
-from workflows.contracts import DRIVES_WORKFLOW_ID, QUOTAS_WORKFLOW_ID, TOKENS_WORKFLOW_ID, In, Out, node_id
+from workflows.contracts import (
+    DRIVES_WORKFLOW_ID,
+    QUOTAS_WORKFLOW_ID,
+    SUBNETS_WORKFLOW_ID,
+    TOKENS_WORKFLOW_ID,
+    In,
+    Out,
+    node_id,
+)
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import NewDrive
 from workflows.domain.machines import size_text
@@ -29,6 +37,7 @@ from workflows.messages import (
     RemoveDriveRequest,
     RemoveQuotaRequest,
     RevokeTokenRequest,
+    SubnetRequest,
     TokensInput,
 )
 
@@ -80,11 +89,23 @@ async def node_verb(client: Client, name: str, verb: str, reason: str | None = N
         if verb == "uncordon":
             return await _update(handle, contracts.UNCORDON)
         request = CordonRequest(reason=reason or "")
-        return await _update(handle, {"cordon": contracts.CORDON, "remove": contracts.REMOVE}[verb], request)
+        view = await _update(handle, {"cordon": contracts.CORDON, "remove": contracts.REMOVE}[verb], request)
+        if verb == "remove":
+            await free_subnet(client, name)
+        return view
     except RPCError as error:
         if error.status != RPCStatusCode.NOT_FOUND:
             raise
         raise NotFound(f"no machine named {name}") from None
+
+
+async def free_subnet(client: Client, name: str) -> None:
+    """A removed machine's subnet of the node network goes back to the range (none before any was assigned)."""
+    try:
+        await _update(client.get_workflow_handle(SUBNETS_WORKFLOW_ID), contracts.FREE_SUBNET, SubnetRequest(node=name))
+    except RPCError as error:
+        if error.status != RPCStatusCode.NOT_FOUND:
+            raise
 
 
 async def set_data_location(client: Client, name: str, path: str) -> NodeView:

@@ -50,6 +50,7 @@ from workflows.messages import NodeInput
 from workflows.node import NodeWorkflow
 from workflows.quotas import QuotasWorkflow
 from workflows.sessions import SessionWorkflow
+from workflows.subnets import SubnetsWorkflow
 from workflows.tokens import TokensWorkflow
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ def control_serves(control: ControlActivities, link: SchedulerLink) -> Serves:
             DrivesWorkflow,
             IdentityWorkflow,
             SessionWorkflow,
+            SubnetsWorkflow,
         ],
         [
             control.load_settings,

@@ -63,6 +63,7 @@ from workflows.messages import (
     LoadSettingsResult,
     LogText,
     NodeChangedInput,
+    NodeSubnet,
     PlaceInput,
     PlaceResult,
     PlanInput,
@@ -79,6 +80,7 @@ from workflows.messages import (
     StartTaskResult,
     StopTaskInput,
     StopTaskRequest,
+    SubnetRequest,
     SuperviseInput,
     TaskExit,
     TombstonesQuery,
@@ -116,11 +118,13 @@ DELETED_RUNS_WORKFLOW = "DeletedRunsWorkflow"
 DRIVES_WORKFLOW = "DrivesWorkflow"
 IDENTITY_WORKFLOW = "IdentityWorkflow"
 SESSION_WORKFLOW = "SessionWorkflow"
+SUBNETS_WORKFLOW = "SubnetsWorkflow"
 
 QUOTAS_WORKFLOW_ID = "quotas"
 TOKENS_WORKFLOW_ID = "tokens"  # the HTTP API's tokens (their digests), for every API process alike
 DELETED_RUNS_WORKFLOW_ID = "deleted-runs"  # the tombstones of deleted runs
 DRIVES_WORKFLOW_ID = "drives"  # the cluster's catalogue of drives
+SUBNETS_WORKFLOW_ID = "subnets"  # the node network: each machine's subnet
 
 # Visibility queries of the open runs and machines.
 OPEN_JOBS = f'WorkflowType="{JOB_WORKFLOW}" AND ExecutionStatus="Running"'
@@ -441,6 +445,13 @@ REMOVE_DRIVE: Update[RemoveDriveRequest, list[Drive]] = Update(
 REPORT_DRIVE: Update[DriveReport, list[Drive]] = Update(DRIVES_WORKFLOW, "report_drive", DriveReport, list[Drive])
 DRIVES: Query[None, list[Drive]] = Query(DRIVES_WORKFLOW, "drives", None, list[Drive])
 
+# SubnetsWorkflow's updates (a machine's agent asks for its subnet; removing a machine frees it) and query.
+ASSIGN_SUBNET: Update[SubnetRequest, NodeSubnet] = Update(SUBNETS_WORKFLOW, "assign_subnet", SubnetRequest, NodeSubnet)
+FREE_SUBNET: Update[SubnetRequest, list[NodeSubnet]] = Update(
+    SUBNETS_WORKFLOW, "free_subnet", SubnetRequest, list[NodeSubnet]
+)
+SUBNETS: Query[None, list[NodeSubnet]] = Query(SUBNETS_WORKFLOW, "subnets", None, list[NodeSubnet])
+
 # DeletedRunsWorkflow's update (a delete's last step) and query (the runs list, clients, returning machines).
 ADD_TOMBSTONE: Update[Tombstone, Tombstone] = Update(DELETED_RUNS_WORKFLOW, "add_tombstone", Tombstone, Tombstone)
 TOMBSTONES: Query[TombstonesQuery, list[Tombstone]] = Query(
@@ -449,6 +460,7 @@ TOMBSTONES: Query[TombstonesQuery, list[Tombstone]] = Query(
 
 SIGNALS = [PLACEMENT, PREEMPT, TASK_PROGRESS, TASK_RUNNING, TASK_HEALTH, MACHINE_LOST, TASK_EXITED_WHILE_LOST]
 QUERIES = [STATUS, DESCRIBE, EVENTS, FOLDED, ATTEMPTS_ON, SCHEDULER_VIEW, VIEW, QUOTAS, TOKENS, TOMBSTONES, DRIVES]
+QUERIES += [SUBNETS]
 UPDATES = [
     CANCEL,
     REQUEST_STOP,
@@ -463,7 +475,7 @@ UPDATES = [
     REMOVE,
 ]
 UPDATES += [SET_QUOTA, REMOVE_QUOTA, ADD_TOKEN, REVOKE_TOKEN, DELETE, ADD_TOMBSTONE]
-UPDATES += [CREATE_DRIVE, REMOVE_DRIVE, REPORT_DRIVE]
+UPDATES += [CREATE_DRIVE, REMOVE_DRIVE, REPORT_DRIVE, ASSIGN_SUBNET, FREE_SUBNET]
 
 
 async def signal(handle: WorkflowHandle[Any, Any], sent: Signal[In], message: In) -> None:

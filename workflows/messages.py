@@ -146,6 +146,29 @@ class RemoveQuotaRequest(_Msg):
 # ---- DrivesWorkflow and machines' data locations --------------------------------------------------------------------
 
 
+# ---- SubnetsWorkflow: the node network's subnets -------------------------------------------------------------------
+
+
+class SubnetsInput(_Msg):
+    """The subnets workflow's state: each machine's subnet, by machine."""
+
+    assigned: dict[str, str] = Field(default_factory=dict)
+
+
+class SubnetRequest(_Msg):
+    """A machine's agent asks for its subnet (`assign_subnet`); an admin's removal frees it (`free_subnet`)."""
+
+    node: str
+
+
+class NodeSubnet(_Msg):
+    """A machine's subnet of the node network, or why it has none (every subnet of the range is held)."""
+
+    node: str
+    subnet: str | None = None
+    why: str | None = None
+
+
 class DrivesInput(_Msg):
     drives: list[Drive] = Field(default_factory=list)
 

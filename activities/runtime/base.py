@@ -87,6 +87,8 @@ class Launch:
     ports: list[PortMapping] = field(default_factory=list)  # its external access, with the machine's ports
     sandbox_runtime: str | None = None  # the engine's runtime that sandboxes it (gVisor's runsc); None: none
     egress: tuple[str, ...] | None = None  # its outbound policy: the only networks it may reach; None: any
+    network: str | None = None  # the machine's node network it joins (network.mesh); None: the runtime's default
+    network_alias: str | None = None  # its name there, for the other workers on that network
 
 
 # Told what a start is doing while it takes time (R.Pulling before an image pull); it must not raise.
@@ -127,6 +129,10 @@ def ran_too_long(timeout_seconds: float) -> bytes:
 
 class ExecRefused(Exception):
     """A command the runtime cannot run in the attempt: it does not run, or the engine refused the exec."""
+
+
+class NetworkNotUp(Exception):
+    """The runtime could not make the machine's node network; the message is the engine's why."""
 
 
 class RuntimeFailure(Exception):

@@ -9,6 +9,7 @@ refuses a second container of the same name, and a container that ever started i
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -35,6 +36,7 @@ from activities.runtime.base import (
     ExecRefused,
     Executed,
     Launch,
+    NetworkNotUp,
     Observed,
     OnProgress,
     PortMapping,
@@ -58,6 +60,11 @@ _EXEC_POLL_SECONDS = 0.05
 _SIGKILLED = 128 + 9
 # How long after a container's end its out-of-memory event may still reach the engine.
 _OOM_EVENT_GRACE_SECONDS = 1.0
+
+
+def node_network_name(node: str) -> str:
+    """The machine's node network in its engine (several machines may share one engine)."""
+    return f"astraeus-node-{node}"
 
 
 def container_name(key: TaskKey) -> str:
@@ -109,6 +116,27 @@ class DockerRuntime:
         """The OCI runtimes registered with the engine (runc, and runsc where gVisor is registered)."""
         with _engine():
             return set(self._client.info().get("Runtimes") or {})
+
+    def node_network(self, subnet: str) -> str:
+        """The machine's node network: a bridge network of the engine with `subnet`, made unless it is there; one
+        left with another subnet (the machine was given another) is replaced. Returns its name."""
+        name = node_network_name(self.node)
+        gateway = str(next(ipaddress.ip_network(subnet).hosts()))
+        try:
+            for network in self._client.networks.list(names=[name]):
+                configs = (network.attrs.get("IPAM") or {}).get("Config") or []
+                if network.name == name and [c.get("Subnet") for c in configs] == [subnet]:
+                    return name
+                if network.name == name:
+                    network.remove()  # refused while workers are on it: it is tried again later
+            ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet, gateway=gateway)])
+            labels = {LABEL_PREFIX + "node": self.node, LABEL_PREFIX + "subnet": subnet}
+            self._client.networks.create(name, driver="bridge", ipam=ipam, labels=labels, check_duplicate=True)
+        except APIError as err:
+            raise NetworkNotUp(explain(err)) from err
+        except (DockerException, requests.RequestException) as err:
+            raise NetworkNotUp(str(_unavailable(err))) from err
+        return name
 
     def ensure_image(self, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Pull the launch's image under its policy, creating nothing (a gang member waiting at the barrier)."""
@@ -249,6 +277,10 @@ class DockerRuntime:
                 DockerMount(target=m.target, source=m.source, type=m.kind, read_only=m.read_only) for m in launch.mounts
             ],
         }
+        if launch.network is not None:  # the machine's node network, under the worker's own name there
+            aliases = [launch.network_alias] if launch.network_alias else None
+            options["network"] = launch.network
+            options["networking_config"] = {launch.network: self._client.api.create_endpoint_config(aliases=aliases)}
         if launch.host_network:
             options["network_mode"] = "host"
         elif launch.ports:  # the machine's port, on every address, to the port the worker listens on

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from activities.capabilities import OUTBOUND_NEEDS, CapabilitySetup, Services, SetUp, machine_capabilities
+from activities.node_network import PROCESS_NETWORK
 from activities.runtime import egress
 from activities.runtime.base import RuntimeFailure, RuntimeUnavailable
 from activities.runtime.docker import DOCKER_EGRESS
@@ -26,6 +27,9 @@ class Engine(ProcessRuntime):
     def __init__(self, root: Path, runtimes: set[str] | None) -> None:
         super().__init__(root)
         self._runtimes = runtimes
+
+    def node_network(self, subnet: str) -> str:
+        return "astraeus-node-m"
 
     def engine_runtimes(self) -> set[str]:
         if self._runtimes is None:
@@ -44,20 +48,21 @@ class Engine(ProcessRuntime):
                 "outbound_policy": OUTBOUND_NEEDS,
                 "sandbox": PROCESS_SANDBOX,
                 "tool_gateway": "its agent was started without --tool-gateway",
+                "node_network": PROCESS_NETWORK,
             },
             id="a process machine has none",
         ),
         pytest.param(
             {"runc", "runsc"},
             Services(tool_gateway="http://127.0.0.1:9000"),
-            ["sandbox", "tool_gateway"],
+            ["sandbox", "tool_gateway", "node_network"],
             {"outbound_policy": OUTBOUND_NEEDS},
             id="an engine with runsc and a gateway",
         ),
         pytest.param(
             {"runc"},
             Services(),
-            [],
+            ["node_network"],
             {
                 "outbound_policy": OUTBOUND_NEEDS,
                 "sandbox": "gVisor's runsc is not registered with its Docker engine (it has runc)",
@@ -68,7 +73,7 @@ class Engine(ProcessRuntime):
         pytest.param(
             None,
             Services(),
-            [],
+            ["node_network"],
             {
                 "outbound_policy": OUTBOUND_NEEDS,
                 "sandbox": "the Docker engine does not answer: connection refused",
@@ -88,7 +93,7 @@ def test_the_agent_reports_what_its_machine_can_do_and_why_not(
 def test_an_operators_note_replaces_the_agents_own_why(tmp_path: Path) -> None:
     notes = {"outbound_policy": "no egress proxy on this rack", "sandbox": "ignored: it has one"}
     found, why = machine_capabilities(Engine(tmp_path, {"runsc"}), Services(), notes)
-    assert (found, why["outbound_policy"]) == (["sandbox"], "no egress proxy on this rack")
+    assert (found, why["outbound_policy"]) == (["sandbox", "node_network"], "no egress proxy on this rack")
     assert "sandbox" not in why
 
 
@@ -142,7 +147,10 @@ def test_what_the_machine_cannot_do_fails_the_set_up_with_its_why() -> None:
 
 def test_an_agent_asked_to_enforce_outbound_policies_does_so_on_processes_not_containers(tmp_path: Path) -> None:
     found, why = machine_capabilities(Engine(tmp_path, {"runsc"}), Services(outbound_policy=True), {})
-    assert (found, why) == (["sandbox"], {"outbound_policy": DOCKER_EGRESS, "tool_gateway": TOOLLESS})
+    assert (found, why) == (
+        ["sandbox", "node_network"],
+        {"outbound_policy": DOCKER_EGRESS, "tool_gateway": TOOLLESS},
+    )
     found, _ = machine_capabilities(ProcessRuntime(tmp_path), Services(outbound_policy=True), {})
     assert found == (["outbound_policy"] if egress.missing() is None else [])
 

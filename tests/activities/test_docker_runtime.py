@@ -4,6 +4,7 @@ ready at the gang barrier, and readiness checks (a command exec'd in the contain
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import time
@@ -26,6 +27,7 @@ from activities.runtime.base import (
     ExecRefused,
     Launch,
     Mount,
+    NetworkNotUp,
     Observed,
     PortMapping,
     RuntimeFailure,
@@ -525,3 +527,30 @@ def test_a_workers_identity_is_mounted_read_only_and_named_by_its_variables(
     refused = [line for line in log.splitlines() if "Read-only file system" in line]  # stderr: in any order
     assert [line for line in log.splitlines() if line not in refused] == ["bundle", "-----BEGIN PRIVATE KEY-----"]
     assert len(refused) == 1
+
+
+def test_the_node_network_is_made_with_its_subnet_and_replaced_only_while_no_worker_is_on_it(
+    runtime: DockerRuntime, docker_engine: DockerEngine
+) -> None:
+    def subnet_of(name: str) -> str:
+        return json.loads(docker_engine.docker("network", "inspect", name))[0]["IPAM"]["Config"][0]["Subnet"]  # type: ignore[no-any-return]
+
+    name = runtime.node_network("10.202.0.0/24")
+    try:
+        assert (name, subnet_of(name)) == ("astraeus-node-unit-node", "10.202.0.0/24")
+        assert runtime.node_network("10.202.0.0/24") == name  # there already: left as it is
+        assert subnet_of(runtime.node_network("10.202.1.0/24")) == "10.202.1.0/24"  # the machine was given another
+
+        k = key()
+        runtime.start(k, sh("ip -4 -o addr show eth0; sleep 30", network=name, network_alias="w-0.unit.team-a"))
+        attached = inspect(docker_engine, k)["NetworkSettings"]["Networks"][name]  # type: ignore[index]
+        assert attached["IPAddress"].startswith("10.202.1.")
+        assert "w-0.unit.team-a" in attached["Aliases"]
+        with pytest.raises(NetworkNotUp) as refused:
+            runtime.node_network("10.202.2.0/24")  # a worker is on it: it stays, and the machine waits
+        assert "has active endpoints" in str(refused.value)
+        runtime.stop(k, grace_seconds=0)
+        runtime.delete(k)
+    finally:
+        with contextlib.suppress(RuntimeError):  # a failed test may leave its worker on it
+            docker_engine.docker("network", "rm", name)

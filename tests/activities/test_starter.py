@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from activities.node_network import NodeNetworkUp
 from activities.prepare import Preparer
 from activities.runtime.base import Launch, Observed, OnProgress, TaskKey, ignore_progress
 from activities.runtime.process import ProcessRuntime
@@ -358,4 +359,63 @@ async def test_external_access_on_a_machine_without_a_range_cannot_start(tmp_pat
         await starter.start(key("a"), serving("web:8080"), {}, lambda _: None)
     assert ended.value.reason.text == (
         "Container start failed: external_access needs ports, and this machine's agent has no --external-ports range"
+    )
+
+
+class Networked(Recording):
+    """A runtime that makes node networks (as the docker runtime does), recording its launches."""
+
+    def node_network(self, subnet: str) -> str:
+        return "astraeus-node-m1"
+
+
+async def test_a_mesh_worker_waits_for_the_node_network_then_joins_it_under_its_name(tmp_path: Path) -> None:
+    runtime = Networked(tmp_path / "tasks")
+    reported: list[str] = []
+    network: list[NodeNetworkUp] = []
+
+    async def report(task_key: TaskKey, reason: Reason) -> None:
+        reported.append(reason.text)
+
+    starter = Starter(
+        runtime,
+        Preparer(tmp_path),
+        lambda: [],
+        report,
+        retry_seconds=0.05,
+        node_network=lambda: next(iter(network), None),
+    )
+    try:
+        waiting = asyncio.ensure_future(
+            starter.start(key(), group(network={"mesh": True}), {}, lambda _: None, None, True)
+        )
+        await asyncio.sleep(0.3)
+        assert (waiting.done(), reported) == (False, ["Waiting for the node network (subnet assignment and mesh)"])
+        network.append(NodeNetworkUp(name="astraeus-node-m1", subnet="10.200.3.0/24"))
+        await asyncio.wait_for(waiting, 10)
+        [launch] = runtime.launches
+        # A gang member's host network gives way: the worker has an address of its own on the subnet.
+        assert (launch.network, launch.network_alias, launch.host_network) == (
+            "astraeus-node-m1",
+            "w-0.llm.team-a",
+            False,
+        )
+        assert (launch.env["ASTRAEUS_NODE_SUBNET"], launch.env["ASTRAEUS_NODE_HOSTNAME"]) == (
+            "10.200.3.0/24",
+            "w-0.llm.team-a",
+        )
+    finally:
+        runtime.stop(key(), grace_seconds=0)
+
+
+async def test_a_mesh_worker_on_a_machine_without_the_node_network_cannot_start(tmp_path: Path) -> None:
+    async def report(task_key: TaskKey, reason: Reason) -> None:
+        pass
+
+    starter = Starter(ProcessRuntime(tmp_path / "tasks"), Preparer(tmp_path), lambda: [], report, retry_seconds=0.05)
+    with pytest.raises(SetupEnded) as ended:
+        await starter.start(key(), group(network={"mesh": True}), {}, lambda _: None)
+    assert ended.value.reason.text == (
+        "Container start failed: network.mesh: its workers run as processes on the machine's own network; the node "
+        "network needs the docker runtime, whose workers join a network with the machine's subnet"
     )

@@ -283,6 +283,11 @@ ADDITIONS: list[Row] = [
         {"why": "its agent has no --external-ports range"},
         "machine exposes no external ports to its workers (its agent has no --external-ports range)",
     ),
+    (
+        "NoNodeNetwork",
+        {"why": "its workers run as processes on the machine's own network"},
+        "machine cannot host the node network (its workers run as processes on the machine's own network)",
+    ),
     ("Placed", {"node": "n0"}, "Placed on n0"),
     ("PickedUp", {"node": "n0"}, "Picked up by n0"),
     ("NodeRegistered", {}, "Registered by its agent"),

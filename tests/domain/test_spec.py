@@ -644,13 +644,28 @@ def test_a_bad_drive_secret_or_pull_policy_is_refused_naming_the_field(group: di
     assert str(raised.value) == message
 
 
-def test_the_mesh_is_refused_saying_what_it_needs() -> None:
+def test_the_mesh_across_machines_is_refused_saying_what_it_needs() -> None:
     with pytest.raises(ValueError) as raised:
         parse_spec(with_group(network={"mesh": True}))
     assert str(raised.value) == (
-        "groups.0.network: mesh needs the node network (subnet assignment and mesh), which this cluster does not "
-        "have yet; Astraeus refuses it rather than ignore it"
+        "groups.0.network.mesh: routes between machines (the mesh) need WireGuard tunnels between the machines' "
+        "subnets, which this cluster does not have yet: a run on the node network is kept on one machine (set "
+        "topology.one_machine: true)"
     )
+
+
+def test_a_gang_cannot_join_the_node_network_yet() -> None:
+    with pytest.raises(ValueError) as raised:
+        parse_spec({**with_group(network={"mesh": True}), "gang": True, "topology": {"one_machine": True}})
+    assert str(raised.value) == (
+        "groups.0.network.mesh: a gang's workers share their machine's own network (MASTER_ADDR is the machine's "
+        "address), so a gang cannot join the node network yet"
+    )
+
+
+def test_a_run_kept_on_one_machine_joins_the_node_network() -> None:
+    spec = parse_spec({**with_group(network={"mesh": True}), "topology": {"one_machine": True}})
+    assert spec.groups[0].network is not None and spec.groups[0].network.mesh
 
 
 @pytest.mark.parametrize(

@@ -108,7 +108,8 @@ class Network(_Frozen):
     )
     mesh: bool = Field(
         False,
-        description="Joins the node network: an address on its machine's subnet, routed to every other machine's.",
+        description="Joins the node network: an address on its machine's subnet, where the run's other workers reach "
+        "it as <worker>.<run>.<workspace> (docker machines; the run is kept on one machine: topology.one_machine).",
     )
 
     @property

@@ -119,12 +119,19 @@ def check_labels(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     return None
 
 
+# What a machine that can host the node network (network.mesh) reports among its capabilities.
+NODE_NETWORK = "node_network"
+
+
 def check_network(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
-    """RDMA: any active port. InfiniBand: an active port at the speed asked, on the fabric asked; a gang's members
-    after the first placed ones also on one of their fabrics (members on two fabrics cannot reach each other)."""
+    """The node network: a machine that hosts it. RDMA: any active port. InfiniBand: an active port at the speed
+    asked, on the fabric asked; a gang's members after the first placed ones also on one of their fabrics (members
+    on two fabrics cannot reach each other)."""
     network = ask.request.network
     if network is None:
         return None
+    if network.mesh and NODE_NETWORK not in node.capabilities:
+        return fill(R.NoNodeNetwork, why=node.capability_notes.get(NODE_NETWORK, "not reported by its agent"))
     if network.infiniband:
         fabrics = {network.fabric} if network.fabric else set()
         if ask.request.gang and ask.run_fabrics:

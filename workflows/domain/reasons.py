@@ -216,6 +216,9 @@ class R:
     # A per-machine reason for a worker with external_access on a machine whose agent assigns no ports (or fewer
     # than it asks), said as the spec's capability reasons are ("machine serves no tool gateway to its workers").
     NoExternalPorts = _t("NoExternalPorts", "machine exposes no external ports to its workers ({why})")
+    # A per-machine reason for a worker asking for the node network (network.mesh) on a machine that cannot host it
+    # (its runtime gives workers no network of their own), said as the spec's capability reasons are.
+    NoNodeNetwork = _t("NoNodeNetwork", "machine cannot host the node network ({why})")
     RunDeleted = _t("RunDeleted", "Run deleted")  # the stop reason of a run being deleted: the spec gives none
     # The spec names no reason for a worker placed on a machine that has not picked it up yet (Pending; since
     # protocol 5, before which a placed worker was Preparing with it).

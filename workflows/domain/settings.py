@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workflows.domain.bounds import DAY_SECONDS, YEAR_SECONDS
+from workflows.domain.subnets import range_problem
 
 # Bounded like a run spec's fields (workflows/domain/bounds.py): they feed dates and timers, which must not overflow.
 
@@ -46,3 +47,14 @@ class Settings(BaseModel):
     identity_ttl_seconds: float = Field(
         3600, ge=10, le=DAY_SECONDS, description="How long a worker's certificate is valid; renewed at half its life."
     )
+    node_subnet_range: str = Field(
+        "10.200.0.0/16", description="The node network's range: each machine gets one subnet of it (IPv4)."
+    )
+    node_subnet_prefix: int = Field(24, ge=8, le=30, description="The size of each machine's subnet (a /24: 254).")
+
+    @model_validator(mode="after")
+    def _subnets(self) -> Settings:
+        problem = range_problem(self.node_subnet_range, self.node_subnet_prefix)
+        if problem is not None:
+            raise ValueError(problem)
+        return self

@@ -40,8 +40,8 @@ RestartPolicy = Literal["OnFailure", "Always", "Never"]
 
 MAX_EXTERNAL_ACCESS = 16  # ports one worker exposes on its machine
 
-# network.mesh: what the node network needs that is not built yet.
-MESH_NEEDS = "the node network (subnet assignment and mesh)"
+# network.mesh: what routes between machines' subnets (the mesh) need, which is not built yet.
+MESH_NEEDS = "WireGuard tunnels between the machines' subnets"
 
 NotBuilt = Annotated[SkipJsonSchema[Any], Field(exclude=True, repr=False)]
 
@@ -321,16 +321,6 @@ class GroupSpec(_Frozen):
         None, description="What its workers require of their machine: outbound policy, sandbox, gateways."
     )
 
-    @field_validator("network")
-    @classmethod
-    def _mesh_not_built(cls, network: Network | None) -> Network | None:
-        if network is not None and network.mesh:
-            raise ValueError(
-                f"mesh needs {MESH_NEEDS}, which this cluster does not have yet; Astraeus refuses it rather than "
-                "ignore it"
-            )
-        return network
-
     @field_validator("command")
     @classmethod
     def _command_not_blank(cls, command: list[str]) -> list[str]:
@@ -508,6 +498,26 @@ class JobSpec(_Frozen):
         cycle = _dependency_cycle(self.groups)
         if cycle:
             raise ValueError(f"depends_on: the groups wait for each other in a cycle: {' -> '.join(cycle)}")
+        return self
+
+    @model_validator(mode="after")
+    def _mesh_on_one_machine(self) -> JobSpec:
+        """The node network is built on each machine; the mesh that routes between machines is not, so a run on
+        it stays on one machine, where its workers reach each other."""
+        for index, group in enumerate(self.groups):
+            if group.network is None or not group.network.mesh:
+                continue
+            if self.gang:
+                raise ValueError(
+                    f"groups.{index}.network.mesh: a gang's workers share their machine's own network (MASTER_ADDR "
+                    "is the machine's address), so a gang cannot join the node network yet"
+                )
+            if self.topology is None or not self.topology.one_machine:
+                raise ValueError(
+                    f"groups.{index}.network.mesh: routes between machines (the mesh) need {MESH_NEEDS}, which this "
+                    "cluster does not have yet: a run on the node network is kept on one machine (set "
+                    "topology.one_machine: true)"
+                )
         return self
 
     @model_validator(mode="after")

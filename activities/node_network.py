@@ -1,0 +1,85 @@
+"""This machine's part of the node network: its subnet, asked of the control plane (the subnets workflow), and
+its network with that subnet, made by its runtime (the docker runtime: a bridge network its workers join).
+
+The agent calls `ensure` at each look of its lease until the network is up; a worker that asks for the mesh waits
+"Waiting for the node network (subnet assignment and mesh)" until then (`ready`). A machine whose runtime has no
+networks of its own (the process runtime) cannot host it, and says so in its per-machine reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from temporalio.client import Client
+
+from activities.runtime.base import NetworkNotUp, Runtime
+from workflows import contracts
+from workflows.contracts import SUBNETS_WORKFLOW_ID
+from workflows.messages import SubnetRequest, SubnetsInput
+
+log = logging.getLogger(__name__)
+
+PROCESS_NETWORK = (
+    "its workers run as processes on the machine's own network; the node network needs the docker runtime, "
+    "whose workers join a network with the machine's subnet"
+)
+
+
+@dataclass(frozen=True)
+class NodeNetworkUp:
+    """The machine's network is up: its name (what workers join) and its subnet."""
+
+    name: str
+    subnet: str
+
+
+def network_missing(runtime: Runtime) -> str | None:
+    """Why this machine cannot host the node network, or None."""
+    return None if hasattr(runtime, "node_network") else PROCESS_NETWORK
+
+
+class NodeNetwork:
+    def __init__(self, client: Client, node: str, runtime: Runtime) -> None:
+        self._client = client
+        self._node = node
+        self._runtime = runtime
+        self.up: NodeNetworkUp | None = None
+        self.why = "not asked yet"  # why it is not up, as last seen
+
+    async def ensure(self) -> NodeNetworkUp | None:
+        """Ask for the machine's subnet and make its network, once; then nothing more to do. Failures are kept in
+        `why` and tried again at the next call."""
+        if self.up is not None or network_missing(self._runtime) is not None:
+            return self.up
+        try:
+            handle = await contracts.singleton(
+                self._client, contracts.SUBNETS_WORKFLOW, SubnetsInput(), SUBNETS_WORKFLOW_ID, "the node network"
+            )
+            assigned = await contracts.update(handle, contracts.ASSIGN_SUBNET, SubnetRequest(node=self._node))
+        except Exception as err:  # the control plane is away: asked again at the next look
+            self._note(f"the control plane did not assign a subnet: {err}")
+            return None
+        if assigned.subnet is None:
+            self._note(f"no subnet: {assigned.why}")
+            return None
+        make = getattr(self._runtime, "node_network")  # noqa: B009 (the docker runtime's, checked above)
+        try:
+            name = await asyncio.to_thread(make, assigned.subnet)
+        except NetworkNotUp as err:
+            self._note(f"its network with subnet {assigned.subnet} is not up: {err}")
+            return None
+        self.up = NodeNetworkUp(name=name, subnet=assigned.subnet)
+        log.info("%s: node network %s up with subnet %s", self._node, name, assigned.subnet)
+        return self.up
+
+    def _note(self, why: str) -> None:
+        """Why it is not up; logged when that changes (it is asked again at every look)."""
+        if why != self.why:
+            log.warning("%s: node network: %s", self._node, why)
+        self.why = why
+
+    def forget(self) -> None:
+        """The machine registered again (it may have been removed, its subnet freed): ask again."""
+        self.up = None

@@ -1,0 +1,66 @@
+"""SubnetsWorkflow: machines get subnets of the control plane's range, never two the same; a machine that asks
+again keeps its own; a freed subnet is given again; what it holds goes on when it continues as new."""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tests.workflows.fakes import unique
+from workflows import contracts
+from workflows.contracts import CONTROL_TASK_QUEUE
+from workflows.domain.settings import Settings
+from workflows.messages import LoadSettingsResult, NodeSubnet, SubnetRequest, SubnetsInput
+from workflows.subnets import SubnetsWorkflow
+
+# Two /24s: the third machine gets none until one is freed.
+SETTINGS = Settings(node_subnet_range="10.9.0.0/23", node_subnet_prefix=24)
+
+
+@activity.defn(name="load_settings")
+async def load_settings() -> LoadSettingsResult:
+    return LoadSettingsResult(settings=SETTINGS, protocol=1)
+
+
+async def test_machines_get_subnets_never_twice_and_a_freed_one_is_given_again(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    client = time_skipping.client
+    async with Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[SubnetsWorkflow], activities=[load_settings]):
+        handle = await client.start_workflow(
+            contracts.SUBNETS_WORKFLOW, SubnetsInput(), id=unique("subnets"), task_queue=CONTROL_TASK_QUEUE
+        )
+
+        async def ask(node: str) -> NodeSubnet:
+            return await contracts.update(handle, contracts.ASSIGN_SUBNET, SubnetRequest(node=node))
+
+        assert await ask("m1") == NodeSubnet(node="m1", subnet="10.9.0.0/24")
+        assert await ask("m2") == NodeSubnet(node="m2", subnet="10.9.1.0/24")
+        assert await ask("m1") == NodeSubnet(node="m1", subnet="10.9.0.0/24")  # its agent restarted
+        why = "every /24 of 10.9.0.0/23 is assigned (2 machines hold the 2 it has)"
+        assert await ask("m3") == NodeSubnet(node="m3", why=why)
+
+        freed = await contracts.update(handle, contracts.FREE_SUBNET, SubnetRequest(node="m1"))
+        assert freed == [NodeSubnet(node="m2", subnet="10.9.1.0/24")]
+        assert await ask("m3") == NodeSubnet(node="m3", subnet="10.9.0.0/24")
+        assert await contracts.query(handle, contracts.SUBNETS) == [
+            NodeSubnet(node="m2", subnet="10.9.1.0/24"),
+            NodeSubnet(node="m3", subnet="10.9.0.0/24"),
+        ]
+
+
+async def test_a_workflow_continued_with_the_subnets_it_held_keeps_them_held(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    client = time_skipping.client
+    async with Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[SubnetsWorkflow], activities=[load_settings]):
+        held = SubnetsInput(assigned={"m1": "10.9.1.0/24"})  # what continue-as-new hands the next run
+        handle = await client.start_workflow(
+            contracts.SUBNETS_WORKFLOW, held, id=unique("subnets"), task_queue=CONTROL_TASK_QUEUE
+        )
+        taken = await contracts.update(handle, contracts.ASSIGN_SUBNET, SubnetRequest(node="m2"))
+        assert taken == NodeSubnet(node="m2", subnet="10.9.0.0/24")
+        assert await contracts.update(handle, contracts.ASSIGN_SUBNET, SubnetRequest(node="m1")) == NodeSubnet(
+            node="m1", subnet="10.9.1.0/24"
+        )
