@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
@@ -18,7 +17,7 @@ from temporalio.exceptions import TimeoutError as TemporalTimeout
 from temporalio.service import RPCError
 
 from activities.identity import AttemptIdentity, spiffe_id
-from activities.runtime.base import Mount, TaskKey
+from activities.runtime.base import Mount, TaskKey, forget_attempts
 from workflows import contracts
 from workflows.contracts import CONTROL_TASK_QUEUE
 from workflows.domain.reasons import R, Reason, error_text
@@ -77,12 +76,7 @@ class Identities:
 
     def forget(self, keep: Iterable[str]) -> None:
         """Remove the identities of every attempt but those in `keep` (slugs)."""
-        if not self.root.is_dir():
-            return
-        kept = set(keep)
-        for directory in self.root.iterdir():
-            if directory.name not in kept:
-                shutil.rmtree(directory, ignore_errors=True)
+        forget_attempts(self.root, keep)
 
     async def _issue(self, key: TaskKey, attempt: AttemptIdentity) -> str | None:
         """Ask the cluster CA for the attempt's certificate and keep it; None once kept, else why not."""

@@ -13,13 +13,12 @@ given as a file is copied to `<data dir>/config/<attempt>/` and mounted read-onl
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from activities.drives import DriveStore
-from activities.runtime.base import Mount, RegistryAuth, RuntimeFailure, TaskKey
+from activities.runtime.base import Mount, RegistryAuth, RuntimeFailure, TaskKey, forget_attempts
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import source_path
 from workflows.domain.reasons import R, Reason
@@ -100,12 +99,7 @@ class Preparer:
 
     def forget(self, keep: Iterable[str]) -> None:
         """Remove the files of every attempt but those in `keep` (slugs): attempts that ended need none."""
-        if not self.config_root.is_dir():
-            return
-        kept = set(keep)
-        for directory in self.config_root.iterdir():
-            if directory.name not in kept:
-                shutil.rmtree(directory, ignore_errors=True)
+        forget_attempts(self.config_root, keep)
 
     # ---- steps ------------------------------------------------------------------------------------------------
 

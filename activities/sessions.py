@@ -11,13 +11,12 @@ a granted token that has not expired, within a minute of this machine's clock an
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from activities.runtime.base import ExecRefused, Executed, Runtime, RuntimeFailure, TaskKey
+from activities.runtime.base import ExecRefused, Executed, Runtime, RuntimeFailure, TaskKey, forget_attempts
 from activities.runtime.shim import write_atomically
 from activities.session_token import verify
 from workflows.domain.reasons import R
@@ -62,12 +61,7 @@ class Sessions:
 
     def forget(self, keep: Iterable[str]) -> None:
         """Remove the grants of every attempt but those in `keep` (slugs): an ended attempt's tokens end with it."""
-        if not self.root.is_dir():
-            return
-        kept = set(keep)
-        for directory in self.root.iterdir():
-            if directory.name not in kept:
-                shutil.rmtree(directory, ignore_errors=True)
+        forget_attempts(self.root, keep)
 
     def grant(self, key: TaskKey, public_key: str, ttl_seconds: int, now: datetime) -> datetime:
         """Let the holder of the token with this public key attach until it expires; returns when."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Protocol
 
 from workflows.domain.reasons import Reason
@@ -196,3 +198,14 @@ class Runtime(Protocol):
 
     def delete(self, key: TaskKey) -> None:
         """Remove an ended attempt and its logs."""
+
+
+def forget_attempts(root: Path, keep: Iterable[str]) -> None:
+    """Remove the directory of every attempt under `root` but those in `keep` (slugs): an ended attempt's files
+    (its prepared files, its identity, its interactive sessions) end with it."""
+    if not root.is_dir():
+        return
+    kept = set(keep)
+    for directory in root.iterdir():
+        if directory.name not in kept:
+            shutil.rmtree(directory, ignore_errors=True)
