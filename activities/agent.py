@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
@@ -297,7 +298,7 @@ class AgentActivities:
     async def run_task(self, input: RunTaskInput) -> TaskExit:
         """A worker's whole life here in one activity: start it (as start_task), tell the run it was started and
         runs, then watch it until it ends (as supervise_task). Called again, it finds what it started."""
-        _, _, picked_up = await self._start(input.start)
+        _, _, picked_up = await self._start(input.start, input.settings)
         ref = input.start.ref
         started_at = datetime.now(UTC)
         external = await self._external(task_key(ref)) if input.start.group.external_access else {}
@@ -311,10 +312,11 @@ class AgentActivities:
         held = await asyncio.to_thread(self._runtime.ports_in_use)
         return {name: f"{self._inventory.address}:{port}" for name, port in sorted(held.get(key.slug, {}).items())}
 
-    async def _start(self, input: StartTaskInput) -> tuple[list[int], bool, datetime]:
+    async def _start(self, input: StartTaskInput, settings: Settings | None = None) -> tuple[list[int], bool, datetime]:
         """Its GPUs, whether it started, and when this agent picked it up. A setup that takes longer than
         PICK_UP_REPORT_SECONDS with nothing else told is told to the run as picked up while it lasts."""
         key = task_key(input.ref)
+        _beat_after_an_interval(settings or self._settings)
         picked_up = datetime.now(UTC)
         self._picked_up[key] = picked_up
         teller = asyncio.ensure_future(self._tell_picked_up(key))
@@ -338,7 +340,7 @@ class AgentActivities:
     async def _admit_and_start(self, input: StartTaskInput, key: TaskKey) -> tuple[list[int], bool]:
         began, registrations = time.monotonic(), self.registrations
         details = activity.info().heartbeat_details
-        _beat(str(details[0]) if details else "starting")  # at once: a start that queues is not a dead agent
+        _beat(str(details[0]) if details else "starting")  # a start that queues is not a dead agent
         if self._doubtful(activity.info()):
             await self._fence(input.ref)
 
@@ -378,6 +380,7 @@ class AgentActivities:
         check, report its health to the run whenever it changes. A supervisor that re-attached after a missed
         heartbeat says it is heard again."""
         report = TaskRunning(**input.ref.ids(), heartbeat=input.reattach)
+        _beat_after_an_interval(input.settings)
         return await self._watch(input.ref, input.settings, input.readiness, report)
 
     async def _watch(
@@ -419,13 +422,13 @@ class AgentActivities:
             checking = asyncio.ensure_future(self._check_health(ref, readiness))
         settled_at = time.monotonic() + SETTLED_AFTER_SECONDS
         # Heartbeats well within the grace, and looks well within a lease (a longer gap means this agent was paused)
-        heartbeat = min(settings.stale_grace_seconds, settings.node_lease_ttl_seconds) / 4
+        heartbeat = heartbeat_seconds(settings)
         settled = min(POLL_SECONDS_SETTLED, heartbeat)
         ended = self._runtime.ended_fd(key)  # a worker whose end wakes this watch needs no polling
         paused, looked = 0.0, time.monotonic()
         try:
             while observed.running:
-                activity.heartbeat()
+                _beat()
                 if ended is not None:
                     await _readable(ended, heartbeat)
                 else:
@@ -835,8 +838,32 @@ def _stale(answer: AttemptsOnNode | None, task: str, attempt: int) -> str | None
     return None
 
 
-def _beat(doing: str) -> None:
-    activity.heartbeat(doing)
+# When an attempt's activity may send its first heartbeat (time.monotonic()). The SDK sends an activity's first
+# heartbeat at once, then one per throttle interval: beating from the first moment cost a burst one write per worker
+# at its start, when the server can least afford it (bench/README.md). One interval in, it is still well within the
+# heartbeat timeout (the stale grace, four intervals).
+_first_beat_at: ContextVar[float] = ContextVar("first_beat_at", default=0.0)
+
+
+def heartbeat_seconds(settings: Settings) -> float:
+    """How often a worker's watch heartbeats: well within the stale grace, and within a lease."""
+    return min(settings.stale_grace_seconds, settings.node_lease_ttl_seconds) / 4
+
+
+def _beat_after_an_interval(settings: Settings) -> None:
+    """This activity's first heartbeat waits one heartbeat interval (`_first_beat_at`)."""
+    _first_beat_at.set(time.monotonic() + heartbeat_seconds(settings))
+
+
+def _beat(doing: str | None = None) -> None:
+    """Heartbeat (with what the attempt is doing, for a retry to read), unless its activity began less than one
+    heartbeat interval ago."""
+    if time.monotonic() < _first_beat_at.get():
+        return
+    if doing is None:
+        activity.heartbeat()
+    else:
+        activity.heartbeat(doing)
 
 
 async def _heartbeating(work: Awaitable[T]) -> T:
