@@ -253,8 +253,8 @@ class AgentActivities:
     async def _keep_reporting(self, period: float) -> None:
         """Tell the machine's workflow the GPUs' health, the machine's pressure and its data location when they
         change, on a loop of their own beside the lease's: each report is an update that waits for the machine's
-        workflow task, which a burst of runs can hold up for many seconds (two machines lost their leases so, in a
-        500-run burst, when these reports were awaited between the lease's heartbeats)."""
+        workflow task, which a burst of runs can hold up for many seconds, and a renewal must never wait for it (in a
+        500-run burst two machines lost their leases while these reports were awaited between renewals)."""
         while True:
             for report in (self._report_gpu_health, self._report_pressure, self.drives.report):
                 try:

@@ -38,6 +38,7 @@ from workflows.domain.spec import JobSpec, format_errors, parse_spec
 from workflows.domain.status import RUN_TERMINAL, RunState, Status
 from workflows.domain.tombstones import DELETED
 from workflows.domain.views import TERMINATED
+from workflows.messages import SESSION_OUTPUT_MAX_BYTES
 
 DISTRIBUTION = "astraeus-orchestrator"  # whose metadata `--version` reads
 RUN_STATES = [*(s.value for s in RunState), TERMINATED]  # what `ls --state` and `wait --for` accept
@@ -632,7 +633,8 @@ async def cmd_attach(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.write(done.stderr)
     if done.cut:
-        print("astraeus: the command's output was cut to its last 512 KiB", file=sys.stderr)
+        kept = SESSION_OUTPUT_MAX_BYTES // 1024
+        print(f"astraeus: the command's output was cut to its last {kept} KiB", file=sys.stderr)
     return done.exit_code
 
 

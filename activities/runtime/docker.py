@@ -9,7 +9,6 @@ refuses a second container of the same name, and a container that ever started i
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import os
 import re
@@ -50,6 +49,7 @@ from activities.runtime.base import (
 from activities.runtime.probes import exited, http_get, timed_out
 from workflows.domain.reasons import R, Reason, Template
 from workflows.domain.spec import Readiness
+from workflows.domain.subnets import gateway
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 LABEL_PREFIX = "astraeus."
@@ -121,7 +121,6 @@ class DockerRuntime:
         """The machine's node network: a bridge network of the engine with `subnet`, made unless it is there; one
         left with another subnet (the machine was given another) is replaced. Returns its name."""
         name = node_network_name(self.node)
-        gateway = str(next(ipaddress.ip_network(subnet).hosts()))
         try:
             for network in self._client.networks.list(names=[name]):
                 configs = (network.attrs.get("IPAM") or {}).get("Config") or []
@@ -129,7 +128,7 @@ class DockerRuntime:
                     return name
                 if network.name == name:
                     network.remove()  # refused while workers are on it: it is tried again later
-            ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet, gateway=gateway)])
+            ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet, gateway=gateway(subnet))])
             labels = {LABEL_PREFIX + "node": self.node, LABEL_PREFIX + "subnet": subnet}
             self._client.networks.create(name, driver="bridge", ipam=ipam, labels=labels, check_duplicate=True)
         except APIError as err:

@@ -12,7 +12,6 @@ import re
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic.json_schema import SkipJsonSchema
 
 from workflows.domain.bounds import (
     ENV_MAX_BYTES,
@@ -42,8 +41,6 @@ MAX_EXTERNAL_ACCESS = 16  # ports one worker exposes on its machine
 
 # network.mesh: what routes between machines' subnets (the mesh) need, which is not built yet.
 MESH_NEEDS = "WireGuard tunnels between the machines' subnets"
-
-NotBuilt = Annotated[SkipJsonSchema[Any], Field(exclude=True, repr=False)]
 
 
 class _Frozen(BaseModel):
