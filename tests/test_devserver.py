@@ -3,15 +3,22 @@ process that listens on it, not by whoever else answers there."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
 import sys
+import time
+import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
+from workers.connect import connect
 from workers.devserver import DevServer, DevServerError, free_port, owns_listener, port_free
+from workflows.contracts import STATE_KEY
 
 
 def test_a_taken_port_refuses_the_start_before_anything_is_made(tmp_path: Path) -> None:
@@ -57,3 +64,43 @@ def test_a_data_dir_in_use_by_a_running_server_refuses_a_second_one(tmp_path: Pa
     again = DevServer(tmp_path, port=free_port(), ui_port=None)
     again._lock_data_dir()  # free again once the first stopped
     again.stop()
+
+
+def test_the_server_keeps_its_search_attributes_cached(tmp_path: Path) -> None:
+    """Starts that carry our search attributes read the cluster's metadata from the database no more: with the dev
+    server's own default (no cache) each start read it at least once."""
+    from bench.server_metrics import FLUSH_SECONDS, scrape
+
+    server = DevServer(tmp_path, port=free_port(), ui_port=None, metrics_port=free_port())
+    server.start()
+    try:
+        assert server.metrics_port is not None
+        asyncio.run(_start_workflows(server.address, 3))  # the first uses fill the cache
+        time.sleep(FLUSH_SECONDS)
+        before = _metadata_reads(scrape(server.metrics_port))
+        asyncio.run(_start_workflows(server.address, 20))
+        time.sleep(FLUSH_SECONDS)
+        after = _metadata_reads(scrape(server.metrics_port))
+    finally:
+        server.stop()
+    assert after - before < 5, f"{after - before} reads of the cluster's metadata for 20 starts"
+
+
+async def _start_workflows(address: str, count: int) -> None:
+    client = await connect(address, wait=timedelta(seconds=30))
+    queue = f"nobody-{uuid.uuid4().hex}"  # no worker: the starts alone are measured
+    for _ in range(count):
+        await client.start_workflow(
+            "Nothing",
+            id=f"start-{uuid.uuid4().hex}",
+            task_queue=queue,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(STATE_KEY, "Pending")]),
+        )
+
+
+def _metadata_reads(sample: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> float:
+    return sum(
+        value
+        for (name, labels), value in sample.items()
+        if name.startswith("persistence_requests") and dict(labels).get("operation") == "GetCurrentClusterMetadata"
+    )

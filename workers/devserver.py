@@ -45,6 +45,14 @@ def free_port() -> int:
 # process that dies (kill -9 included) loses nothing; a power cut or kernel crash may lose the last commits.
 SQLITE_PRAGMAS = ("journal_mode=wal", "synchronous=NORMAL")
 
+# The dev server reads its search attributes from the database at every use unless told otherwise (`temporal server
+# start-dev` turns the cache off, for tests that add attributes and use them at once). Every start, signal, task
+# and heartbeat then read the cluster's metadata (GetCurrentClusterMetadata, GetNamespace): about 23 of the 42
+# persistence operations a run cost in a burst (bench/README.md), all on the one SQLite file. Ours are registered
+# at launch (`--search-attribute`), so the cache costs us nothing; an attribute added later through the operator
+# API is seen once the server's cache refreshes, not at once.
+DYNAMIC_CONFIG = {"system.forceSearchAttributesCacheRefreshOnRead": "false"}
+
 
 class DevServerError(RuntimeError):
     """The dev server could not be started, or is not the one serving its port; the message says why."""
@@ -103,6 +111,8 @@ class DevServer:
             args += ["--sqlite-pragma", pragma]
         for namespace in self.namespaces:
             args += ["--namespace", namespace]
+        for key, value in DYNAMIC_CONFIG.items():
+            args += ["--dynamic-config-value", f"{key}={value}"]
         for name, kind in SEARCH_ATTRIBUTES.items():
             args += ["--search-attribute", f"{name}={_SA_TYPES[kind]}"]
         with self.log.open("ab") as out:
