@@ -32,7 +32,13 @@ FLUSH_SECONDS = 1.5  # the server publishes its counters about every second: a s
 
 
 # The families read; the server publishes thousands of series, and parsing them all took seconds of CPU
-NEEDED = ("service_requests", "persistence_requests", "persistence_error_with_type", "persistence_latency")
+NEEDED = (
+    "service_requests",
+    "persistence_requests",
+    "visibility_persistence_requests",
+    "persistence_error_with_type",
+    "persistence_latency",
+)
 _NEEDED_LINES = NEEDED + tuple(f"# {kind} {name}" for kind in ("HELP", "TYPE") for name in NEEDED)
 
 
@@ -69,6 +75,7 @@ def parse(text: str) -> Sample:
 class ServerOps:
     requests: collections.Counter[str] = field(default_factory=collections.Counter)  # frontend, by operation
     persistence: collections.Counter[str] = field(default_factory=collections.Counter)  # by operation
+    visibility: collections.Counter[str] = field(default_factory=collections.Counter)  # the visibility store's
     errors: collections.Counter[str] = field(default_factory=collections.Counter)  # "operation: error type"
     write_ms: dict[str, float | None] = field(default_factory=dict)  # UpdateWorkflowExecution: p50, p99 (bucket)
     logged: collections.Counter[str] = field(default_factory=collections.Counter)  # its log's warnings and errors
@@ -78,6 +85,7 @@ class ServerOps:
         return {
             "requests_per_run": {k: v / per for k, v in self.requests.most_common()},
             "persistence_per_run": {k: v / per for k, v in self.persistence.most_common()},
+            "visibility_per_run": {k: v / per for k, v in self.visibility.most_common()},
             "errors": dict(self.errors.most_common()),
             "write_ms": self.write_ms,
             "logged": dict(self.logged.most_common()),
@@ -90,6 +98,7 @@ class ServerOps:
         rows = [
             (f"{title}: requests, per run", _top(self.requests, per)),
             (f"{title}: persistence operations, per run", _top(self.persistence, per)),
+            (f"{title}: visibility store operations, per run", _top(self.visibility, per)),
             (
                 f"{title}: {WRITE}, p50 / p99 (ms, bucket bound)",
                 f"{_ms(p50)} / {_ms(p99)}",
@@ -113,6 +122,8 @@ def between(before: Sample, after: Sample) -> ServerOps:
             ops.requests[operation] += round(grown)
         elif name == "persistence_requests":
             ops.persistence[operation] += round(grown)
+        elif name == "visibility_persistence_requests":
+            ops.visibility[operation] += round(grown)
         elif name == "persistence_error_with_type" and label.get("error_type") not in QUIET_ERRORS:
             ops.errors[f"{operation}: {label.get('error_type', '?')}"] += round(grown)
         elif name == "persistence_latency_bucket" and operation == WRITE:

@@ -58,6 +58,7 @@ def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
         "burst all-Running / floor all-complete",
         "server: requests, per run",
         "server: persistence operations, per run",
+        "server: visibility store operations, per run",
         "floor: server: requests, per run",
     ):
         assert label in result.stdout, result.stdout
@@ -68,6 +69,7 @@ def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
     # The server's own counters cover the burst's window: every run started there, every bare workflow too.
     assert figures["server"]["requests_per_run"]["StartWorkflowExecution"] >= 1
     assert figures["server"]["persistence_per_run"]["UpdateWorkflowExecution"] > 1
+    assert sum(figures["server"]["visibility_per_run"].values()) >= 1  # each start is a visibility record
     assert figures["floor"]["server"]["requests_per_run"]["StartWorkflowExecution"] >= 1
 
 
