@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from bench.burst_report import figures, lines
+from bench.burst_report import figures, lines, pair_figures, pair_lines
 from bench.cluster import Cluster, Machines
 from bench.common import HistoryFigures, ms, now, read_history, run_and_exit
 from bench.floor import Floor, run_floor
@@ -81,6 +81,7 @@ class Options:
     timeout: float
     json_path: Path | None
     data_dir: Path | None
+    pairs: int = 1  # bursts, each followed by its floor: on a shared machine each pair's ratio, and their median
 
     @property
     def target(self) -> int:
@@ -272,19 +273,35 @@ async def bench(options: Options) -> list[str]:
     this = asyncio.current_task()
     assert this is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, this.cancel)
-    if options.data_dir is not None:
-        options.data_dir.mkdir(parents=True, exist_ok=True)
-        result = await measure(options, options.data_dir)
+    results = []
+    for pair in range(1, options.pairs + 1):
+        data_dir = options.data_dir
+        if options.pairs > 1:
+            print(f"pair {pair} of {options.pairs}", file=sys.stderr)
+            data_dir = data_dir / f"pair-{pair}" if data_dir is not None else None  # a fresh cluster each time
+        results.append(await burst_and_floor(options, data_dir))
+    result = results[-1]
+    if options.json_path is not None:
+        data = figures(result)
+        if options.pairs > 1:
+            data["pairs"] = [pair_figures(r) for r in results]
+        options.json_path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return lines(result) + (pair_lines(results) if options.pairs > 1 else [])
+
+
+async def burst_and_floor(options: Options, data_dir: Path | None) -> Burst:
+    """One burst (its cluster's files kept in `data_dir`, if given), then its floor on a fresh server."""
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        result = await measure(options, data_dir)
     else:
         with tempfile.TemporaryDirectory(prefix="astraeus-burst-") as root:
             result = await measure(options, Path(root))
     if options.floor:
         floor_runs = options.floor_runs if options.floor_runs is not None else options.target
         print(f"the floor: {floor_runs} bare workflows on a fresh dev server", file=sys.stderr)
-        result.floor = await run_floor(options.data_dir, floor_runs, SUBMIT_CONCURRENCY, options.timeout)
-    if options.json_path is not None:
-        options.json_path.write_text(json.dumps(figures(result), indent=2, default=str) + "\n")
-    return lines(result)
+        result.floor = await run_floor(data_dir, floor_runs, SUBMIT_CONCURRENCY, options.timeout)
+    return result
 
 
 def parser() -> argparse.ArgumentParser:
@@ -306,6 +323,9 @@ def parser() -> argparse.ArgumentParser:
         help="`astraeus control` processes (default 1; more: apart)",
     )
     p.add_argument("--no-floor", dest="floor", action="store_false", help="skip the floor")
+    p.add_argument(
+        "--pairs", type=int, default=1, help="bursts, each followed by its floor: each ratio and their median (1)"
+    )
     p.add_argument("--floor-runs", type=int, help="bare workflows in the floor (default: min(runs, machines x gpus))")
     p.add_argument("--timeout", type=float, default=900, help="give up waiting for all Running after this (900 s)")
     p.add_argument("--json", dest="json_path", type=Path, help="also write the figures to this file")
@@ -314,6 +334,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def options_from(args: argparse.Namespace) -> Options:
+    if args.pairs < 1:
+        raise SystemExit("python -m bench.burst: --pairs must be at least 1")
     runs = args.runs if args.runs is not None else (2 * args.machines * args.gpus if args.overload else 200)
     return Options(
         runs=runs,
@@ -329,6 +351,7 @@ def options_from(args: argparse.Namespace) -> Options:
         timeout=args.timeout,
         json_path=args.json_path,
         data_dir=args.data_dir,
+        pairs=args.pairs,
     )
 
 

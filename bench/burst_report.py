@@ -269,3 +269,38 @@ def _cores(b: Burst) -> str:
     if b.window <= 0:
         return "n/a"
     return f"{sum(b.cpu.values()) / b.window:.2f} of {os.cpu_count()} (this process, agents, services, server)"
+
+
+def pair_figures(b: Burst) -> dict[str, Any]:
+    """A pair's headline: its burst's all-Running, its floor's all-complete, their ratio, and the load at its start."""
+    f = figures(b)
+    floor = f["floor"]
+    return {
+        "all_running_seconds": f["all_running_seconds"],
+        "floor_seconds": floor["wall_seconds"] if floor else None,
+        "burst_over_floor": f["burst_over_floor"],
+        "load_average": f["load_average"],
+    }
+
+
+def pair_lines(bursts: list[Burst]) -> list[str]:
+    """Each pair (a burst, then its floor) on a line, and the median ratio: on a shared machine one pair's ratio
+    drifts with the others' work, their median less."""
+    pairs = [pair_figures(b) for b in bursts]
+    rows = []
+    for i, p in enumerate(pairs, 1):
+        burst, floor, ratio = p["all_running_seconds"], p["floor_seconds"], p["burst_over_floor"]
+        rows.append(
+            (
+                f"pair {i}: all Running / floor / ratio (load at start)",
+                f"{_or_na(burst, '.2f')} s / {_or_na(floor, '.2f')} s / {_or_na(ratio, '.2f')}"
+                f" ({p['load_average']['start']:.2f})",
+            )
+        )
+    ratios = [p["burst_over_floor"] for p in pairs if p["burst_over_floor"] is not None]
+    median = f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})" if ratios else "n/a"
+    return ["", *table([*rows, (f"median ratio of {len(pairs)} pairs", median)])]
+
+
+def _or_na(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)

@@ -36,9 +36,10 @@ def test_reasons_group_without_names_times_or_numbers(reason: str, grouped: str)
 
 @pytest.mark.integration
 def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
-    """6 runs on 2 machines x 2 GPUs: 4 Running, 2 waiting with a reason, then a floor of 3 bare workflows."""
+    """6 runs on 2 machines x 2 GPUs: 4 Running, 2 waiting with a reason, then a floor of 3 bare workflows; twice,
+    each pair's ratio and their median told."""
     figures_file = tmp_path / "burst.json"
-    args = ["--runs", "6", "--machines", "2", "--gpus", "2", "--idle", "1", "--floor-runs", "3"]
+    args = ["--runs", "6", "--machines", "2", "--gpus", "2", "--idle", "1", "--floor-runs", "3", "--pairs", "2"]
     result = subprocess.run(
         [sys.executable, "-m", "bench.burst", *args, "--json", str(figures_file), "--data-dir", str(tmp_path / "c")],
         cwd=ROOT,
@@ -60,6 +61,9 @@ def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
         "server: persistence operations, per run",
         "server: visibility store operations, per run",
         "floor: server: requests, per run",
+        "pair 1: all Running / floor / ratio (load at start)",
+        "pair 2: all Running / floor / ratio (load at start)",
+        "median ratio of 2 pairs",
     ):
         assert label in result.stdout, result.stdout
     figures = json.loads(figures_file.read_text())
@@ -71,6 +75,8 @@ def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
     assert figures["server"]["persistence_per_run"]["UpdateWorkflowExecution"] > 1
     assert sum(figures["server"]["visibility_per_run"].values()) >= 1  # each start is a visibility record
     assert figures["floor"]["server"]["requests_per_run"]["StartWorkflowExecution"] >= 1
+    assert [pair["burst_over_floor"] > 0 for pair in figures["pairs"]] == [True, True]
+    assert sorted(path.name for path in (tmp_path / "c").iterdir()) == ["pair-1", "pair-2"]  # a fresh cluster each
 
 
 def test_a_local_activity_tried_again_counts_as_a_retry() -> None:
