@@ -90,11 +90,12 @@ class NodeNetwork:
             self._note(f"its network with subnet {assigned.subnet} is not up: {err}")
             return None
         if self.mesh is not None:
-            bridge: str = getattr(self._runtime, "node_bridge")  # noqa: B009 (the docker runtime's, as above)
+            mesh, subnet = self.mesh, assigned.subnet
+            bridge = getattr(self._runtime, "node_bridge")  # noqa: B009 (the docker runtime's, as above)
             try:
-                await asyncio.to_thread(self.mesh.join, bridge, assigned.subnet)
-                await self.mesh.refresh()
-            except MeshDown as err:
+                await asyncio.to_thread(lambda: mesh.join(bridge(), subnet))
+                await mesh.refresh()
+            except (MeshDown, NetworkNotUp) as err:
                 self._note(f"it is not in the mesh: {err}")
                 return None
             except Exception as err:  # the control plane is away: asked again at the next look

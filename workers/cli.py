@@ -353,6 +353,7 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         raise AstraeusError(f"--runtime {args.runtime}: {error}") from None
     except RegistrationRefused as error:
         raise AstraeusError(str(error)) from None
+    _leave_mesh_when_stopped(agent)
     try:
         await agent.run()
     except LeaseLost as error:
@@ -380,6 +381,20 @@ def _port_range(text: str | None) -> PortRange | None:
         raise AstraeusError(f"--external-ports {text}: {format_errors(error)}") from None
     except ValueError:
         raise AstraeusError(f"--external-ports {text}: expected FIRST-LAST, e.g. 30000-30099") from None
+
+
+def _leave_mesh_when_stopped(agent: Any) -> None:
+    """SIGTERM or SIGINT ends the agent as before (its workers run on), once its machine has left the mesh: its
+    WireGuard interface, wireguard-go and firewall rules go with the agent that owns them."""
+    loop = asyncio.get_running_loop()
+
+    def leave(sig: int) -> None:
+        agent.activities.node_network.close()
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, leave, sig)
 
 
 def _mesh_endpoint(endpoint: str | None) -> str | None:

@@ -9,7 +9,6 @@ refuses a second container of the same name, and a container that ever started i
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import re
@@ -53,7 +52,7 @@ from workflows.domain.spec import Readiness
 from workflows.domain.subnets import gateway
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
-BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"
+BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"  # a network's bridge named by its maker
 LABEL_PREFIX = "astraeus."
 # What the engine says of a container that was created and never started.
 _NEVER_STARTED = "0001-01-01T00:00:00Z"
@@ -67,12 +66,6 @@ _OOM_EVENT_GRACE_SECONDS = 1.0
 def node_network_name(node: str) -> str:
     """The machine's node network in its engine (several machines may share one engine)."""
     return f"astraeus-node-{node}"
-
-
-def node_bridge_name(node: str) -> str:
-    """The Linux bridge of the machine's node network: a name the mesh's firewall rules can name (at most 15
-    characters, one per machine)."""
-    return "astn" + hashlib.sha256(node.encode()).hexdigest()[:10]
 
 
 def container_name(key: TaskKey) -> str:
@@ -125,30 +118,32 @@ class DockerRuntime:
         with _engine():
             return set(self._client.info().get("Runtimes") or {})
 
-    @property
     def node_bridge(self) -> str:
-        return node_bridge_name(self.node)
+        """The Linux bridge of the machine's node network, which the mesh's firewall rules name: the engine names a
+        network's bridge `br-<the first 12 characters of its id>` unless the network names it. Raises NetworkNotUp."""
+        try:
+            network = self._client.networks.get(node_network_name(self.node))
+        except APIError as err:
+            raise NetworkNotUp(explain(err)) from err
+        except (DockerException, requests.RequestException) as err:
+            raise NetworkNotUp(str(_unavailable(err))) from err
+        named: str | None = (network.attrs.get("Options") or {}).get(BRIDGE_NAME_OPTION)
+        return named or f"br-{network.id[:12]}"
 
     def node_network(self, subnet: str) -> str:
-        """The machine's node network: a bridge network of the engine with `subnet` on the bridge `node_bridge`,
-        made unless it is there; one left with another subnet (the machine was given another) or bridge is replaced.
-        Returns its name."""
+        """The machine's node network: a bridge network of the engine with `subnet`, made unless it is there; one
+        left with another subnet (the machine was given another) is replaced. Returns its name."""
         name = node_network_name(self.node)
-        options = {BRIDGE_NAME_OPTION: self.node_bridge}
         try:
             for network in self._client.networks.list(names=[name]):
                 configs = (network.attrs.get("IPAM") or {}).get("Config") or []
-                bridge = (network.attrs.get("Options") or {}).get(BRIDGE_NAME_OPTION)
-                same = [c.get("Subnet") for c in configs] == [subnet] and bridge == self.node_bridge
-                if network.name == name and same:
+                if network.name == name and [c.get("Subnet") for c in configs] == [subnet]:
                     return name
                 if network.name == name:
                     network.remove()  # refused while workers are on it: it is tried again later
             ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet, gateway=gateway(subnet))])
             labels = {LABEL_PREFIX + "node": self.node, LABEL_PREFIX + "subnet": subnet}
-            self._client.networks.create(
-                name, driver="bridge", ipam=ipam, labels=labels, options=options, check_duplicate=True
-            )
+            self._client.networks.create(name, driver="bridge", ipam=ipam, labels=labels, check_duplicate=True)
         except APIError as err:
             raise NetworkNotUp(explain(err)) from err
         except (DockerException, requests.RequestException) as err:
