@@ -27,8 +27,8 @@ def test_schema_prints_the_run_specs_json_schema(capsys: pytest.CaptureFixture[s
     assert schema["$defs"]["Network"]["properties"]["mesh"] == {
         "default": False,
         "description": "Joins the node network: an address on its machine's subnet, where the run's other workers "
-        "reach it as <worker>.<run>.<workspace> (docker machines; the run is kept on one machine: "
-        "topology.one_machine).",
+        "reach it, by name (<worker>.<run>.<workspace>) from its own machine, by address from others through the "
+        "mesh (docker machines; a run not kept on one machine goes only to machines in the mesh; not in a gang).",
         "title": "Mesh",
         "type": "boolean",
     }
