@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from temporalio.client import Client
 
 from activities.mesh import Mesh
-from activities.runtime.base import NetworkNotUp, Runtime
+from activities.runtime.base import NetworkNotUp, Runtime, TaskKey
 from activities.wireguard import MeshDown
 from workflows import contracts
 from workflows.contracts import SUBNETS_WORKFLOW_ID
@@ -114,6 +114,11 @@ class NodeNetwork:
     def forget(self) -> None:
         """The machine registered again (it may have been removed, its subnet freed): ask again."""
         self.up = None
+
+    async def address_of(self, key: TaskKey) -> str | None:
+        """A started attempt's address on the node network (the docker runtime's), None without one."""
+        of = getattr(self._runtime, "node_address", None)
+        return None if of is None else await asyncio.to_thread(of, key)
 
     def close(self) -> None:
         """The agent stops: the machine leaves the mesh (its interface goes; its network stays for its workers)."""

@@ -150,6 +150,13 @@ class DockerRuntime:
             raise NetworkNotUp(str(_unavailable(err))) from err
         return name
 
+    def node_address(self, key: TaskKey) -> str | None:
+        """The attempt's address on the machine's node network, None when it is not on it (or gone)."""
+        container = self._find(key)
+        networks = ((container.attrs.get("NetworkSettings") or {}).get("Networks") or {}) if container else {}
+        address = (networks.get(node_network_name(self.node)) or {}).get("IPAddress")
+        return str(address) if address else None
+
     def ensure_image(self, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Pull the launch's image under its policy, creating nothing (a gang member waiting at the barrier)."""
         if not launch.image:

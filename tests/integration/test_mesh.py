@@ -184,6 +184,12 @@ def test_workers_on_two_machines_reach_each_other_through_the_mesh(
     cluster.wait_for(lambda: cluster.describe("servers")["tasks"][1]["status"]["state"] == "Running", "sb to run")
     sa, sb = address(cluster, "servers/sa-0"), address(cluster, "servers/sb-0")
     assert sa.rsplit(".", 1)[0] != sb.rsplit(".", 1)[0]  # two machines, two subnets
+    described = cluster.describe("servers")  # where the run's workers reach each: shown by describe
+    assert [(t["id"], t["node"], t["node_address"]) for t in described["tasks"]] == [
+        ("sa-0", "mesh-a", sa),
+        ("sb-0", "mesh-b", sb),
+    ]
+    assert f"Node address of sa-0: {sa}\n" in cluster.cli("describe", "servers").stdout
 
     # (busybox's wget -T crashes on a refused connection: `timeout` bounds it instead)
     fetch = "timeout 3 wget -q -O - http://{0}:8080/name && timeout 3 wget -q -O - http://{0}:8080/cgi-bin/from"
