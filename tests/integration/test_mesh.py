@@ -9,6 +9,8 @@ may span machines."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import contextlib
 import os
 import re
@@ -22,10 +24,15 @@ from typing import Any
 
 import pytest
 import yaml
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities import wireguard
+from activities.mesh import private_key, public_key
 from tests.docker_engine import DockerEngine
 from tests.integration.harness import Cluster
+from tests.integration.test_identity import payloads
+from workflows.contracts import SUBNETS_WORKFLOW_ID
 from workflows.domain.mesh import interface_name
 
 pytestmark = pytest.mark.integration
@@ -207,3 +214,17 @@ def test_workers_on_two_machines_reach_each_other_through_the_mesh(
         assert (name, seen.removeprefix("[::ffff:").removesuffix("]")) == (server, address(cluster, worker))
     cluster.cli("cancel", "servers")
     cluster.wait_state("servers", "Cancelled")
+
+
+def test_a_machines_private_key_stays_on_it_and_its_public_key_reaches_the_control_plane(cluster: Cluster) -> None:
+    async def history() -> str:
+        client = await Client.connect(cluster.address, data_converter=pydantic_data_converter)
+        return (await client.get_workflow_handle(SUBNETS_WORKFLOW_ID).fetch_history()).to_json()
+
+    searched = payloads(asyncio.run(history()))
+    for machine in ("mesh-a", "mesh-b"):
+        kept = cluster.agent_dir(machine) / "mesh" / "private.key"
+        assert kept.stat().st_mode & 0o777 == 0o600
+        key = private_key(kept)
+        assert base64.b64encode(key.private_bytes_raw()) not in searched
+        assert public_key(key).encode() in searched
