@@ -54,6 +54,9 @@ class NodeNetwork:
         self.mesh = mesh
         self.up: NodeNetworkUp | None = None
         self.why = "not asked yet"  # why it is not up, as last seen
+        # The subnet the control plane gave since the machine last registered: while its network or its mesh is not
+        # up yet, it is not asked again at each look (each ask is an update, an event in the subnets workflow).
+        self._subnet: str | None = None
 
     async def look(self) -> None:
         """Until the network is up, ask for it and make it; then refresh the mesh's peers when that is due."""
@@ -70,27 +73,30 @@ class NodeNetwork:
         Failures are kept in `why` and tried again at the next call."""
         if self.up is not None or network_missing(self._runtime) is not None:
             return self.up
-        try:
-            handle = await contracts.singleton(
-                self._client, contracts.SUBNETS_WORKFLOW, SubnetsInput(), SUBNETS_WORKFLOW_ID, "the node network"
-            )
-            member = self.mesh.member if self.mesh is not None else None
-            request = SubnetRequest(node=self._node, mesh=member)
-            assigned = await contracts.update(handle, contracts.ASSIGN_SUBNET, request)
-        except Exception as err:  # the control plane is away: asked again at the next look
-            self._note(f"the control plane did not assign a subnet: {err}")
-            return None
-        if assigned.subnet is None:
-            self._note(f"no subnet: {assigned.why}")
-            return None
+        if self._subnet is None:
+            try:
+                handle = await contracts.singleton(
+                    self._client, contracts.SUBNETS_WORKFLOW, SubnetsInput(), SUBNETS_WORKFLOW_ID, "the node network"
+                )
+                member = self.mesh.member if self.mesh is not None else None
+                request = SubnetRequest(node=self._node, mesh=member)
+                assigned = await contracts.update(handle, contracts.ASSIGN_SUBNET, request)
+            except Exception as err:  # the control plane is away: asked again at the next look
+                self._note(f"the control plane did not assign a subnet: {err}")
+                return None
+            if assigned.subnet is None:
+                self._note(f"no subnet: {assigned.why}")
+                return None
+            self._subnet = assigned.subnet
+        subnet = self._subnet
         make = getattr(self._runtime, "node_network")  # noqa: B009 (the docker runtime's, checked above)
         try:
-            name = await asyncio.to_thread(make, assigned.subnet)
+            name = await asyncio.to_thread(make, subnet)
         except NetworkNotUp as err:
-            self._note(f"its network with subnet {assigned.subnet} is not up: {err}")
+            self._note(f"its network with subnet {subnet} is not up: {err}")
             return None
         if self.mesh is not None:
-            mesh, subnet = self.mesh, assigned.subnet
+            mesh = self.mesh
             bridge = getattr(self._runtime, "node_bridge")  # noqa: B009 (the docker runtime's, as above)
             try:
                 await asyncio.to_thread(lambda: mesh.join(bridge(), subnet))
@@ -101,8 +107,8 @@ class NodeNetwork:
             except Exception as err:  # the control plane is away: asked again at the next look
                 self._note(f"the mesh's peers were not set: {err}")
                 return None
-        self.up = NodeNetworkUp(name=name, subnet=assigned.subnet)
-        log.info("%s: node network %s up with subnet %s", self._node, name, assigned.subnet)
+        self.up = NodeNetworkUp(name=name, subnet=subnet)
+        log.info("%s: node network %s up with subnet %s", self._node, name, subnet)
         return self.up
 
     def _note(self, why: str) -> None:
@@ -114,6 +120,7 @@ class NodeNetwork:
     def forget(self) -> None:
         """The machine registered again (it may have been removed, its subnet freed): ask again."""
         self.up = None
+        self._subnet = None
 
     async def address_of(self, key: TaskKey) -> str | None:
         """A started attempt's address on the node network (the docker runtime's), None without one."""
