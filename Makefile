@@ -34,14 +34,17 @@ test: $(STAMP) lint typecheck engine
 # The tests start their own Docker engine, build a fake NVML and check deploy/compose.yaml: Debian's docker.io,
 # busybox-static (the rootfs of the test image), gcc and docker-compose, runsc (gVisor, the engine's sandbox runtime:
 # tests/integration/test_docker_capabilities.py), and Debian's chromium and chromium-driver
-# (tests/integration/test_console.py drives the console in it with Selenium), installed when missing (as root, like CI).
+# (tests/integration/test_console.py drives the console in it with Selenium), and WireGuard in userspace
+# (wireguard-go, wireguard-tools: tests/integration/test_mesh.py), installed when missing (as root, like CI).
 # Skipped when all are there.
 engine:
 	@if command -v dockerd >/dev/null && command -v docker >/dev/null && test -x /bin/busybox \
 		&& command -v gcc >/dev/null && command -v docker-compose >/dev/null && test -x /usr/bin/runsc \
-		&& command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; else \
+		&& command -v chromium >/dev/null && command -v chromedriver >/dev/null \
+		&& command -v wireguard-go >/dev/null && command -v wg >/dev/null; then :; else \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-			docker.io busybox-static gcc libc6-dev docker-compose runsc chromium chromium-driver; fi
+			docker.io busybox-static gcc libc6-dev docker-compose runsc chromium chromium-driver \
+			wireguard-go wireguard-tools; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

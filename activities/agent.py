@@ -32,6 +32,7 @@ from activities.drives import DriveActivities, DriveStore
 from activities.gpus import GpuWatch
 from activities.identities import Identities
 from activities.machine import PressureWatch
+from activities.mesh import Mesh
 from activities.node_network import NodeNetwork
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime, TaskKey
@@ -104,6 +105,7 @@ class AgentActivities:
         identities: Identities | None = None,
         services: Services | None = None,
         sessions: Sessions | None = None,
+        mesh: Mesh | None = None,
     ) -> None:
         self._client = client
         self._inventory = inventory
@@ -124,8 +126,8 @@ class AgentActivities:
         self._identities = identities
         self._identity_renewal: asyncio.Task[None] | None = None  # the renewal of certificates under way
         capabilities = CapabilitySetup(services or Services(), inventory.capabilities, inventory.capability_notes)
-        self.node_network = NodeNetwork(client, inventory.name, runtime)
-        self._network_look: asyncio.Task[object] | None = None  # asking for the subnet, making the network
+        self.node_network = NodeNetwork(client, inventory.name, runtime, mesh)
+        self._network_look: asyncio.Task[object] | None = None  # making the network, refreshing the mesh's peers
         self._starter = Starter(
             runtime,
             preparer,
@@ -264,10 +266,10 @@ class AgentActivities:
             await asyncio.sleep(period)
 
     def _look_at_node_network(self) -> None:
-        """Until the machine's node network is up, ask for its subnet and make it, beside the lease (an answer that
-        is slow to come must not hold up the lease's renewals)."""
-        if self.node_network.up is None and (self._network_look is None or self._network_look.done()):
-            self._network_look = asyncio.ensure_future(self.node_network.ensure())
+        """Until the machine's node network is up, ask for its subnet and make it, then refresh the mesh's peers,
+        beside the lease (an answer that is slow to come must not hold up the lease's renewals)."""
+        if self._network_look is None or self._network_look.done():
+            self._network_look = asyncio.ensure_future(self.node_network.look())
 
     async def _carried(self, lease: int, ttl: float) -> bool:
         """Whether the machine's workflow continued as new holding this lease (its former run's lease activity is
@@ -302,9 +304,12 @@ class AgentActivities:
         ref = input.start.ref
         started_at = datetime.now(UTC)
         external = await self._external(task_key(ref)) if input.start.group.external_access else {}
+        mesh = input.start.group.network is not None and input.start.group.network.mesh
+        address = await self.node_network.address_of(task_key(ref)) if mesh else None
         report = TaskRunning(
-            **ref.ids(), started=True, picked_up_at=picked_up, started_at=started_at, external=external
-        )
+            **ref.ids(), started=True, picked_up_at=picked_up, started_at=started_at, external=external,
+            node_address=address,
+        )  # fmt: skip
         return await self._watch(ref, input.settings, input.readiness, report)
 
     async def _external(self, key: TaskKey) -> dict[str, str]:

@@ -8,6 +8,9 @@ missing (shown in the per-machine reasons: "machine cannot run sandboxed workers
 - `tool_gateway`: the gateway URL given with `--tool-gateway`, handed to the worker as ASTRAEUS_TOOL_GATEWAY.
 - `node_network`: a runtime whose workers can join a network with the machine's subnet (the docker runtime's; the
   process runtime's workers share the machine's own network): `activities/node_network.py`.
+- `mesh`: the node network's mesh between machines, with `--mesh-endpoint` on a machine that hosts the node network
+  and can make a WireGuard interface (`activities/mesh.py`); a run on the node network that is not kept on one
+  machine goes only to machines in it.
 - `outbound_policy`: with `--outbound-policy`, on the process runtime as root with `ip` and `iptables`: each such
   worker runs in a network namespace of its own whose firewall allows only the networks listed (host names are
   resolved when the worker is set up; `activities/runtime/egress.py`). The docker runtime does not enforce them yet.
@@ -26,17 +29,19 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from activities import wireguard
 from activities.node_network import network_missing
 from activities.runtime import egress
 from activities.runtime.base import Runtime, RuntimeFailure, RuntimeUnavailable
 from activities.runtime.docker import DOCKER_EGRESS
 from activities.runtime.process import PROCESS_SANDBOX
-from workflows.domain.placement import NODE_NETWORK
+from workflows.domain.placement import NODE_MESH, NODE_NETWORK
 from workflows.domain.reasons import R
 from workflows.domain.spec import Capabilities
 
 MODEL_SERVER_TIMEOUT_SECONDS = 5.0
 OUTBOUND_NEEDS = "its agent was started without --outbound-policy"
+MESH_NEEDS = "its agent was started without --mesh-endpoint, so it is in no mesh between machines"
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class Services:
     model_server: str | None = None
     outbound_policy: bool = False  # enforce outbound policies (process runtime: a namespace and firewall per worker)
     interactive_sessions: bool = True  # host people's sessions in workers that ask an interactive token
+    mesh_endpoint: str | None = None  # HOST:PORT (UDP) where other machines reach its WireGuard; None: in no mesh
+    mesh_netns: str | None = None  # its engine's network namespace, where its WireGuard interface is; None: its own
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,13 @@ def outbound_missing(runtime: Runtime) -> str | None:
     return egress.missing()
 
 
+def mesh_missing(runtime: Runtime, services: Services) -> str | None:
+    """Why this machine is in no mesh between machines, or None."""
+    if services.mesh_endpoint is None:
+        return MESH_NEEDS
+    return network_missing(runtime) or wireguard.missing(services.mesh_netns)
+
+
 def machine_capabilities(
     runtime: Runtime, services: Services, notes: dict[str, str]
 ) -> tuple[list[str], dict[str, str]]:
@@ -97,7 +111,11 @@ def machine_capabilities(
     network = network_missing(runtime)
     if network is not None:
         missing[NODE_NETWORK] = network
-    found = [name for name in ("outbound_policy", "sandbox", "tool_gateway", NODE_NETWORK) if name not in missing]
+    mesh = mesh_missing(runtime, services)
+    if mesh is not None:
+        missing[NODE_MESH] = mesh
+    names = ("outbound_policy", "sandbox", "tool_gateway", NODE_NETWORK, NODE_MESH)
+    found = [name for name in names if name not in missing]
     return found, {name: notes.get(name, why) for name, why in missing.items()}
 
 

@@ -46,27 +46,33 @@ def missing() -> str | None:
 
 
 class DockerEngine:
-    """`start()` runs dockerd under `root` and imports the busybox image; `stop()` ends it by its PID."""
+    """`start()` runs dockerd under `root` and imports the busybox image; `stop()` ends it by its PID. With `netns`
+    it runs in that network namespace (another machine's network; entered with nsenter, which leaves the mounts of
+    /sys, and so the cgroups, as they are), keeping a firewall there as Docker does on a machine of its own (its
+    bridges' FORWARD and NAT rules)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, netns: str | None = None) -> None:
         self.root = root
         self.socket = root / "docker.sock"
         self.host = f"unix://{self.socket}"
         self.process: subprocess.Popen[bytes] | None = None
+        self.netns = netns
 
     def start(self) -> None:
         exec_root = self.root / "exec"
         exec_root.mkdir(parents=True, exist_ok=True)
         config = self.root / "daemon.json"
         config.write_text(json.dumps({"runtimes": RUNTIMES if sandbox_missing() is None else {}}))
+        firewall = ["--ip6tables=false"] if self.netns else ["--iptables=false", "--ip6tables=false", "--ip-masq=false"]
         command = [
+            *(["nsenter", f"--net=/var/run/netns/{self.netns}"] if self.netns else []),
             "dockerd",
             "--host", self.host,
             "--data-root", str(self.root / "data"),
             "--exec-root", str(exec_root),
             "--pidfile", str(exec_root / "dockerd.pid"),
             "--storage-driver", "overlay2",
-            "--iptables=false", "--ip6tables=false", "--ip-masq=false", "--bridge=none",
+            *firewall, "--bridge=none",
             "--shutdown-timeout", "2",
             "--config-file", str(config),
         ]  # fmt: skip
@@ -91,8 +97,11 @@ class DockerEngine:
         return done.stdout
 
     def stop(self) -> None:
-        """SIGTERM dockerd (it stops its containers and containerd), SIGKILL it if it lingers; then unmount."""
+        """SIGTERM dockerd (it stops its containers and containerd), SIGKILL it if it lingers; then unmount, and
+        delete the bridges of its networks, which a stopped engine leaves on the machine (stale routes to their
+        subnets otherwise outlive it: the next engine's network of the same subnet would not be reached)."""
         process, self.process = self.process, None
+        bridges = self._bridges() if process is not None and process.poll() is None else []
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
@@ -103,6 +112,19 @@ class DockerEngine:
                 _kill_pidfile(self.root / "exec" / "containerd" / "containerd.pid")
         for mount in _mounts_under(self.root):
             subprocess.run(["umount", "--lazy", mount], check=False, capture_output=True)
+        for bridge in bridges:
+            subprocess.run(["ip", "link", "del", bridge], check=False, capture_output=True)
+
+    def _bridges(self) -> list[str]:
+        """The bridges of its own networks, in this machine's namespace (an engine in a namespace of its own takes
+        them with it)."""
+        if self.netns is not None:
+            return []
+        try:
+            ids = self.docker("network", "ls", "--quiet", "--no-trunc", "--filter", "driver=bridge").split()
+        except (RuntimeError, subprocess.TimeoutExpired):
+            return []
+        return [f"br-{network[:12]}" for network in ids]
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + READY_SECONDS

@@ -27,8 +27,8 @@ def test_schema_prints_the_run_specs_json_schema(capsys: pytest.CaptureFixture[s
     assert schema["$defs"]["Network"]["properties"]["mesh"] == {
         "default": False,
         "description": "Joins the node network: an address on its machine's subnet, where the run's other workers "
-        "reach it as <worker>.<run>.<workspace> (docker machines; the run is kept on one machine: "
-        "topology.one_machine).",
+        "reach it, by name (<worker>.<run>.<workspace>) from its own machine, by address from others through the "
+        "mesh (docker machines; a run not kept on one machine goes only to machines in the mesh; not in a gang).",
         "title": "Mesh",
         "type": "boolean",
     }
@@ -86,6 +86,18 @@ def test_the_readmes_commands_for_running_apart_parse() -> None:
     for command in commands:
         assert command[0] == "astraeus"
         parser().parse_args(command[1:])
+
+
+def test_the_readmes_mesh_agent_parses_and_a_bad_endpoint_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    import shlex
+
+    from workers.cli import parser
+
+    [line] = [ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("`astraeus agent --name m1")]
+    args = parser().parse_args(shlex.split(line.split("`")[1])[1:])
+    assert (args.mesh_endpoint, args.mesh_netns) == ("192.0.2.1:51820", None)
+    assert run(["agent", "--name", "m1", "--mesh-endpoint", "192.0.2.1", "--temporal", "127.0.0.1:1"]) == 2
+    assert capsys.readouterr().err == "astraeus: --mesh-endpoint 192.0.2.1 is not HOST:PORT\n"
 
 
 # ---- scripting: as a user runs it --------------------------------------------------------------------------------

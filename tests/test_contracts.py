@@ -298,6 +298,7 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "tombstones",
         "drives",
         "subnets",
+        "mesh_peers",
     ]
     assert [m.name for m in contracts.UPDATES] == [
         "cancel",

@@ -332,7 +332,13 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         ib_fabric=args.ib_fabric,
         capability_notes=notes,
         services=Services(
-            args.sandbox_runtime, args.tool_gateway, args.model_server, args.outbound_policy, args.interactive_sessions
+            args.sandbox_runtime,
+            args.tool_gateway,
+            args.model_server,
+            args.outbound_policy,
+            args.interactive_sessions,
+            mesh_endpoint=_mesh_endpoint(args.mesh_endpoint),
+            mesh_netns=args.mesh_netns,
         ),
         data_location=location,
         refuses_runs=_refusal(args.refuse_runs),
@@ -347,6 +353,7 @@ async def cmd_agent(args: argparse.Namespace) -> int:
         raise AstraeusError(f"--runtime {args.runtime}: {error}") from None
     except RegistrationRefused as error:
         raise AstraeusError(str(error)) from None
+    _leave_mesh_when_stopped(agent)
     try:
         await agent.run()
     except LeaseLost as error:
@@ -374,6 +381,30 @@ def _port_range(text: str | None) -> PortRange | None:
         raise AstraeusError(f"--external-ports {text}: {format_errors(error)}") from None
     except ValueError:
         raise AstraeusError(f"--external-ports {text}: expected FIRST-LAST, e.g. 30000-30099") from None
+
+
+def _leave_mesh_when_stopped(agent: Any) -> None:
+    """SIGTERM or SIGINT ends the agent as before (its workers run on), once its machine has left the mesh: its
+    WireGuard interface, wireguard-go and firewall rules go with the agent that owns them."""
+    loop = asyncio.get_running_loop()
+
+    def leave(sig: int) -> None:
+        agent.activities.node_network.close()
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, leave, sig)
+
+
+def _mesh_endpoint(endpoint: str | None) -> str | None:
+    """--mesh-endpoint HOST:PORT."""
+    from workflows.domain.mesh import endpoint_problem
+
+    problem = endpoint_problem(endpoint) if endpoint is not None else None
+    if problem is not None:
+        raise AstraeusError(f"--mesh-endpoint {problem}")
+    return endpoint
 
 
 def _refusal(why: str | None) -> str | None:
@@ -942,6 +973,12 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--refuse-runs", metavar="WHY",
                        help="the machine takes no new runs, and placement says why: \"machine does not accept runs: "
                             "WHY\" (its own setting, kept by its agent; cordon is the cluster's)")  # fmt: skip
+    agent.add_argument("--mesh-endpoint", metavar="HOST:PORT",
+                       help="join the node network's mesh between machines: where other machines reach this one's "
+                            "WireGuard (UDP; it listens on PORT). Without it the machine is in no mesh")  # fmt: skip
+    agent.add_argument("--mesh-netns", metavar="NAME",
+                       help="the network namespace its Docker engine runs in, where its WireGuard interface goes "
+                            "(default: the agent's own)")  # fmt: skip
     agent.add_argument("--sysfs", default="/sys", help="where the host's /sys is (an agent in a container)")
     agent.add_argument("--procfs", default="/proc", help="where the host's /proc is (an agent in a container)")
     machine_flags(agent)

@@ -80,6 +80,9 @@ def render_describe(d: JobDescription, utc: bool = False) -> str:
         rows.append((t.id, state, t.node or "-", str(t.restarts), reason))
     lines.append(_table(rows))
     for t in d.tasks:
+        if t.node_address:
+            lines += ["", f"Node address of {t.id}: {t.node_address}"]
+    for t in d.tasks:
         if t.external:
             lines += ["", f"External access of {t.id}: " + ", ".join(f"{n} {a}" for n, a in t.external.items())]
     for t in d.tasks:

@@ -28,6 +28,7 @@ from activities.drives import DriveStore
 from activities.gpus import GpusUnavailable, GpuWatch, NvmlWatch, read_inventory_gpus
 from activities.identities import Identities
 from activities.machine import PROCFS, SYSFS, PressureWatch, data_free_bytes, read_rdma_ports
+from activities.mesh import Mesh
 from activities.prepare import Preparer
 from activities.runtime.base import Runtime
 from activities.runtime.cgroups import Unenforced
@@ -41,6 +42,7 @@ from workflows.deleted_runs import DeletedRunsWorkflow
 from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.node import Registered
 from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView, PortRange
+from workflows.domain.placement import NODE_MESH
 from workflows.domain.settings import Settings
 from workflows.drives import DrivesWorkflow
 from workflows.identity import IdentityWorkflow
@@ -472,6 +474,7 @@ class Agent:
             if self.activities.lost.is_set():
                 stopped = await self.activities.stop_own_tasks(self._grace)
             await self.shutdown()
+            await asyncio.to_thread(self.activities.node_network.close)  # it leaves the mesh
             results = await asyncio.gather(*runs, return_exceptions=True)
         if self.activities.lost.is_set():
             holder = await self._holder()
@@ -546,6 +549,14 @@ class Agent:
 Part = Worker | ControlWorker | SchedulerWorker | Agent
 
 
+def mesh_of(client: Client, options: AgentOptions, settings: Settings) -> Mesh:
+    """The machine's end of the mesh (`--mesh-endpoint`), its key and wireguard-go's PID kept under its data dir."""
+    endpoint = options.services.mesh_endpoint
+    assert endpoint is not None
+    state = options.data_dir / "mesh"
+    return Mesh(client, options.name, endpoint, options.services.mesh_netns, state, settings.mesh_refresh_seconds)
+
+
 async def start_agent(client: Client, options: AgentOptions, settings: Settings) -> Agent:
     """A node agent, registered (its machine's lease taken) before it polls; raises RegistrationRefused while
     another live agent holds the machine."""
@@ -554,6 +565,7 @@ async def start_agent(client: Client, options: AgentOptions, settings: Settings)
     runtime = make_runtime(options)
     capabilities, notes = machine_capabilities(runtime, options.services, options.capability_notes)
     node = node.model_copy(update={"capabilities": capabilities, "capability_notes": notes})
+    mesh = mesh_of(client, options, settings) if NODE_MESH in capabilities else None
     preparer = Preparer(options.data_dir, options.host_paths, store, mounts=options.runtime == "docker")
     instance = new_instance()
     identities = Identities(client, options.data_dir, node.name)
@@ -569,6 +581,7 @@ async def start_agent(client: Client, options: AgentOptions, settings: Settings)
         identities=identities,
         services=options.services,
         sessions=Sessions(runtime, options.data_dir, node.name, options.services.interactive_sessions),
+        mesh=mesh,
     )
     agent = Agent(client, activities, settings.stop_grace_seconds, settings)
     await activities.adopt_attempts()

@@ -32,6 +32,7 @@ from workflows.domain.events import (
     TaskProgress,
     TaskRunning,
 )
+from workflows.domain.mesh import MeshPeer
 from workflows.domain.node import DataReported, GpusReported, OrphanStopped, PressureReported, Registered
 from workflows.domain.nodes import NodeView
 from workflows.domain.planning import TaskPlan
@@ -62,6 +63,7 @@ from workflows.messages import (
     LeaseInput,
     LoadSettingsResult,
     LogText,
+    MeshPeersRequest,
     NodeChangedInput,
     NodeSubnet,
     PlaceInput,
@@ -451,6 +453,10 @@ FREE_SUBNET: Update[SubnetRequest, list[NodeSubnet]] = Update(
     SUBNETS_WORKFLOW, "free_subnet", SubnetRequest, list[NodeSubnet]
 )
 SUBNETS: Query[None, list[NodeSubnet]] = Query(SUBNETS_WORKFLOW, "subnets", None, list[NodeSubnet])
+# A machine's peers in the mesh (each other machine's public key, endpoint and subnet), asked by its agent at each look.
+MESH_PEERS: Query[MeshPeersRequest, list[MeshPeer]] = Query(
+    SUBNETS_WORKFLOW, "mesh_peers", MeshPeersRequest, list[MeshPeer]
+)
 
 # DeletedRunsWorkflow's update (a delete's last step) and query (the runs list, clients, returning machines).
 ADD_TOMBSTONE: Update[Tombstone, Tombstone] = Update(DELETED_RUNS_WORKFLOW, "add_tombstone", Tombstone, Tombstone)
@@ -460,7 +466,7 @@ TOMBSTONES: Query[TombstonesQuery, list[Tombstone]] = Query(
 
 SIGNALS = [PLACEMENT, PREEMPT, TASK_PROGRESS, TASK_RUNNING, TASK_HEALTH, MACHINE_LOST, TASK_EXITED_WHILE_LOST]
 QUERIES = [STATUS, DESCRIBE, EVENTS, FOLDED, ATTEMPTS_ON, SCHEDULER_VIEW, VIEW, QUOTAS, TOKENS, TOMBSTONES, DRIVES]
-QUERIES += [SUBNETS]
+QUERIES += [SUBNETS, MESH_PEERS]
 UPDATES = [
     CANCEL,
     REQUEST_STOP,

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workflows.domain.constraints import Drive
 from workflows.domain.events import PlacementUpdate
+from workflows.domain.mesh import MeshMember
 from workflows.domain.nodes import NodeView
 from workflows.domain.placement import Allocation, TaskRequest
 from workflows.domain.quotas import Quota
@@ -150,13 +151,23 @@ class RemoveQuotaRequest(_Msg):
 
 
 class SubnetsInput(_Msg):
-    """The subnets workflow's state: each machine's subnet, by machine."""
+    """The subnets workflow's state: each machine's subnet, and the mesh's members (public key and endpoint), by
+    machine."""
 
     assigned: dict[str, str] = Field(default_factory=dict)
+    mesh: dict[str, MeshMember] = Field(default_factory=dict)
 
 
 class SubnetRequest(_Msg):
-    """A machine's agent asks for its subnet (`assign_subnet`); an admin's removal frees it (`free_subnet`)."""
+    """A machine's agent asks for its subnet (`assign_subnet`), with its place in the mesh when it joins it (None: it
+    joins none, and leaves it if it was in); an admin's removal frees both (`free_subnet`)."""
+
+    node: str
+    mesh: MeshMember | None = None
+
+
+class MeshPeersRequest(_Msg):
+    """A machine's agent asks for its peers in the mesh (`mesh_peers`)."""
 
     node: str
 

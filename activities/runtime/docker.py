@@ -52,6 +52,7 @@ from workflows.domain.spec import Readiness
 from workflows.domain.subnets import gateway
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
+BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"  # a network's bridge named by its maker
 LABEL_PREFIX = "astraeus."
 # What the engine says of a container that was created and never started.
 _NEVER_STARTED = "0001-01-01T00:00:00Z"
@@ -117,6 +118,18 @@ class DockerRuntime:
         with _engine():
             return set(self._client.info().get("Runtimes") or {})
 
+    def node_bridge(self) -> str:
+        """The Linux bridge of the machine's node network, which the mesh's firewall rules name: the engine names a
+        network's bridge `br-<the first 12 characters of its id>` unless the network names it. Raises NetworkNotUp."""
+        try:
+            network = self._client.networks.get(node_network_name(self.node))
+        except APIError as err:
+            raise NetworkNotUp(explain(err)) from err
+        except (DockerException, requests.RequestException) as err:
+            raise NetworkNotUp(str(_unavailable(err))) from err
+        named: str | None = (network.attrs.get("Options") or {}).get(BRIDGE_NAME_OPTION)
+        return named or f"br-{network.id[:12]}"
+
     def node_network(self, subnet: str) -> str:
         """The machine's node network: a bridge network of the engine with `subnet`, made unless it is there; one
         left with another subnet (the machine was given another) is replaced. Returns its name."""
@@ -136,6 +149,13 @@ class DockerRuntime:
         except (DockerException, requests.RequestException) as err:
             raise NetworkNotUp(str(_unavailable(err))) from err
         return name
+
+    def node_address(self, key: TaskKey) -> str | None:
+        """The attempt's address on the machine's node network, None when it is not on it (or gone)."""
+        container = self._find(key)
+        networks = ((container.attrs.get("NetworkSettings") or {}).get("Networks") or {}) if container else {}
+        address = (networks.get(node_network_name(self.node)) or {}).get("IPAddress")
+        return str(address) if address else None
 
     def ensure_image(self, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Pull the launch's image under its policy, creating nothing (a gang member waiting at the barrier)."""

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from activities.capabilities import OUTBOUND_NEEDS, CapabilitySetup, Services, SetUp, machine_capabilities
+from activities import wireguard
+from activities.capabilities import (
+    MESH_NEEDS,
+    OUTBOUND_NEEDS,
+    CapabilitySetup,
+    Services,
+    SetUp,
+    machine_capabilities,
+)
 from activities.node_network import PROCESS_NETWORK
 from activities.runtime import egress
 from activities.runtime.base import RuntimeFailure, RuntimeUnavailable
@@ -49,6 +57,7 @@ class Engine(ProcessRuntime):
                 "sandbox": PROCESS_SANDBOX,
                 "tool_gateway": "its agent was started without --tool-gateway",
                 "node_network": PROCESS_NETWORK,
+                "mesh": MESH_NEEDS,
             },
             id="a process machine has none",
         ),
@@ -56,7 +65,7 @@ class Engine(ProcessRuntime):
             {"runc", "runsc"},
             Services(tool_gateway="http://127.0.0.1:9000"),
             ["sandbox", "tool_gateway", "node_network"],
-            {"outbound_policy": OUTBOUND_NEEDS},
+            {"outbound_policy": OUTBOUND_NEEDS, "mesh": MESH_NEEDS},
             id="an engine with runsc and a gateway",
         ),
         pytest.param(
@@ -67,6 +76,7 @@ class Engine(ProcessRuntime):
                 "outbound_policy": OUTBOUND_NEEDS,
                 "sandbox": "gVisor's runsc is not registered with its Docker engine (it has runc)",
                 "tool_gateway": "its agent was started without --tool-gateway",
+                "mesh": MESH_NEEDS,
             },
             id="an engine without runsc",
         ),
@@ -78,6 +88,7 @@ class Engine(ProcessRuntime):
                 "outbound_policy": OUTBOUND_NEEDS,
                 "sandbox": "the Docker engine does not answer: connection refused",
                 "tool_gateway": "its agent was started without --tool-gateway",
+                "mesh": MESH_NEEDS,
             },
             id="an engine that does not answer",
         ),
@@ -95,6 +106,18 @@ def test_an_operators_note_replaces_the_agents_own_why(tmp_path: Path) -> None:
     found, why = machine_capabilities(Engine(tmp_path, {"runsc"}), Services(), notes)
     assert (found, why["outbound_policy"]) == (["sandbox", "node_network"], "no egress proxy on this rack")
     assert "sandbox" not in why
+
+
+def test_a_machine_given_a_mesh_endpoint_is_in_the_mesh_where_it_can_make_a_wireguard_interface(
+    tmp_path: Path,
+) -> None:
+    meshed = Services(mesh_endpoint="192.0.2.1:51820")
+    found, why = machine_capabilities(Engine(tmp_path, {"runc"}), meshed, {})
+    assert ("mesh" in found, "mesh" in why) == ((True, False) if wireguard.missing(None) is None else (False, True))
+    found, why = machine_capabilities(ProcessRuntime(tmp_path), meshed, {})
+    assert ("mesh" not in found, why["mesh"]) == (True, PROCESS_NETWORK)
+    found, why = machine_capabilities(Engine(tmp_path, {"runc"}), Services(mesh_endpoint="h:1", mesh_netns="nope"), {})
+    assert why["mesh"] in ("there is no network namespace nope (`ip netns list`)", wireguard.missing(None))
 
 
 @pytest.fixture
@@ -149,7 +172,7 @@ def test_an_agent_asked_to_enforce_outbound_policies_does_so_on_processes_not_co
     found, why = machine_capabilities(Engine(tmp_path, {"runsc"}), Services(outbound_policy=True), {})
     assert (found, why) == (
         ["sandbox", "node_network"],
-        {"outbound_policy": DOCKER_EGRESS, "tool_gateway": TOOLLESS},
+        {"outbound_policy": DOCKER_EGRESS, "tool_gateway": TOOLLESS, "mesh": MESH_NEEDS},
     )
     found, _ = machine_capabilities(ProcessRuntime(tmp_path), Services(outbound_policy=True), {})
     assert found == (["outbound_policy"] if egress.missing() is None else [])

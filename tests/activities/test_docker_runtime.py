@@ -538,6 +538,9 @@ def test_the_node_network_is_made_with_its_subnet_and_replaced_only_while_no_wor
     name = runtime.node_network("10.202.0.0/24")
     try:
         assert (name, subnet_of(name)) == ("astraeus-node-unit-node", "10.202.0.0/24")
+        made = json.loads(docker_engine.docker("network", "inspect", name))[0]
+        assert runtime.node_bridge() == f"br-{made['Id'][:12]}"  # the bridge the mesh's firewall rules name
+        assert Path(f"/sys/class/net/{runtime.node_bridge()}").exists()
         assert runtime.node_network("10.202.0.0/24") == name  # there already: left as it is
         assert subnet_of(runtime.node_network("10.202.1.0/24")) == "10.202.1.0/24"  # the machine was given another
 

@@ -238,6 +238,43 @@ def test_each_per_machine_reason_is_the_spec_sentence(
     assert reasons(node, req, allocations) == [expected]
 
 
+MESH = Network(mesh=True)
+NOT_MESHED = "its agent was started without --mesh-endpoint, so it is in no mesh between machines"
+
+
+@pytest.mark.parametrize(
+    ("node", "req", "expected"),
+    [
+        pytest.param(
+            machine("n0", capabilities=["node_network"], capability_notes={"mesh": NOT_MESHED}),
+            request(network=MESH),
+            [f"machine cannot host the node network ({NOT_MESHED})"],
+            id="a run that may span machines needs machines in the mesh",
+        ),
+        pytest.param(
+            machine("n0", capabilities=["node_network", "mesh"]),
+            request(network=MESH),
+            [],
+            id="a machine in the mesh takes it",
+        ),
+        pytest.param(
+            machine("n0", capabilities=["node_network"], capability_notes={"mesh": NOT_MESHED}),
+            request(network=MESH, topology={"one_machine": True}),
+            [],
+            id="a run kept on one machine needs no mesh",
+        ),
+        pytest.param(
+            machine("n0", capability_notes={"node_network": "processes", "mesh": "processes"}),
+            request(network=MESH),
+            ["machine cannot host the node network (processes)"],
+            id="a machine without the node network says so first",
+        ),
+    ],
+)
+def test_the_node_network_and_its_mesh(node: NodeView, req: TaskRequest, expected: list[str]) -> None:
+    assert reasons(node, req) == expected
+
+
 DRIVES = {
     "data": Drive(name="data", size_bytes=200 * 2**30, node="n9", site="paris"),
     "broken": Drive(name="broken", problem="its volume is being deleted"),

@@ -644,22 +644,19 @@ def test_a_bad_drive_secret_or_pull_policy_is_refused_naming_the_field(group: di
     assert str(raised.value) == message
 
 
-def test_the_mesh_across_machines_is_refused_saying_what_it_needs() -> None:
-    with pytest.raises(ValueError) as raised:
-        parse_spec(with_group(network={"mesh": True}))
-    assert str(raised.value) == (
-        "groups.0.network.mesh: routes between machines (the mesh) need WireGuard tunnels between the machines' "
-        "subnets, which this cluster does not have yet: a run on the node network is kept on one machine (set "
-        "topology.one_machine: true)"
-    )
+def test_a_run_on_the_node_network_may_span_machines() -> None:
+    spec = parse_spec({**with_group(network={"mesh": True}, replicas=2), "topology": {"one_per_machine": True}})
+    assert spec.groups[0].network is not None and spec.groups[0].network.mesh
 
 
-def test_a_gang_cannot_join_the_node_network_yet() -> None:
+@pytest.mark.parametrize("topology", [{"one_machine": True}, {}], ids=["on one machine", "on several"])
+def test_a_gang_cannot_join_the_node_network_saying_what_it_needs(topology: dict[str, Any]) -> None:
     with pytest.raises(ValueError) as raised:
-        parse_spec({**with_group(network={"mesh": True}), "gang": True, "topology": {"one_machine": True}})
+        parse_spec({**with_group(network={"mesh": True}), "gang": True, "topology": topology})
     assert str(raised.value) == (
         "groups.0.network.mesh: a gang's workers share their machine's own network (MASTER_ADDR is the machine's "
-        "address), so a gang cannot join the node network yet"
+        "address), so a gang cannot join the node network: that needs the leader's address on the node network "
+        "before the gang starts, which is not built"
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from activities.capabilities import MESH_NEEDS
 from activities.node_network import PROCESS_NETWORK
 from activities.runtime.process import PROCESS_SANDBOX
 from tests.integration.harness import Cluster
@@ -64,6 +65,7 @@ def test_the_agent_reports_its_ports_capabilities_room_and_pressure_and_runs_wai
         "outbound_policy": "no egress proxy on this rack",
         "sandbox": PROCESS_SANDBOX,
         "node_network": PROCESS_NETWORK,
+        "mesh": MESH_NEEDS,
     }
     assert inventory["data_free_bytes"] > 0
     assert inventory["pressure"] == []

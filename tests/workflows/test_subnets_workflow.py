@@ -1,5 +1,6 @@
 """SubnetsWorkflow: machines get subnets of the control plane's range, never two the same; a machine that asks
-again keeps its own; a freed subnet is given again; what it holds goes on when it continues as new."""
+again keeps its own; a freed subnet is given again; machines in the mesh are handed each other as peers; what it
+holds goes on when it continues as new."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from temporalio.worker import Worker
 from tests.workflows.fakes import unique
 from workflows import contracts
 from workflows.contracts import CONTROL_TASK_QUEUE
+from workflows.domain.mesh import MeshMember, MeshPeer
 from workflows.domain.settings import Settings
-from workflows.messages import LoadSettingsResult, NodeSubnet, SubnetRequest, SubnetsInput
+from workflows.messages import LoadSettingsResult, MeshPeersRequest, NodeSubnet, SubnetRequest, SubnetsInput
 from workflows.subnets import SubnetsWorkflow
 
 # Two /24s: the third machine gets none until one is freed.
@@ -64,3 +66,45 @@ async def test_a_workflow_continued_with_the_subnets_it_held_keeps_them_held(
         assert await contracts.update(handle, contracts.ASSIGN_SUBNET, SubnetRequest(node="m1")) == NodeSubnet(
             node="m1", subnet="10.9.1.0/24"
         )
+
+
+async def test_machines_in_the_mesh_are_each_others_peers_until_one_leaves_it_or_is_removed(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    client = time_skipping.client
+    async with Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[SubnetsWorkflow], activities=[load_settings]):
+        handle = await client.start_workflow(
+            contracts.SUBNETS_WORKFLOW, SubnetsInput(), id=unique("subnets"), task_queue=CONTROL_TASK_QUEUE
+        )
+        m1, m2 = MeshMember(public_key="K1=", endpoint="192.0.2.1:51820"), MeshMember(public_key="K2=", endpoint="h:1")
+
+        async def peers(node: str) -> list[MeshPeer]:
+            return await contracts.query(handle, contracts.MESH_PEERS, MeshPeersRequest(node=node))
+
+        await contracts.update(handle, contracts.ASSIGN_SUBNET, SubnetRequest(node="m1", mesh=m1))
+        assert await peers("m1") == []
+        await contracts.update(handle, contracts.ASSIGN_SUBNET, SubnetRequest(node="m2", mesh=m2))
+        assert await peers("m1") == [MeshPeer(node="m2", public_key="K2=", endpoint="h:1", subnet="10.9.1.0/24")]
+        assert await peers("m2") == [
+            MeshPeer(node="m1", public_key="K1=", endpoint="192.0.2.1:51820", subnet="10.9.0.0/24")
+        ]
+        # m2's agent restarts without --mesh-endpoint: it keeps its subnet and leaves the mesh.
+        await contracts.update(handle, contracts.ASSIGN_SUBNET, SubnetRequest(node="m2"))
+        assert await peers("m1") == []
+        await contracts.update(handle, contracts.ASSIGN_SUBNET, SubnetRequest(node="m2", mesh=m2))
+        await contracts.update(handle, contracts.FREE_SUBNET, SubnetRequest(node="m1"))  # m1 is removed
+        assert await peers("m2") == []
+        assert await contracts.query(handle, contracts.SUBNETS) == [NodeSubnet(node="m2", subnet="10.9.1.0/24")]
+
+
+async def test_a_workflow_continued_with_the_mesh_keeps_its_members(time_skipping: WorkflowEnvironment) -> None:
+    client = time_skipping.client
+    async with Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[SubnetsWorkflow], activities=[load_settings]):
+        member = MeshMember(public_key="K1=", endpoint="192.0.2.1:51820")
+        held = SubnetsInput(assigned={"m1": "10.9.1.0/24"}, mesh={"m1": member})
+        handle = await client.start_workflow(
+            contracts.SUBNETS_WORKFLOW, held, id=unique("subnets"), task_queue=CONTROL_TASK_QUEUE
+        )
+        assert await contracts.query(handle, contracts.MESH_PEERS, MeshPeersRequest(node="m2")) == [
+            MeshPeer(node="m1", public_key="K1=", endpoint="192.0.2.1:51820", subnet="10.9.1.0/24")
+        ]

@@ -232,3 +232,12 @@ def test_a_report_with_external_access_carries_where_people_reach_it() -> None:
     sent = TaskRunning(task_id="w-0", attempt=0, started=True, external={"web": "10.0.0.7:30001"})
     assert json_of(sent)["external"] == {"web": "10.0.0.7:30001"}
     assert through_the_wire(sent, TaskRunning) == sent
+
+
+def test_a_report_of_a_worker_on_the_node_network_carries_its_address_there_and_others_none() -> None:
+    from workflows.domain.events import TaskRunning
+
+    sent = TaskRunning(task_id="w-0", attempt=0, started=True, node_address="10.200.1.2")
+    assert json_of(sent)["node_address"] == "10.200.1.2"
+    assert through_the_wire(sent, TaskRunning) == sent
+    assert "node_address" not in json_of(TaskRunning(task_id="w-0", attempt=0, started=True))

@@ -109,7 +109,8 @@ class Network(_Frozen):
     mesh: bool = Field(
         False,
         description="Joins the node network: an address on its machine's subnet, where the run's other workers reach "
-        "it as <worker>.<run>.<workspace> (docker machines; the run is kept on one machine: topology.one_machine).",
+        "it, by name (<worker>.<run>.<workspace>) from its own machine, by address from others through the mesh "
+        "(docker machines; a run not kept on one machine goes only to machines in the mesh; not in a gang).",
     )
 
     @property

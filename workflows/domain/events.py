@@ -172,14 +172,17 @@ class TaskRunning(_Msg):
     started_at: datetime | None = None  # with `started`: when the container was started
     # With `started`: where people reach its external access, name -> "<machine address>:<port its machine gave>".
     external: dict[str, str] = Field(default_factory=dict)
+    node_address: str | None = None  # with `started`, on the node network (network.mesh): its address there
 
     @model_serializer(mode="wrap")
     def _without_empty_external(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A report of a worker without external access is sent as it was before the field (a control plane of
-        before reads it)."""
+        """A report of a worker without external access (or node address) is sent as it was before the field (a
+        control plane of before reads it)."""
         data: dict[str, Any] = handler(self)
         if not self.external:
             data.pop("external", None)
+        if self.node_address is None:
+            data.pop("node_address", None)
         return data
 
 

@@ -396,6 +396,8 @@ def _apply(step: Step, event: Event) -> None:
                 _picked_up(step, task, event.picked_up_at)
                 if event.external:  # its machine assigned its external ports: describe shows where to reach it
                     task.attempt.external = dict(event.external)
+                if event.node_address:  # on the node network: describe shows where the run's workers reach it
+                    task.attempt.node_address = event.node_address
             if task is not None and event.started and task.state in (TaskState.PREPARING, TaskState.PULLING):
                 at = _reported(step, task, event.started_at)
                 step.move(task, TaskEvent.CONTAINER_STARTED, R.ContainerStarted(), at=at)

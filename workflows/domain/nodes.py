@@ -98,7 +98,9 @@ class NodeInventory(BaseModel):
     ports: list[NetworkPort] = Field(default_factory=list)
     pressure: list[str] = Field(default_factory=list, description='Conditions that stop new work, e.g. "memory".')
     refuses_runs: str | None = Field(None, description="Why the machine takes no new runs (set on its agent).")
-    capabilities: list[str] = Field(default_factory=list, description="outbound_policy, sandbox, tool_gateway")
+    capabilities: list[str] = Field(
+        default_factory=list, description="outbound_policy, sandbox, tool_gateway, node_network, mesh"
+    )
     capability_notes: dict[str, str] = Field(default_factory=dict, description="Why a capability is missing.")
     data_free_bytes: int | None = Field(None, ge=0, description="Free at its data location; None: none chosen.")
     data_location: str | None = Field(None, description="Where it keeps copies of drives; None: none chosen.")

@@ -119,12 +119,15 @@ def check_labels(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
     return None
 
 
-# What a machine that can host the node network (network.mesh) reports among its capabilities.
+# What a machine that can host the node network (network.mesh) reports among its capabilities; and one in the mesh
+# between machines, which a run on the node network needs unless it is kept on one machine.
 NODE_NETWORK = "node_network"
+NODE_MESH = "mesh"
 
 
 def check_network(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
-    """The node network: a machine that hosts it. RDMA: any active port. InfiniBand: an active port at the speed
+    """The node network: a machine that hosts it, and, for a run not kept on one machine, one in the mesh between
+    machines (its workers may be on several). RDMA: any active port. InfiniBand: an active port at the speed
     asked, on the fabric asked; a gang's members after the first placed ones also on one of their fabrics (members
     on two fabrics cannot reach each other)."""
     network = ask.request.network
@@ -132,6 +135,9 @@ def check_network(node: CompiledNode, free: Free, ask: Ask) -> Reason | None:
         return None
     if network.mesh and NODE_NETWORK not in node.capabilities:
         return fill(R.NoNodeNetwork, why=node.capability_notes.get(NODE_NETWORK, "not reported by its agent"))
+    one_machine = ask.request.topology is not None and ask.request.topology.one_machine
+    if network.mesh and not one_machine and NODE_MESH not in node.capabilities:
+        return fill(R.NoNodeNetwork, why=node.capability_notes.get(NODE_MESH, "not in the mesh, by its agent's report"))
     if network.infiniband:
         fabrics = {network.fabric} if network.fabric else set()
         if ask.request.gang and ask.run_fabrics:

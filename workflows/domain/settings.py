@@ -51,6 +51,9 @@ class Settings(BaseModel):
         "10.200.0.0/16", description="The node network's range: each machine gets one subnet of it (IPv4)."
     )
     node_subnet_prefix: int = Field(24, ge=8, le=30, description="The size of each machine's subnet (a /24: 254).")
+    mesh_refresh_seconds: float = Field(
+        10, gt=0, le=DAY_SECONDS, description="How often a machine in the mesh asks for its peers and sets them."
+    )
 
     @model_validator(mode="after")
     def _subnets(self) -> Settings:

@@ -39,8 +39,8 @@ RestartPolicy = Literal["OnFailure", "Always", "Never"]
 
 MAX_EXTERNAL_ACCESS = 16  # ports one worker exposes on its machine
 
-# network.mesh: what routes between machines' subnets (the mesh) need, which is not built yet.
-MESH_NEEDS = "WireGuard tunnels between the machines' subnets"
+# network.mesh in a gang: what MASTER_ADDR would need on the node network, which is not built.
+MESH_GANG_NEEDS = "that needs the leader's address on the node network before the gang starts, which is not built"
 
 
 class _Frozen(BaseModel):
@@ -498,22 +498,14 @@ class JobSpec(_Frozen):
         return self
 
     @model_validator(mode="after")
-    def _mesh_on_one_machine(self) -> JobSpec:
-        """The node network is built on each machine; the mesh that routes between machines is not, so a run on
-        it stays on one machine, where its workers reach each other."""
+    def _mesh_without_gang(self) -> JobSpec:
+        """A gang's members share their machine's own network: MASTER_ADDR is the leader's machine's address, which
+        reaches no worker on the node network."""
         for index, group in enumerate(self.groups):
-            if group.network is None or not group.network.mesh:
-                continue
-            if self.gang:
+            if self.gang and group.network is not None and group.network.mesh:
                 raise ValueError(
                     f"groups.{index}.network.mesh: a gang's workers share their machine's own network (MASTER_ADDR "
-                    "is the machine's address), so a gang cannot join the node network yet"
-                )
-            if self.topology is None or not self.topology.one_machine:
-                raise ValueError(
-                    f"groups.{index}.network.mesh: routes between machines (the mesh) need {MESH_NEEDS}, which this "
-                    "cluster does not have yet: a run on the node network is kept on one machine (set "
-                    "topology.one_machine: true)"
+                    f"is the machine's address), so a gang cannot join the node network: {MESH_GANG_NEEDS}"
                 )
         return self
 

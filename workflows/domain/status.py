@@ -158,6 +158,7 @@ class Attempt(BaseModel):
     released: bool = False  # a gang member at the barrier that was told to start
     healthy: bool | None = None  # its readiness check: None until the machine first reports it
     external: dict[str, str] = Field(default_factory=dict)  # external_access: name -> "<address>:<port>" people use
+    node_address: str | None = None  # network.mesh: its address on its machine's subnet, once started
 
 
 class StopIntent(BaseModel):

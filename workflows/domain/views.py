@@ -31,6 +31,7 @@ class TaskView(BaseModel):
     last_failure: LastFailure | None
     healthy: bool | None = None  # its group's readiness check, while it runs (None: no check, or not yet)
     external: dict[str, str] = {}  # its external access: name -> "<machine address>:<port>", once started
+    node_address: str | None = None  # network.mesh: its address on its machine's subnet, once started
 
 
 class JobDescription(BaseModel):
@@ -81,6 +82,7 @@ def describe(job: JobRecord) -> JobDescription:
                 last_failure=t.last_failure,
                 healthy=t.attempt.healthy,
                 external=t.attempt.external,
+                node_address=t.attempt.node_address,
             )
             for t in job.tasks
         ],
