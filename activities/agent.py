@@ -293,14 +293,14 @@ class AgentActivities:
         """Admit the attempt within the machine's real free GPUs, prepare it (reporting each wait to the run,
         and waiting as long as a step waits), pull its image, and start it. A retry finds what it started.
         With `barrier` it stops short of the start, its GPUs held for it until the run starts or stops it."""
-        gpus, started, picked_up = await self._start(input)
-        return StartTaskResult(gpu_indices=gpus, started=started, picked_up_at=picked_up)
+        gpus, started, picked_up, held = await self._start(input)
+        return StartTaskResult(gpu_indices=gpus, started=started, picked_up_at=picked_up, node_address=held)
 
     @implements(contracts.run_task)
     async def run_task(self, input: RunTaskInput) -> TaskExit:
         """A worker's whole life here in one activity: start it (as start_task), tell the run it was started and
         runs, then watch it until it ends (as supervise_task). Called again, it finds what it started."""
-        _, _, picked_up = await self._start(input.start, input.settings)
+        _, _, picked_up, _ = await self._start(input.start, input.settings)
         ref = input.start.ref
         started_at = datetime.now(UTC)
         external = await self._external(task_key(ref)) if input.start.group.external_access else {}
@@ -317,21 +317,24 @@ class AgentActivities:
         held = await asyncio.to_thread(self._runtime.ports_in_use)
         return {name: f"{self._inventory.address}:{port}" for name, port in sorted(held.get(key.slug, {}).items())}
 
-    async def _start(self, input: StartTaskInput, settings: Settings | None = None) -> tuple[list[int], bool, datetime]:
-        """Its GPUs, whether it started, and when this agent picked it up. A setup that takes longer than
-        PICK_UP_REPORT_SECONDS with nothing else told is told to the run as picked up while it lasts."""
+    async def _start(
+        self, input: StartTaskInput, settings: Settings | None = None
+    ) -> tuple[list[int], bool, datetime, str | None]:
+        """Its GPUs, whether it started, when this agent picked it up, and at the barrier the address held for it on
+        the node network. A setup that takes longer than PICK_UP_REPORT_SECONDS with nothing else told is told to
+        the run as picked up while it lasts."""
         key = task_key(input.ref)
         _beat_after_an_interval(settings or self._settings)
         picked_up = datetime.now(UTC)
         self._picked_up[key] = picked_up
         teller = asyncio.ensure_future(self._tell_picked_up(key))
         try:
-            gpus, started = await self._admit_and_start(input, key)
+            gpus, started, held = await self._admit_and_start(input, key)
         finally:
             teller.cancel()
             self._picked_up.pop(key, None)
             self._told_setting_up.discard(key)
-        return gpus, started, picked_up
+        return gpus, started, picked_up, held
 
     async def _tell_picked_up(self, key: TaskKey) -> None:
         await asyncio.sleep(PICK_UP_REPORT_SECONDS)
@@ -342,7 +345,7 @@ class AgentActivities:
         except Exception as err:  # the report of its start says it later
             log.warning("%s: could not tell its run it was picked up: %s", key.slug, err)
 
-    async def _admit_and_start(self, input: StartTaskInput, key: TaskKey) -> tuple[list[int], bool]:
+    async def _admit_and_start(self, input: StartTaskInput, key: TaskKey) -> tuple[list[int], bool, str | None]:
         began, registrations = time.monotonic(), self.registrations
         details = activity.info().heartbeat_details
         _beat(str(details[0]) if details else "starting")  # a start that queues is not a dead agent
@@ -359,7 +362,7 @@ class AgentActivities:
 
     async def _set_up_and_start(
         self, input: StartTaskInput, key: TaskKey, fence: Callable[[], Awaitable[None]]
-    ) -> tuple[list[int], bool]:
+    ) -> tuple[list[int], bool, str | None]:
         self._attempts.add(key)
         env = {
             **input.group.env,
@@ -371,13 +374,11 @@ class AgentActivities:
         reported = str(details[0]) if details else None
         try:
             if input.barrier:
-                gpus, started = await self._starter.ready(key, input.group, env, _beat, reported)
-            else:
-                gpus = await self._starter.start(key, input.group, env, _beat, reported, input.host_network, fence)
-                started = True
+                return await self._starter.ready(key, input.group, env, _beat, reported)
+            gpus = await self._starter.start(key, input.group, env, _beat, reported, input.host_network, fence)
         except SetupEnded as ended:
             raise ApplicationError(ended.reason.text, type=ended.reason.code, non_retryable=True) from None
-        return gpus, started
+        return gpus, True, None
 
     @implements(contracts.supervise_task)
     async def supervise_task(self, input: SuperviseInput) -> TaskExit:

@@ -23,13 +23,25 @@ from activities.capabilities import CapabilitySetup, Services
 from activities.identities import Identities
 from activities.node_network import NodeNetworkUp, network_missing
 from activities.prepare import Preparer, Waiting
-from activities.runtime.base import Launch, Mount, OnProgress, PortMapping, Runtime, RuntimeFailure, TaskKey
+from activities.runtime.base import (
+    Launch,
+    Mount,
+    NetworkNotUp,
+    OnProgress,
+    PortMapping,
+    Runtime,
+    RuntimeFailure,
+    TaskKey,
+)
+from activities.runtime.shim import write_atomically
 from activities.sessions import Sessions
 from workflows.domain.constraints import Drive
 from workflows.domain.nodes import GpuInfo, PortRange
 from workflows.domain.reasons import R, Reason
 from workflows.domain.requests import placed_drives
 from workflows.domain.spec import GroupSpec
+
+NODE_ADDRESS_FILE = "node-address"  # with an attempt's files: the address held for it on the node network
 
 log = logging.getLogger(__name__)
 
@@ -147,12 +159,16 @@ class Starter:
 
     async def ready(
         self, key: TaskKey, group: GroupSpec, env: dict[str, str], beat: Beat, reported: str | None = None
-    ) -> tuple[list[int], bool]:
+    ) -> tuple[list[int], bool, str | None]:
         """Set the attempt up to the gang barrier without starting it: admit, prepare, pull. Its GPUs stay
-        reserved until a later `start` starts it or a `stop` ends it. Returns its GPUs and whether it already
-        started (a barrier call repeated after the start)."""
+        reserved until a later `start` starts it or a `stop` ends it. Returns its GPUs, whether it already
+        started (a barrier call repeated after the start), and on the node network the address held for it there,
+        which the gang's others reach it at once it starts (MASTER_ADDR)."""
         gpus, launch = await self._set_up(key, group, env, beat, reported)
-        return gpus, launch is None
+        if launch is None:
+            return gpus, True, None
+        held = await asyncio.to_thread(self._hold_node_address, key) if launch.network is not None else None
+        return gpus, False, held
 
     async def stop(self, key: TaskKey, grace_seconds: float) -> None:
         """Stop the attempt: end its setup, let a start already in the runtime finish, then stop what runs. One
@@ -197,8 +213,10 @@ class Starter:
             return gpus, None
         try:
             launch = await self._prepare(key, group, env, gpus, beat, reported)
-            # A worker on the node network has its own address there, not the machine's network.
-            launch = dataclasses.replace(launch, host_network=host_network and launch.network is None)
+            # A worker on the node network has its own address there, not the machine's network: the one held for
+            # it at the barrier, if it was.
+            held = await asyncio.to_thread(self._held_node_address, key) if launch.network is not None else None
+            launch = dataclasses.replace(launch, host_network=host_network and launch.network is None, network_ip=held)
             if key.slug not in self._pulled and key.slug not in self._starting:
                 self._not_stopped(key)
                 pulling = asyncio.ensure_future(
@@ -308,6 +326,30 @@ class Starter:
         if self._sessions is None:
             raise RuntimeFailure(R.InteractiveTokenFailed(why="this machine's agent hosts no interactive sessions"))
         self._sessions.set_up(key)
+
+    def _hold_node_address(self, key: TaskKey) -> str:
+        """The attempt's address on the node network, held for it (kept with its files, so that a restarted agent
+        holds the same one): asked of the runtime once, clear of the addresses held for the others."""
+        held = self._held_node_address(key)
+        if held is not None:
+            return held
+        others = {path.read_text() for path in self._preparer.config_root.glob(f"*/{NODE_ADDRESS_FILE}")}
+        hold = getattr(self._runtime, "hold_node_address")  # noqa: B009 (the docker runtime's: it hosts the network)
+        try:
+            address: str = hold(others)
+        except NetworkNotUp as err:
+            why = f"network.mesh: no address on the node network: {err}"
+            raise SetupEnded(R.ContainerStartFailed(error=why)) from None
+        directory = self._preparer.config_root / key.slug
+        directory.mkdir(parents=True, exist_ok=True)
+        write_atomically(directory / NODE_ADDRESS_FILE, address)
+        return address
+
+    def _held_node_address(self, key: TaskKey) -> str | None:
+        try:
+            return (self._preparer.config_root / key.slug / NODE_ADDRESS_FILE).read_text()
+        except FileNotFoundError:
+            return None
 
     def _joined_network(self, group: GroupSpec) -> NodeNetworkUp | None:
         """The node network a mesh worker joins, None while it is not up (or the worker asks for none); a machine

@@ -396,7 +396,12 @@ class JobWorkflow:
         finally:
             self._starting.discard(key)
         if not result.started:
-            ready = ev.TaskReady(task_id=command.task_id, attempt=command.attempt, picked_up_at=result.picked_up_at)
+            ready = ev.TaskReady(
+                task_id=command.task_id,
+                attempt=command.attempt,
+                picked_up_at=result.picked_up_at,
+                node_address=result.node_address,
+            )
             self._inbox.append(ready)
             return
         self._inbox.append(ev.TaskStarted(task_id=command.task_id, attempt=command.attempt))

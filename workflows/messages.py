@@ -302,6 +302,8 @@ class StartTaskResult(_Msg):
     gpu_indices: list[int] = Field(default_factory=list)
     started: bool = True  # False: set up and waiting at the barrier (StartTaskInput.barrier)
     picked_up_at: datetime | None = None  # when the machine picked the worker up (began to set it up)
+    # At the barrier, on the node network (network.mesh): the address its machine holds for it there (MASTER_ADDR)
+    node_address: str | None = None
 
 
 class SuperviseInput(_Msg):

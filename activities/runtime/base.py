@@ -91,6 +91,7 @@ class Launch:
     egress: tuple[str, ...] | None = None  # its outbound policy: the only networks it may reach; None: any
     network: str | None = None  # the machine's node network it joins (network.mesh); None: the runtime's default
     network_alias: str | None = None  # its name there, for the other workers on that network
+    network_ip: str | None = None  # its address there, held for it at a gang's barrier (else the engine chooses)
 
 
 # Told what a start is doing while it takes time (R.Pulling before an image pull); it must not raise.

@@ -9,6 +9,7 @@ refuses a second container of the same name, and a container that ever started i
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -16,7 +17,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -149,6 +150,28 @@ class DockerRuntime:
         except (DockerException, requests.RequestException) as err:
             raise NetworkNotUp(str(_unavailable(err))) from err
         return name
+
+    def hold_node_address(self, held: Collection[str]) -> str:
+        """An address of the node network for a worker to start on later (a gang member at the barrier, whose
+        address is MASTER_ADDR before it starts): the highest free one, since the engine gives the lowest free
+        ones to the workers it places itself. Free: not the gateway, no worker's on the network, not in `held`
+        (held for others and not started yet). Raises NetworkNotUp when none is free."""
+        try:
+            network = self._client.networks.get(node_network_name(self.node))
+        except APIError as err:
+            raise NetworkNotUp(explain(err)) from err
+        except (DockerException, requests.RequestException) as err:
+            raise NetworkNotUp(str(_unavailable(err))) from err
+        configs = (network.attrs.get("IPAM") or {}).get("Config") or []
+        if not configs or not configs[0].get("Subnet"):
+            raise NetworkNotUp(f"network {network.name} has no subnet")
+        subnet = configs[0]["Subnet"]
+        attached = (network.attrs.get("Containers") or {}).values()
+        used = {str(c.get("IPv4Address", "")).partition("/")[0] for c in attached} | {gateway(subnet), *held}
+        for host in reversed(list(ipaddress.ip_network(subnet).hosts())):
+            if str(host) not in used:
+                return str(host)
+        raise NetworkNotUp(f"every address of {subnet} is in use")
 
     def node_address(self, key: TaskKey) -> str | None:
         """The attempt's address on the machine's node network, None when it is not on it (or gone)."""
@@ -299,7 +322,8 @@ class DockerRuntime:
         if launch.network is not None:  # the machine's node network, under the worker's own name there
             aliases = [launch.network_alias] if launch.network_alias else None
             options["network"] = launch.network
-            options["networking_config"] = {launch.network: self._client.api.create_endpoint_config(aliases=aliases)}
+            endpoint = self._client.api.create_endpoint_config(aliases=aliases, ipv4_address=launch.network_ip)
+            options["networking_config"] = {launch.network: endpoint}
         if launch.host_network:
             options["network_mode"] = "host"
         elif launch.ports:  # the machine's port, on every address, to the port the worker listens on

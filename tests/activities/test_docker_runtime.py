@@ -358,7 +358,7 @@ async def test_a_barrier_setup_pulls_then_the_start_runs_it_without_pulling_agai
 
     k = key()
     spec = spec.model_copy(update={"pull_policy": "IfNotPresent"})
-    assert await starter.ready(k, spec, {}, lambda _: None) == ([], False)
+    assert await starter.ready(k, spec, {}, lambda _: None) == ([], False, None)
     assert runtime.observe(k) == Observed(running=False, not_found=True)  # no container yet
     assert await starter.start(k, spec, {"RANK": "0"}, lambda _: None) == []
     assert runtime.observe(k).running
@@ -556,4 +556,27 @@ def test_the_node_network_is_made_with_its_subnet_and_replaced_only_while_no_wor
         runtime.delete(k)
     finally:
         with contextlib.suppress(RuntimeError):  # a failed test may leave its worker on it
+            docker_engine.docker("network", "rm", name)
+
+
+def test_an_address_held_on_the_node_network_is_the_highest_free_one_and_the_worker_starts_on_it(
+    runtime: DockerRuntime, docker_engine: DockerEngine
+) -> None:
+    """A gang member at the barrier is given its address before it starts (the others' MASTER_ADDR): the highest
+    free one, clear of those held for others, of the gateway and of the workers on the network."""
+    name = runtime.node_network("10.203.0.0/29")  # hosts .1 (the gateway) to .6
+    try:
+        assert runtime.hold_node_address(set()) == "10.203.0.6"
+        assert runtime.hold_node_address({"10.203.0.6"}) == "10.203.0.5"
+        k = key()
+        runtime.start(k, sh("ip -4 -o addr show eth0; sleep 30", network=name, network_ip="10.203.0.5"))
+        assert runtime.node_address(k) == "10.203.0.5"
+        assert runtime.hold_node_address({"10.203.0.6"}) == "10.203.0.4"  # .5 is the worker's now
+        with pytest.raises(NetworkNotUp) as full:
+            runtime.hold_node_address({"10.203.0.2", "10.203.0.3", "10.203.0.4", "10.203.0.6"})
+        assert str(full.value) == "every address of 10.203.0.0/29 is in use"
+        runtime.stop(k, grace_seconds=0)
+        runtime.delete(k)
+    finally:
+        with contextlib.suppress(RuntimeError):
             docker_engine.docker("network", "rm", name)

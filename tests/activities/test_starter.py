@@ -152,7 +152,7 @@ async def test_a_barrier_setup_prepares_without_starting_and_the_start_keeps_its
     (machine.root / "secrets" / "hf").mkdir(parents=True)
     (machine.root / "secrets" / "hf" / "token").write_text("hf_abc")
 
-    assert await machine.starter.ready(key(), spec, {}, machine.beats.append) == ([0, 3], False)
+    assert await machine.starter.ready(key(), spec, {}, machine.beats.append) == ([0, 3], False, None)
     assert machine.runtime.observe(key()) == Observed(running=False, not_found=True)
     # Nothing runs, yet its GPUs are held: another attempt gets the at-risk one, not the held ones.
     assert await machine.start(key("other"), group(gpus=1)) == [1]
@@ -175,7 +175,7 @@ async def test_a_repeated_barrier_call_answers_the_same_and_reports_nothing_twic
 
     again = await machine.starter.ready(key(), spec, {}, machine.beats.append, reported=machine.beats[-1])
 
-    assert first == again == ([0], False)
+    assert first == again == ([0], False, None)
     assert machine.reported == [("w-0", "waiting for external secret hf (key token) to be synced to this node")]
     assert machine.runtime.attempts() == []
 
@@ -184,11 +184,11 @@ async def test_a_barrier_call_after_the_start_says_it_started(machine: Machine) 
     await machine.starter.ready(key(), group(gpus=1), {}, machine.beats.append)
     await machine.start(key(), group(gpus=1))
 
-    assert await machine.starter.ready(key(), group(gpus=1), {}, machine.beats.append) == ([0], True)
+    assert await machine.starter.ready(key(), group(gpus=1), {}, machine.beats.append) == ([0], True, None)
 
 
 async def test_a_stop_at_the_barrier_gives_its_gpus_back_and_it_never_starts(machine: Machine) -> None:
-    assert await machine.starter.ready(key(), group(gpus=3), {}, machine.beats.append) == ([0, 1, 3], False)
+    assert await machine.starter.ready(key(), group(gpus=3), {}, machine.beats.append) == ([0, 1, 3], False, None)
 
     await machine.starter.stop(key(), grace_seconds=1)
 

@@ -208,6 +208,17 @@ def test_the_named_leader_is_rank_0_and_the_master() -> None:
     assert {env["MASTER_ADDR"] for env in starts.values()} == {"10.0.0.2"}
 
 
+def test_on_the_node_network_the_master_is_the_address_the_leaders_machine_held_for_it_there() -> None:
+    story = Story(gang(leader="w-1", group={"network": {"mesh": True}}))
+    story.step(1, Created())
+    placed(story, 2)
+    members = [TaskReady(task_id=t, attempt=0, node_address=f"10.200.{i}.254") for i, t in enumerate(IDS)]
+    starts = of(story.step(3, *members), Start)
+    assert {s.env["MASTER_ADDR"] for s in starts} == {"10.200.1.254"}  # w-1's, not its machine's 10.0.0.1
+    assert [(s.task_id, s.barrier) for s in starts] == [(t, False) for t in IDS]
+    assert story.job.task("w-1").attempt.node_address == "10.200.1.254"
+
+
 def test_a_member_that_fails_for_good_fails_the_run() -> None:
     story = running_gang(gang(group={"restart_policy": "Never"}))
     commands = story.step(10, TaskEnded(task_id="w-1", attempt=0, exit_code=3))

@@ -650,14 +650,24 @@ def test_a_run_on_the_node_network_may_span_machines() -> None:
 
 
 @pytest.mark.parametrize("topology", [{"one_machine": True}, {}], ids=["on one machine", "on several"])
-def test_a_gang_cannot_join_the_node_network_saying_what_it_needs(topology: dict[str, Any]) -> None:
+def test_a_gang_joins_the_node_network(topology: dict[str, Any]) -> None:
+    spec = parse_spec({**with_group(network={"mesh": True}, replicas=2), "gang": True, "topology": topology})
+    assert spec.gang and spec.groups[0].network is not None and spec.groups[0].network.mesh
+
+
+def test_a_gangs_groups_ask_for_the_node_network_all_or_none() -> None:
+    groups = [
+        {"name": "leader", "command": ["true"], "network": {"mesh": True}},
+        {"name": "rest", "command": ["true"], "replicas": 2},
+    ]
     with pytest.raises(ValueError) as raised:
-        parse_spec({**with_group(network={"mesh": True}), "gang": True, "topology": topology})
+        parse_spec({"name": "mixed", "gang": True, "groups": groups})
     assert str(raised.value) == (
-        "groups.0.network.mesh: a gang's workers share their machine's own network (MASTER_ADDR is the machine's "
-        "address), so a gang cannot join the node network: that needs the leader's address on the node network "
-        "before the gang starts, which is not built"
+        "groups.1.network.mesh: a gang's groups ask for the node network all or none (its workers meet at "
+        "MASTER_ADDR, the leader's address there or on its machine's own network); group rest does not ask it, "
+        "group leader does"
     )
+    assert not parse_spec({"name": "mixed", "groups": groups}).gang  # not a gang: each group as it asks
 
 
 def test_a_run_kept_on_one_machine_joins_the_node_network() -> None:

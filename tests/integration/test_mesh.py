@@ -216,6 +216,26 @@ def test_workers_on_two_machines_reach_each_other_through_the_mesh(
     cluster.wait_state("servers", "Cancelled")
 
 
+def test_a_gang_on_two_machines_meets_at_the_leaders_address_on_the_node_network(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A gang's members meet at MASTER_ADDR:MASTER_PORT: on the node network, the address the leader's machine held
+    for it at the barrier, before it started, which the follower on the other machine reaches through the mesh."""
+    leader = SERVER.replace("-p 8080", "-p $MASTER_PORT")
+    fetch = "timeout 3 wget -q -O - http://$MASTER_ADDR:$MASTER_PORT/name"
+    follower = "echo master $MASTER_ADDR; for i in $(seq 30); do " + fetch + " && exit 0; sleep 1; done; exit 1"
+    groups = [{"name": "lead", "command": ["sh", "-c", leader], **on("mesh-a")}]
+    groups += [{"name": "follow", "command": ["sh", "-c", follower], **on("mesh-b")}]
+    submit(cluster, tmp_path, "gang", groups, gang=True)
+    cluster.wait_for(lambda: "lead-0" in cluster.cli("logs", "gang/follow-0").stdout, "the follower to reach it")
+    logged = cluster.cli("logs", "gang/follow-0").stdout.splitlines()  # tries refused until the leader listens
+    lead = address(cluster, "gang/lead-0")
+    assert (logged[0], logged[-1]) == (f"master {lead}", "lead-0")
+    assert lead.startswith("10.238.") and lead.endswith(".254")  # held at the barrier: its subnet's highest free one
+    cluster.cli("cancel", "gang")
+    cluster.wait_state("gang", "Cancelled", "Completed", "Failed")
+
+
 def test_a_machines_private_key_stays_on_it_and_its_public_key_reaches_the_control_plane(cluster: Cluster) -> None:
     async def history() -> str:
         client = await Client.connect(cluster.address, data_converter=pydantic_data_converter)

@@ -110,7 +110,8 @@ class Network(_Frozen):
         False,
         description="Joins the node network: an address on its machine's subnet, where the run's other workers reach "
         "it, by name (<worker>.<run>.<workspace>) from its own machine, by address from others through the mesh "
-        "(docker machines; a run not kept on one machine goes only to machines in the mesh; not in a gang).",
+        "(docker machines; a run not kept on one machine goes only to machines in the mesh; a gang's groups ask it "
+        "all or none, and meet at the leader's address there).",
     )
 
     @property

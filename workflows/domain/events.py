@@ -102,6 +102,7 @@ class TaskReady(_Msg):
     task_id: str
     attempt: int
     picked_up_at: datetime | None = None
+    node_address: str | None = None  # network.mesh: the address its machine holds for it on the node network
 
 
 class GroupPlanned(_Msg):

@@ -354,6 +354,8 @@ def _apply(step: Step, event: Event) -> None:
             if task is not None:
                 _picked_up(step, task, event.picked_up_at)
             if task is not None and task.state in (TaskState.PREPARING, TaskState.PULLING):
+                if event.node_address is not None:  # where the others reach it, before it starts (MASTER_ADDR)
+                    task.attempt.node_address = event.node_address
                 gang.arrived(step, task)
         case StopConfirmed(task_id=task_id, attempt=attempt):
             task = _current(job, task_id, attempt)

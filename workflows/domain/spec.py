@@ -39,9 +39,6 @@ RestartPolicy = Literal["OnFailure", "Always", "Never"]
 
 MAX_EXTERNAL_ACCESS = 16  # ports one worker exposes on its machine
 
-# network.mesh in a gang: what MASTER_ADDR would need on the node network, which is not built.
-MESH_GANG_NEEDS = "that needs the leader's address on the node network before the gang starts, which is not built"
-
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -498,15 +495,18 @@ class JobSpec(_Frozen):
         return self
 
     @model_validator(mode="after")
-    def _mesh_without_gang(self) -> JobSpec:
-        """A gang's members share their machine's own network: MASTER_ADDR is the leader's machine's address, which
-        reaches no worker on the node network."""
-        for index, group in enumerate(self.groups):
-            if self.gang and group.network is not None and group.network.mesh:
-                raise ValueError(
-                    f"groups.{index}.network.mesh: a gang's workers share their machine's own network (MASTER_ADDR "
-                    f"is the machine's address), so a gang cannot join the node network: {MESH_GANG_NEEDS}"
-                )
+    def _gang_mesh_all_or_none(self) -> JobSpec:
+        """A gang's members meet at MASTER_ADDR: on the node network the address the leader's machine holds for it
+        there, else its machine's own. Members on the node network reach no machine's own network, and members
+        sharing their machine's network reach no node network beyond their machine: all groups ask it, or none."""
+        meshed = [g.network is not None and g.network.mesh for g in self.groups]
+        if self.gang and any(meshed) and not all(meshed):
+            index = meshed.index(False)
+            raise ValueError(
+                f"groups.{index}.network.mesh: a gang's groups ask for the node network all or none (its workers "
+                f"meet at MASTER_ADDR, the leader's address there or on its machine's own network); group "
+                f"{self.groups[index].name} does not ask it, group {self.groups[meshed.index(True)].name} does"
+            )
         return self
 
     @model_validator(mode="after")
