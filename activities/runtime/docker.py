@@ -26,6 +26,7 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, NotFound
 from docker.models.containers import Container
+from docker.models.networks import Network
 from docker.types import DeviceRequest
 from docker.types import Mount as DockerMount
 from docker.utils import parse_repository_tag
@@ -122,12 +123,7 @@ class DockerRuntime:
     def node_bridge(self) -> str:
         """The Linux bridge of the machine's node network, which the mesh's firewall rules name: the engine names a
         network's bridge `br-<the first 12 characters of its id>` unless the network names it. Raises NetworkNotUp."""
-        try:
-            network = self._client.networks.get(node_network_name(self.node))
-        except APIError as err:
-            raise NetworkNotUp(explain(err)) from err
-        except (DockerException, requests.RequestException) as err:
-            raise NetworkNotUp(str(_unavailable(err))) from err
+        network = self._node_network()
         named: str | None = (network.attrs.get("Options") or {}).get(BRIDGE_NAME_OPTION)
         return named or f"br-{network.id[:12]}"
 
@@ -156,12 +152,7 @@ class DockerRuntime:
         address is MASTER_ADDR before it starts): the highest free one, since the engine gives the lowest free
         ones to the workers it places itself. Free: not the gateway, no worker's on the network, not in `held`
         (held for others and not started yet). Raises NetworkNotUp when none is free."""
-        try:
-            network = self._client.networks.get(node_network_name(self.node))
-        except APIError as err:
-            raise NetworkNotUp(explain(err)) from err
-        except (DockerException, requests.RequestException) as err:
-            raise NetworkNotUp(str(_unavailable(err))) from err
+        network = self._node_network()
         configs = (network.attrs.get("IPAM") or {}).get("Config") or []
         if not configs or not configs[0].get("Subnet"):
             raise NetworkNotUp(f"network {network.name} has no subnet")
@@ -172,6 +163,15 @@ class DockerRuntime:
             if str(host) not in used:
                 return str(host)
         raise NetworkNotUp(f"every address of {subnet} is in use")
+
+    def _node_network(self) -> Network:
+        """The machine's node network as the engine has it; raises NetworkNotUp."""
+        try:
+            return self._client.networks.get(node_network_name(self.node))
+        except APIError as err:
+            raise NetworkNotUp(explain(err)) from err
+        except (DockerException, requests.RequestException) as err:
+            raise NetworkNotUp(str(_unavailable(err))) from err
 
     def node_address(self, key: TaskKey) -> str | None:
         """The attempt's address on the machine's node network, None when it is not on it (or gone)."""
