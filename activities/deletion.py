@@ -18,6 +18,7 @@ from workflows import contracts
 from workflows.contracts import (
     DELETED_RUNS_WORKFLOW_ID,
     OPEN_NODES,
+    identity_id_prefix,
     job_id,
     logs_id_prefix,
     session_id_prefix,
@@ -82,15 +83,16 @@ async def end_run(client: Client, input: EndRunInput) -> EndedRun:
 
 
 async def forget_run(client: Client, input: ForgetRunInput) -> None:
-    """Remove the deleted run's workflow runs and its logs' and sessions' workflows from Temporal, then keep its
-    tombstone (from then on no client serves the run, and its name may be used again). Idempotent."""
+    """Remove the deleted run's workflow runs and its logs', sessions' and identities' workflows from Temporal, then
+    keep its tombstone (from then on no client serves the run, and its name may be used again). Idempotent."""
     t = input.tombstone
     await _remove(client, job_id(t.namespace, t.name), t.run_id)
     query = f'WorkflowId="{job_id(t.namespace, t.name)}" AND ExecutionStatus!="Running"'
     async for wf in client.list_workflows(query):  # the runs it continued as new from
         await _remove(client, wf.id, wf.run_id)
-    for prefix in (logs_id_prefix(t.namespace, t.name), session_id_prefix(t.namespace, t.name)):
-        async for wf in client.list_workflows(f'WorkflowId STARTS_WITH "{prefix}"'):  # their output, commands
+    prefixes = [f(t.namespace, t.name) for f in (logs_id_prefix, session_id_prefix, identity_id_prefix)]
+    for prefix in prefixes:  # their output, the commands people ran, the certificates issued
+        async for wf in client.list_workflows(f'WorkflowId STARTS_WITH "{prefix}"'):
             await _remove(client, wf.id, wf.run_id)
     handle = await contracts.singleton(
         client, contracts.DELETED_RUNS_WORKFLOW, DeletedRunsInput(), DELETED_RUNS_WORKFLOW_ID, "deleted runs"

@@ -151,9 +151,14 @@ def session_id_prefix(namespace: str, name: str) -> str:
     return f"session/{namespace}/{name}/"
 
 
+def identity_id_prefix(namespace: str, name: str) -> str:
+    """The ids of the run's IdentityWorkflows begin so (`identity/<ns>/<name>/<worker>/<attempt>/<serial>`)."""
+    return f"identity/{namespace}/{name}/"
+
+
 def identity_id(namespace: str, name: str, task: str, attempt: int, serial: str) -> str:
-    """One issue of an attempt's certificate (`identity/<ns>/<name>/<worker>/<attempt>/<serial>`)."""
-    return f"identity/{namespace}/{name}/{task}/{attempt}/{serial}"
+    """One issue of an attempt's certificate."""
+    return f"{identity_id_prefix(namespace, name)}{task}/{attempt}/{serial}"
 
 
 def node_id(name: str) -> str:

@@ -2,7 +2,7 @@
 with "Run deleted", their files and logs leave the machine, nothing of the run is served any more but its tombstone
 (listed with include_deleted only), its name is free again; another workspace cannot delete it; a machine that was
 down during the delete removes the files when it comes back; the workflows of its sessions (commands people ran in
-it, and their output) go with it; and the CLI doing it all through `--api`."""
+it, and their output) and of its workers' certificates go with it; and the CLI doing it all through `--api`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
 from tests.integration.harness import ASTRAEUS, Cluster
-from workflows.contracts import session_id_prefix
+from workflows.contracts import identity_id_prefix, session_id_prefix
 
 pytestmark = pytest.mark.integration
 
@@ -198,10 +198,11 @@ def lone_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     yield from _api(tmp_path_factory)
 
 
-def test_a_deleted_run_s_session_workflows_go_with_it(lone_api: Api) -> None:
-    """A session's workflow holds the commands a person ran and their output: deleting the run removes them."""
+def test_a_deleted_run_s_session_and_identity_workflows_go_with_it(lone_api: Api) -> None:
+    """A session's workflow holds the commands a person ran and their output, an identity's the certificate issued
+    to a worker: deleting the run removes them."""
     api = lone_api
-    shell = {"name": "talked", "groups": [{"name": "w", "command": ["sleep", "60"],
+    shell = {"name": "talked", "groups": [{"name": "w", "command": ["sleep", "60"], "identity": True,
                                            "capabilities": {"interactive_token": True}}]}  # fmt: skip
     with api.client(api.research) as http:
         assert http.post("/jobs", json=shell).status_code == 201
@@ -214,11 +215,12 @@ def test_a_deleted_run_s_session_workflows_go_with_it(lone_api: Api) -> None:
         api.cluster.wait_for(  # the grant and the attach, once the visibility store lists them (it lags a moment)
             lambda: len(sessions(api, "research", "talked")) == 2, "its two sessions to be listed"
         )
-        listed = sessions(api, "research", "talked")
+        api.cluster.wait_for(lambda: identities(api, "research", "talked"), "its certificate's issue to be listed")
+        listed = sessions(api, "research", "talked") + identities(api, "research", "talked")
         assert http.delete("/jobs/research/talked").status_code == 200
         # Removed from Temporal: describing each says not found (its visibility entry goes later, as the server
         # gets to it; on a busy dev server that can take minutes)
-        api.cluster.wait_for(lambda: not any(map(partial(exists, api), listed)), "its sessions to be removed")
+        api.cluster.wait_for(lambda: not any(map(partial(exists, api), listed)), "its sessions and identity removed")
 
 
 def exists(api: Api, workflow_id: str) -> bool:
@@ -236,9 +238,16 @@ def exists(api: Api, workflow_id: str) -> bool:
 
 
 def sessions(api: Api, namespace: str, name: str) -> list[str]:
+    return _starting_with(api, session_id_prefix(namespace, name))
+
+
+def identities(api: Api, namespace: str, name: str) -> list[str]:
+    return _starting_with(api, identity_id_prefix(namespace, name))
+
+
+def _starting_with(api: Api, prefix: str) -> list[str]:
     async def listed() -> list[str]:
         client = await Client.connect(api.cluster.address, data_converter=pydantic_data_converter)
-        query = f'WorkflowId STARTS_WITH "{session_id_prefix(namespace, name)}"'
-        return [wf.id async for wf in client.list_workflows(query)]
+        return [wf.id async for wf in client.list_workflows(f'WorkflowId STARTS_WITH "{prefix}"')]
 
     return asyncio.run(listed())
