@@ -304,8 +304,7 @@ class AgentActivities:
         ref = input.start.ref
         started_at = datetime.now(UTC)
         external = await self._external(task_key(ref)) if input.start.group.external_access else {}
-        mesh = input.start.group.network is not None and input.start.group.network.mesh
-        address = await self.node_network.address_of(task_key(ref)) if mesh else None
+        address = await self.node_network.address_of(task_key(ref)) if input.start.group.on_mesh else None
         report = TaskRunning(
             **ref.ids(), started=True, picked_up_at=picked_up, started_at=started_at, external=external,
             node_address=address,

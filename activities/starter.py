@@ -279,7 +279,7 @@ class Starter:
             except RuntimeFailure as failure:
                 raise SetupEnded(failure.reason) from None
             network = self._joined_network(group)
-            if not isinstance(outcome, Waiting) and group.network is not None and group.network.mesh and not network:
+            if not isinstance(outcome, Waiting) and group.on_mesh and not network:
                 outcome = Waiting(R.WaitingForNodeNetwork())
             if not isinstance(outcome, Waiting) and group.identity:  # the last step: its certificate
                 waits = await self._identity(key)
@@ -354,7 +354,7 @@ class Starter:
     def _joined_network(self, group: GroupSpec) -> NodeNetworkUp | None:
         """The node network a mesh worker joins, None while it is not up (or the worker asks for none); a machine
         that cannot host it fails the worker (its scheduler keeps such workers off it)."""
-        if group.network is None or not group.network.mesh:
+        if not group.on_mesh:
             return None
         missing = network_missing(self._runtime)
         if missing is not None:

@@ -89,14 +89,8 @@ def test_the_readmes_commands_for_running_apart_parse() -> None:
         parser().parse_args(command[1:])
 
 
-def test_the_readmes_mesh_agent_parses_and_a_bad_endpoint_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    import shlex
-
-    from workers.cli import parser
-
-    [line] = [ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("`astraeus agent --name m1")]
-    args = parser().parse_args(shlex.split(line.split("`")[1])[1:])
-    assert (args.mesh_endpoint, args.mesh_netns) == ("192.0.2.1:51820", None)
+def test_a_mesh_endpoint_that_is_not_host_port_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """(tests/integration/test_mesh.py starts agents with --mesh-endpoint and --mesh-netns for real.)"""
     assert run(["agent", "--name", "m1", "--mesh-endpoint", "192.0.2.1", "--temporal", "127.0.0.1:1"]) == 2
     assert capsys.readouterr().err == "astraeus: --mesh-endpoint 192.0.2.1 is not HOST:PORT\n"
 

@@ -9,7 +9,6 @@ refuses a second container of the same name, and a container that ever started i
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import os
 import re
@@ -51,7 +50,7 @@ from activities.runtime.base import (
 from activities.runtime.probes import exited, http_get, timed_out
 from workflows.domain.reasons import R, Reason, Template
 from workflows.domain.spec import Readiness
-from workflows.domain.subnets import gateway
+from workflows.domain.subnets import gateway, highest_free
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"  # a network's bridge named by its maker
@@ -149,20 +148,20 @@ class DockerRuntime:
 
     def hold_node_address(self, held: Collection[str]) -> str:
         """An address of the node network for a worker to start on later (a gang member at the barrier, whose
-        address is MASTER_ADDR before it starts): the highest free one, since the engine gives the lowest free
-        ones to the workers it places itself. Free: not the gateway, no worker's on the network, not in `held`
-        (held for others and not started yet). Raises NetworkNotUp when none is free."""
+        address is MASTER_ADDR before it starts), clear of the workers on the network and of `held` (held for
+        others, not started yet): `domain/subnets.highest_free`. Raises NetworkNotUp when none is free."""
         network = self._node_network()
         configs = (network.attrs.get("IPAM") or {}).get("Config") or []
         if not configs or not configs[0].get("Subnet"):
             raise NetworkNotUp(f"network {network.name} has no subnet")
         subnet = configs[0]["Subnet"]
-        attached = (network.attrs.get("Containers") or {}).values()
-        used = {str(c.get("IPv4Address", "")).partition("/")[0] for c in attached} | {gateway(subnet), *held}
-        for host in reversed(list(ipaddress.ip_network(subnet).hosts())):
-            if str(host) not in used:
-                return str(host)
-        raise NetworkNotUp(f"every address of {subnet} is in use")
+        attached = {
+            str(c.get("IPv4Address", "")).partition("/")[0] for c in (network.attrs.get("Containers") or {}).values()
+        }
+        address = highest_free(subnet, attached | set(held))
+        if address is None:
+            raise NetworkNotUp(f"every address of {subnet} is in use")
+        return address
 
     def _node_network(self) -> Network:
         """The machine's node network as the engine has it; raises NetworkNotUp."""

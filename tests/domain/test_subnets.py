@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workflows.domain.settings import Settings
-from workflows.domain.subnets import assign, exhausted, gateway, range_problem
+from workflows.domain.subnets import assign, exhausted, gateway, highest_free, range_problem
 
 RANGE = "10.200.0.0/16"
 
@@ -67,3 +67,9 @@ def test_the_settings_default_to_a_24_per_machine_of_10_200_and_refuse_a_bad_ran
     assert (Settings().node_subnet_range, Settings().node_subnet_prefix) == ("10.200.0.0/16", 24)
     with pytest.raises(ValueError, match="node_subnet_prefix 12 must be between the range's own"):
         Settings(node_subnet_prefix=12)
+
+
+def test_an_address_held_for_later_is_the_highest_not_taken_nor_the_gateway() -> None:
+    assert highest_free("10.203.0.0/29", []) == "10.203.0.6"  # hosts .1 (the gateway) to .6
+    assert highest_free("10.203.0.0/29", ["10.203.0.6", "10.203.0.5"]) == "10.203.0.4"
+    assert highest_free("10.203.0.0/30", ["10.203.0.2"]) is None  # .1 is the gateway, .2 taken: none left

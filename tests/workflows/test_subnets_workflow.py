@@ -4,7 +4,11 @@ holds goes on when it continues as new."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from temporalio import activity
+from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -25,14 +29,20 @@ async def load_settings() -> LoadSettingsResult:
     return LoadSettingsResult(settings=SETTINGS, protocol=1)
 
 
+@asynccontextmanager
+async def subnets(env: WorkflowEnvironment, held: SubnetsInput | None = None) -> AsyncIterator[WorkflowHandle]:
+    """A subnets workflow (holding `held`, as continue-as-new hands it on) and a worker serving it."""
+    client = env.client
+    async with Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[SubnetsWorkflow], activities=[load_settings]):
+        yield await client.start_workflow(
+            contracts.SUBNETS_WORKFLOW, held or SubnetsInput(), id=unique("subnets"), task_queue=CONTROL_TASK_QUEUE
+        )
+
+
 async def test_machines_get_subnets_never_twice_and_a_freed_one_is_given_again(
     time_skipping: WorkflowEnvironment,
 ) -> None:
-    client = time_skipping.client
-    async with Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[SubnetsWorkflow], activities=[load_settings]):
-        handle = await client.start_workflow(
-            contracts.SUBNETS_WORKFLOW, SubnetsInput(), id=unique("subnets"), task_queue=CONTROL_TASK_QUEUE
-        )
+    async with subnets(time_skipping) as handle:
 
         async def ask(node: str) -> NodeSubnet:
             return await contracts.update(handle, contracts.ASSIGN_SUBNET, SubnetRequest(node=node))
@@ -55,12 +65,8 @@ async def test_machines_get_subnets_never_twice_and_a_freed_one_is_given_again(
 async def test_a_workflow_continued_with_the_subnets_it_held_keeps_them_held(
     time_skipping: WorkflowEnvironment,
 ) -> None:
-    client = time_skipping.client
-    async with Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[SubnetsWorkflow], activities=[load_settings]):
-        held = SubnetsInput(assigned={"m1": "10.9.1.0/24"})  # what continue-as-new hands the next run
-        handle = await client.start_workflow(
-            contracts.SUBNETS_WORKFLOW, held, id=unique("subnets"), task_queue=CONTROL_TASK_QUEUE
-        )
+    held = SubnetsInput(assigned={"m1": "10.9.1.0/24"})  # what continue-as-new hands the next run
+    async with subnets(time_skipping, held) as handle:
         taken = await contracts.update(handle, contracts.ASSIGN_SUBNET, SubnetRequest(node="m2"))
         assert taken == NodeSubnet(node="m2", subnet="10.9.0.0/24")
         assert await contracts.update(handle, contracts.ASSIGN_SUBNET, SubnetRequest(node="m1")) == NodeSubnet(
@@ -71,11 +77,7 @@ async def test_a_workflow_continued_with_the_subnets_it_held_keeps_them_held(
 async def test_machines_in_the_mesh_are_each_others_peers_until_one_leaves_it_or_is_removed(
     time_skipping: WorkflowEnvironment,
 ) -> None:
-    client = time_skipping.client
-    async with Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[SubnetsWorkflow], activities=[load_settings]):
-        handle = await client.start_workflow(
-            contracts.SUBNETS_WORKFLOW, SubnetsInput(), id=unique("subnets"), task_queue=CONTROL_TASK_QUEUE
-        )
+    async with subnets(time_skipping) as handle:
         m1, m2 = MeshMember(public_key="K1=", endpoint="192.0.2.1:51820"), MeshMember(public_key="K2=", endpoint="h:1")
 
         async def peers(node: str) -> list[MeshPeer]:
@@ -98,13 +100,9 @@ async def test_machines_in_the_mesh_are_each_others_peers_until_one_leaves_it_or
 
 
 async def test_a_workflow_continued_with_the_mesh_keeps_its_members(time_skipping: WorkflowEnvironment) -> None:
-    client = time_skipping.client
-    async with Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[SubnetsWorkflow], activities=[load_settings]):
-        member = MeshMember(public_key="K1=", endpoint="192.0.2.1:51820")
-        held = SubnetsInput(assigned={"m1": "10.9.1.0/24"}, mesh={"m1": member})
-        handle = await client.start_workflow(
-            contracts.SUBNETS_WORKFLOW, held, id=unique("subnets"), task_queue=CONTROL_TASK_QUEUE
-        )
+    member = MeshMember(public_key="K1=", endpoint="192.0.2.1:51820")
+    held = SubnetsInput(assigned={"m1": "10.9.1.0/24"}, mesh={"m1": member})
+    async with subnets(time_skipping, held) as handle:
         assert await contracts.query(handle, contracts.MESH_PEERS, MeshPeersRequest(node="m2")) == [
             MeshPeer(node="m1", public_key="K1=", endpoint="192.0.2.1:51820", subnet="10.9.1.0/24")
         ]

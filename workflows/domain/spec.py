@@ -373,6 +373,11 @@ class GroupSpec(_Frozen):
         """Its workers are planned by the scheduler from total_gpus."""
         return self.total_gpus is not None
 
+    @property
+    def on_mesh(self) -> bool:
+        """Its workers join the node network (network.mesh)."""
+        return self.network is not None and self.network.mesh
+
     @model_validator(mode="after")
     def _mounts_and_variables_unique(self) -> GroupSpec:
         """Two mounts at one path, or a secret's variable that `env` also sets, would hide one another."""
@@ -499,7 +504,7 @@ class JobSpec(_Frozen):
         """A gang's members meet at MASTER_ADDR: on the node network the address the leader's machine holds for it
         there, else its machine's own. Members on the node network reach no machine's own network, and members
         sharing their machine's network reach no node network beyond their machine: all groups ask it, or none."""
-        meshed = [g.network is not None and g.network.mesh for g in self.groups]
+        meshed = [g.on_mesh for g in self.groups]
         if self.gang and any(meshed) and not all(meshed):
             index = meshed.index(False)
             raise ValueError(

@@ -7,7 +7,7 @@ The subnets workflow (`workflows/subnets.py`) keeps the assignments durably and 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 Network = ipaddress.IPv4Network
 
@@ -54,6 +54,14 @@ def exhausted(cluster_range: str, prefix: int, holders: int) -> str:
 def gateway(subnet: str) -> str:
     """The machine's own address on its subnet (its first host): the gateway of its workers."""
     return str(next(ipaddress.ip_network(subnet).hosts()))
+
+
+def highest_free(subnet: str, taken: Collection[str]) -> str | None:
+    """An address for a worker to start on later (a gang member at its barrier): the subnet's highest host that is
+    not its gateway nor `taken` (workers on it, addresses held for others); the engine gives the lowest free ones to
+    the workers it places itself, so the two meet last. None when every one is taken."""
+    used = {gateway(subnet), *taken}
+    return next((str(h) for h in reversed(list(ipaddress.ip_network(subnet).hosts())) if str(h) not in used), None)
 
 
 def _of_range(subnet: str, cluster_range: str, prefix: int) -> bool:

@@ -137,11 +137,6 @@ def rank(job: JobRecord, task: TaskRecord) -> int:
     return position + 1 if position < leader else position
 
 
-def on_mesh(group: GroupSpec) -> bool:
-    """Whether the group's workers are on the node network (network.mesh)."""
-    return group.network is not None and group.network.mesh
-
-
 def task_env(job: JobRecord, task: TaskRecord) -> dict[str, str]:
     """What the run adds to a worker's environment: who it is, and for a gang how to find the others (the
     variables torch.distributed and other launchers read: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
@@ -157,7 +152,7 @@ def task_env(job: JobRecord, task: TaskRecord) -> dict[str, str]:
         leader = job.task(job.spec.leader_id)
         # On the node network the leader is reached at the address its machine held for it there (a gang's groups
         # all ask it, or none: spec.py); else at its machine's address.
-        master = leader.attempt.node_address if on_mesh(group_of(job, leader)) else leader.attempt.address
+        master = leader.attempt.node_address if group_of(job, leader).on_mesh else leader.attempt.address
         if master is not None:
             env["MASTER_ADDR"] = master
         env["MASTER_PORT"] = str(master_port(job.id))
