@@ -129,7 +129,7 @@ def lines(b: Burst) -> list[str]:
         rows.append(("  ours: control plane + scheduler processes", f"{cpu['services']:.0f}"))
     rows += [
         (
-            "CPU ms per worker process (shim + sleep)",
+            "CPU ms per worker process (shim + sleep; fork servers)",
             f"{f['workers_cpu_ms_per_worker']:.0f} ({f['workers_alive']} alive)",
         ),
         ("cores busy during the burst", _cores(b)),

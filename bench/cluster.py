@@ -173,9 +173,12 @@ class Cluster:
         }
 
     def workers_cpu(self) -> tuple[float, int]:
-        """CPU seconds of the workers' processes that live now (each shim, and what it reaped), and how many."""
-        shims = children_of({p.pid for p in self.agents})
-        return sum(pid_cpu_seconds(pid, children=True) for pid in shims), len(shims)
+        """CPU seconds of the workers' processes that live now (each shim, and what it reaped; the agents' fork
+        servers, which forked the shims, counted with them), and how many shims."""
+        servers = children_of({p.pid for p in self.agents})
+        shims = children_of(set(servers))
+        seconds = sum(pid_cpu_seconds(pid) for pid in servers) + sum(pid_cpu_seconds(p, children=True) for p in shims)
+        return seconds, len(shims)
 
     def logs_tail(self, lines: int = 20) -> str:
         """The end of each process's log, for a failure's report."""

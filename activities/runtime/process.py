@@ -16,7 +16,6 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -37,6 +36,7 @@ from activities.runtime.base import (
     ran_too_long,
 )
 from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
+from activities.runtime.forkserver import ForkServer, ForkServerError
 from activities.runtime.probes import exited, http_get, timed_out
 from activities.runtime.shim import end_cgroup, write_atomically
 from workflows.domain.reasons import R
@@ -45,24 +45,24 @@ from workflows.domain.spec import Readiness
 # Programs workers may run with `python3 -m NAME` (the gang example's all-reduce): only this directory goes on their
 # PYTHONPATH, never Astraeus's own packages or its dependencies, which would shadow a worker's.
 _PROGRAMS = Path(__file__).resolve().with_name("programs")
-# The shim runs as a script with the standard library only (no site, no environment): it starts in a few ms.
-_SHIM = Path(__file__).resolve().with_name("shim.py")
 _START_WAIT_SECONDS = 5.0
 _KILL_WAIT_SECONDS = 5.0
 _POLL_SECONDS = 0.01
 
 
 class ProcessRuntime:
-    """Runs attempts as local processes, each under `activities.runtime.shim`, in its own session, and limits the
-    memory of those that ask `memory_bytes` with a cgroup of their own (`memory`: where, or why it cannot)."""
+    """Runs attempts as local processes, each under a shim (`activities.runtime.shim`, forked by the runtime's
+    `ForkServer`) in its own session, and limits the memory of those that ask `memory_bytes` with a cgroup of their
+    own (`memory`: where, or why it cannot)."""
 
     name = "process"
 
     def __init__(self, root: Path, memory: MemoryCgroups | Unenforced | None = None) -> None:
         self.root = root
         self.memory = memory if memory is not None else find_memory_cgroups()
-        self._shims: dict[int, subprocess.Popen[bytes]] = {}  # shims this instance spawned, to reap them
-        self._spawned: dict[str, subprocess.Popen[bytes]] = {}  # the same, by attempt slug, while they live
+        self._forkserver = ForkServer()
+        # A pidfd of each shim this instance spawned, by attempt slug, while it lives: readable once it ended.
+        self._spawned: dict[str, int] = {}
 
     def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Start the attempt unless it already exists; returns once its worker started (or already ended).
@@ -82,13 +82,13 @@ class ProcessRuntime:
                 launch = dataclasses.replace(launch, command=[*egress.create(key.slug, launch.egress), *launch.command])
             cgroup = self._limit_memory(key, launch, directory)
             try:
-                shim, ready = self._spawn_shim(key, launch, directory, cgroup)
+                ready = self._spawn_shim(key, launch, directory, cgroup)
             except RuntimeFailure:
                 if cgroup is not None:
                     end_cgroup(str(cgroup))
                 raise
-            write_atomically(directory / "shim.pid", f"{shim.pid}\n")
-        self._wait_until_started(directory, shim, ready)
+            # Within the lock: the shim writes shim.pid itself, and another start must find it.
+            self._wait_until_started(key, directory, ready)
 
     def ensure_image(self, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """A process has no image: nothing to pull. What it could never start is refused here already, so a gang
@@ -97,16 +97,13 @@ class ProcessRuntime:
 
     def observe(self, key: TaskKey) -> Observed:
         """Exited with a code, running while its shim lives, else not found (no directory, or a dead shim)."""
-        shim = self._spawned.get(key.slug)
-        if shim is not None:  # one this instance spawned: whether it lives costs one waitpid, no file read
-            if shim.poll() is None:
-                return Observed(running=True)
-            del self._spawned[key.slug]
+        if self._spawned_alive(key):  # one this instance spawned: a poll of its pidfd, no file read
+            return Observed(running=True)
         directory = self._dir(key)
         code = _read_int(directory / "exit")
         if code is None:
             shim_pid = _read_int(directory / "shim.pid")
-            if shim_pid is not None and self._shim_alive(shim_pid, directory):
+            if shim_pid is not None and _runs_shim_of(shim_pid, directory):
                 return Observed(running=True)
             # The shim writes the exit file just before it ends: look again after seeing it gone.
             code = _read_int(directory / "exit")
@@ -121,13 +118,9 @@ class ProcessRuntime:
     def ended_fd(self, key: TaskKey) -> int | None:
         """A pidfd of the attempt's shim, readable once it exited (its worker ended and the exit file is written);
         None for a shim this instance did not spawn (an agent that restarted polls those) or one already gone."""
-        shim = self._spawned.get(key.slug)
-        if shim is None or shim.poll() is not None:
+        if not self._spawned_alive(key):
             return None
-        try:
-            return os.pidfd_open(shim.pid)
-        except (OSError, AttributeError):  # not Linux 5.3+: poll
-            return None
+        return os.dup(self._spawned[key.slug])
 
     def probe(self, key: TaskKey, readiness: Readiness) -> tuple[bool, str]:
         """An HTTP GET to 127.0.0.1 (the worker shares the machine's network), or the command run as the worker
@@ -238,41 +231,25 @@ class ProcessRuntime:
         write_atomically(directory / "cgroup", str(cgroup))
         return cgroup
 
-    def _spawn_shim(
-        self, key: TaskKey, launch: Launch, directory: Path, cgroup: Path | None
-    ) -> tuple[subprocess.Popen[bytes], int]:
-        """The shim, and the read end of the pipe it closes once its worker started (or could not start)."""
+    def _spawn_shim(self, key: TaskKey, launch: Launch, directory: Path, cgroup: Path | None) -> int:
+        """Have the fork server fork the attempt's shim; returns the read end of the pipe the shim closes once its
+        worker started (or could not start)."""
+        env = _environment(key, launch)
+        if any("\0" in text for text in (*launch.command, *env, *env.values())):
+            raise RuntimeFailure(R.InvalidTask(error="embedded null byte"))
         ready, ready_for_shim = os.pipe()
-        shim_args = ["-I", "-S", str(_SHIM), "--dir", str(directory), "--ready-fd", str(ready_for_shim)]
-        if cgroup is not None:
-            shim_args += ["--cgroup", str(cgroup)]
-        command = [sys.executable, *shim_args, "--", *launch.command]
-        # The shim's own output (a traceback, say) goes to the worker's log, where people look.
         try:
-            with open(directory / "log", "ab") as log:
-                shim = subprocess.Popen(
-                    command,
-                    cwd=directory,
-                    env=_environment(key, launch),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    pass_fds=(ready_for_shim,),
-                )
-        except ValueError as err:  # a NUL byte in an argument or a variable
-            os.close(ready)
-            raise RuntimeFailure(R.InvalidTask(error=str(err))) from err
-        except OSError as err:
+            pid = self._forkserver.spawn(directory, launch.command, env, cgroup, ready_for_shim)
+        except (ForkServerError, OSError) as err:
             os.close(ready)
             raise RuntimeFailure(R.ContainerStartFailed(error=str(err))) from err
         finally:
             os.close(ready_for_shim)
-        self._shims[shim.pid] = shim
-        self._spawned[key.slug] = shim
-        return shim, ready
+        with suppress(ProcessLookupError):  # ended already: its files say how
+            self._spawned[key.slug] = os.pidfd_open(pid)
+        return ready
 
-    def _wait_until_started(self, directory: Path, shim: subprocess.Popen[bytes], ready: int) -> None:
+    def _wait_until_started(self, key: TaskKey, directory: Path, ready: int) -> None:
         """Wait until the shim started the worker (or recorded that it could not); fail if the shim died. The shim
         closes its end of `ready` then, or when it dies: no polling."""
         try:
@@ -281,13 +258,19 @@ class ProcessRuntime:
             os.close(ready)
         if _exists(directory, "pid") or _exists(directory, "exit"):
             return
-        if closed:  # closed with neither file written: the shim died, and is reaped within moments
-            with suppress(subprocess.TimeoutExpired):
-                shim.wait(timeout=_KILL_WAIT_SECONDS)
-        if shim.returncode is not None and not _exists(directory, "exit"):
-            error = f"the shim exited with code {shim.returncode} before starting the command"
-            raise RuntimeFailure(R.ContainerStartFailed(error=error))
+        if closed and not self._spawned_alive(key) and not _exists(directory, "exit"):
+            raise RuntimeFailure(R.ContainerStartFailed(error="the shim ended before starting the command"))
         # Still starting after the wait (a loaded machine): observe reports it running while its shim lives.
+
+    def _spawned_alive(self, key: TaskKey) -> bool:
+        """Whether the shim this instance spawned for `key` still lives (its pidfd not readable yet)."""
+        pidfd = self._spawned.get(key.slug)
+        if pidfd is None:
+            return False
+        if not select.select([pidfd], [], [], 0)[0]:
+            return True
+        os.close(self._spawned.pop(key.slug))
+        return False
 
     def _wait_until_ended(self, key: TaskKey, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
@@ -296,18 +279,6 @@ class ProcessRuntime:
                 return False
             time.sleep(_POLL_SECONDS)
         return True
-
-    def _shim_alive(self, pid: int, directory: Path) -> bool:
-        """Whether `pid` is still the shim of `directory`; a shim that ended is reaped, not left a zombie."""
-        shim = self._shims.get(pid)
-        if shim is not None:
-            if shim.poll() is None:
-                return True
-            self._shims.pop(pid, None)
-            return False
-        with suppress(ChildProcessError):  # our child if a former instance in this process spawned it
-            os.waitpid(pid, os.WNOHANG)
-        return _runs_shim_of(pid, directory)
 
 
 def _environment(key: TaskKey, launch: Launch) -> dict[str, str]:
@@ -437,7 +408,9 @@ def _recorded(launch: Launch) -> dict[str, object]:
 
 
 def _runs_shim_of(pid: int, directory: Path) -> bool:
-    """Whether process `pid` is alive and is the shim of `directory` (pids are reused, and zombies linger)."""
+    """Whether process `pid` is alive and is the shim of `directory`: a process that works in it (a fork of the
+    server, which has no command line of its own) or runs with it on its command line (a shim of a former
+    version). Pids are reused, and zombies linger (and have neither)."""
     if not Path("/proc/self").exists():  # not Linux: trust the pid
         try:
             os.kill(pid, 0)
@@ -447,7 +420,9 @@ def _runs_shim_of(pid: int, directory: Path) -> bool:
             pass
         return True
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()  # empty for a zombie
+        if os.readlink(f"/proc/{pid}/cwd") == os.fspath(directory):
+            return True
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (FileNotFoundError, ProcessLookupError):
         return False
     return os.fsencode(directory) in cmdline.split(b"\0")

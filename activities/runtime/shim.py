@@ -1,11 +1,12 @@
 """A tiny supervisor of one attempt, like conmon: it outlives the agent and records how its worker ended.
 
-Run as `python -I -S shim.py --dir DIR [--ready-fd FD] [--cgroup CG] -- CMD ARGS...`; it writes DIR/pid, DIR/log
-and DIR/exit, and closes FD (a pipe the agent waits on) once the worker started or could not start. With a memory
-cgroup CG (made by the agent, its limit set), the worker joins it before it runs the command; once the worker ended
-the shim writes DIR/oom if the kernel killed anything in it for memory, ends what is left in it and removes it. It
-uses the standard library only, and the fewest modules of it (it forks and execs the worker itself), so that it
-starts in a few milliseconds: one runs per worker.
+The agent asks its fork server (`python -I -S shim.py --serve`, one per runtime, `activities/runtime/forkserver.py`)
+for each shim: the server forks one per request, in a session of its own, which writes DIR/shim.pid, starts the
+worker and writes DIR/pid, DIR/log and DIR/exit, and closes the agent's pipe once the worker started or could not
+start. A forked shim costs about 3 ms of CPU where a fresh interpreter cost 13 to 16 (one runs per worker). With a
+memory cgroup CG (made by the agent, its limit set), the worker joins it before it runs the command; once the worker
+ended the shim writes DIR/oom if the kernel killed anything in it for memory, ends what is left in it and removes
+it. It uses the standard library only, and the fewest modules of it (it forks and execs the worker itself).
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ import os
 import sys
 import time
 
-USAGE = "usage: shim.py --dir DIR [--ready-fd FD] [--cgroup CG] -- CMD [ARGS...]"
-_OPTIONS = ("--dir", "--ready-fd", "--cgroup")
 _CGROUP_END_SECONDS = 5.0
 _MAX_FD = os.sysconf("SC_OPEN_MAX")
+_MAX_REQUEST = 1 << 20  # a request is its command and environment, as JSON
 
 
 def write_atomically(path: str | os.PathLike[str], text: str) -> None:
@@ -34,18 +34,23 @@ def write_atomically(path: str | os.PathLike[str], text: str) -> None:
 
 
 def supervise(
-    directory: str | os.PathLike[str], command: list[str], ready_fd: int | None = None, cgroup: str | None = None
+    directory: str | os.PathLike[str],
+    command: list[str],
+    ready_fd: int | None = None,
+    cgroup: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> int:
-    """Run `command` in its own process group (and in `cgroup`, if given), wait for it, and record its exit code as
-    a shell would. Closes `ready_fd` once the worker's pid (or its exit code, when it could not start) is written."""
+    """Run `command` in its own process group (and in `cgroup`, if given) with the environment `env` (this process's
+    when None), wait for it, and record its exit code as a shell would. Closes `ready_fd` once the worker's pid (or
+    its exit code, when it could not start) is written."""
     with open(os.path.join(directory, "log"), "ab") as log:
         try:
             procs = None if cgroup is None else os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
         except OSError as err:  # the worker must not run outside its limit
-            log.write(f"shim.py: cannot put the worker in its memory cgroup {cgroup}: {err.strerror}\n".encode())
+            log.write(f"shim: cannot put the worker in its memory cgroup {cgroup}: {err.strerror}\n".encode())
             code = 126
         else:
-            code = _run(directory, command, log, procs, ready_fd)
+            code = _run(directory, command, log, procs, ready_fd, dict(os.environ) if env is None else env)
     if cgroup is not None and end_cgroup(cgroup):
         write_atomically(os.path.join(directory, "oom"), "1\n")  # before exit: the exit file is the last word
     write_atomically(os.path.join(directory, "exit"), f"{code}\n")
@@ -54,11 +59,11 @@ def supervise(
 
 
 def _run(directory: str | os.PathLike[str], command: list[str], log: io.BufferedWriter, procs: int | None,
-         ready_fd: int | None) -> int:  # fmt: skip
+         ready_fd: int | None, env: dict[str, str]) -> int:  # fmt: skip
     """Start the worker (joining the cgroup whose `cgroup.procs` is open as `procs` between fork and exec, so that
     the command never runs outside its limit), write its pid, wait for it and return its exit code."""
     try:
-        pid = _spawn(command, log.fileno(), procs)
+        pid = _spawn(command, log.fileno(), procs, env)
     except _NotStarted as err:
         log.write(f"{err.args[0]}\n".encode())
         return err.code
@@ -86,13 +91,13 @@ class _NotStarted(Exception):
         self.code = code
 
 
-def _spawn(command: list[str], log_fd: int, procs: int | None) -> int:
+def _spawn(command: list[str], log_fd: int, procs: int | None, env: dict[str, str]) -> int:
     """Fork and exec `command` in a process group of its own, with stdin from /dev/null, stdout and stderr to
     `log_fd`, no other descriptor, and signals as a new process has them, as `subprocess` would. The child joins
     the cgroup last, just before exec: every page it touches from then on counts against the worker's limit, and
     a forked interpreter touches many. It says through a close-on-exec pipe why it could not exec; an empty pipe
     means it did. Returns its pid."""
-    path = _which(command[0])
+    path = _which(command[0], env.get("PATH", os.defpath))
     if path is None:
         raise _NotStarted(f"{command[0]}: command not found", 127)
     reader, writer = os.pipe2(os.O_CLOEXEC)
@@ -118,7 +123,7 @@ def _spawn(command: list[str], log_fd: int, procs: int | None) -> int:
                 except OSError:
                     os.write(writer, b"cgroup")
                     os._exit(126)
-            os.execv(path, command)
+            os.execve(path, command, env)
         except OSError as err:
             os.write(writer, str(err.errno).encode())
         except BaseException:  # a command line exec cannot take (a NUL in an argument, say)
@@ -134,7 +139,7 @@ def _spawn(command: list[str], log_fd: int, procs: int | None) -> int:
         return pid
     os.waitpid(pid, 0)
     if said == b"cgroup":  # it must not run outside its limit
-        raise _NotStarted("shim.py: cannot put the worker in its memory cgroup", 126)
+        raise _NotStarted("shim: cannot put the worker in its memory cgroup", 126)
     number = int(said)
     if number == errno.ENOENT:
         raise _NotStarted(f"{command[0]}: command not found", 127)
@@ -145,13 +150,14 @@ def _spawn(command: list[str], log_fd: int, procs: int | None) -> int:
     raise _NotStarted(f"{command[0]}: {os.strerror(number)}", 126)  # not an executable file, say
 
 
-def _which(name: str) -> str | None:
+def _which(name: str, search_path: str) -> str | None:
     """What exec would run for `name`, as a shell finds it: a path as given; else the first executable file of that
-    name on $PATH, or failing one the first file (exec then says why it cannot run it); None when there is none."""
+    name on `search_path` ($PATH), or failing one the first file (exec then says why it cannot run it); None when
+    there is none."""
     if "/" in name:
         return name
     found = None
-    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+    for directory in search_path.split(os.pathsep):
         path = os.path.join(directory or ".", name)
         if os.path.isfile(path):
             if os.access(path, os.X_OK):
@@ -202,26 +208,61 @@ def _kill_members(cgroup: str) -> None:
             pass
 
 
-def parse(argv: list[str]) -> tuple[str, int | None, str | None, list[str]]:
-    """(DIR, FD or None, CG or None, command) from `--dir DIR [--ready-fd FD] [--cgroup CG] -- CMD ARGS...`;
-    ValueError says what is wrong."""
-    options: dict[str, str] = {}
-    rest = list(argv)
-    while rest and rest[0] != "--":
-        flag = rest.pop(0)
-        if flag not in _OPTIONS:
-            raise ValueError(f"unexpected argument {flag!r}")
-        if not rest:
-            raise ValueError(f"{flag} needs a value")
-        options[flag] = rest.pop(0)
-    if "--dir" not in options:
-        raise ValueError("--dir is required")
-    if len(rest) < 2:
-        raise ValueError("no command after --")
-    fd = options.get("--ready-fd")
-    if fd is not None and not fd.isdigit():
-        raise ValueError(f"--ready-fd must be a file descriptor, not {fd!r}")
-    return options["--dir"], None if fd is None else int(fd), options.get("--cgroup"), rest[1:]
+def serve(channel: int = 0) -> None:
+    """The fork server: fork a shim for each request read from `channel` (a SOCK_SEQPACKET socket, its stdin) and
+    answer its pid, until the agent closes its end. A request is a JSON object (`dir`, `command`, `env`, `cgroup`)
+    with the write end of the agent's ready pipe attached. The kernel reaps the shims: none is the server's to wait
+    for, and one that outlives it (its agent restarted) is reaped by whoever adopts it."""
+    import json
+    import socket
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    server = socket.socket(fileno=channel)
+    while True:
+        message, fds, _, _ = socket.recv_fds(server, _MAX_REQUEST, 1)
+        if not message:
+            return
+        ready = fds[0] if fds else None
+        try:
+            pid = os.fork()
+        except OSError as err:
+            _close(ready)
+            server.send(json.dumps({"error": f"fork: {err.strerror}"}).encode())
+            continue
+        if pid == 0:
+            _become_shim(server, json.loads(message), ready)
+        _close(ready)
+        server.send(json.dumps({"pid": pid}).encode())
+
+
+def _become_shim(server: object, request: dict[str, object], ready: int | None) -> None:
+    """In the server's child: leave the server (its socket, its session, its ignored SIGCHLD), write DIR/shim.pid,
+    supervise the worker and exit with its code. Never returns into the server's loop."""
+    code = 1
+    try:
+        server.close()  # type: ignore[attr-defined]
+        os.setsid()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the shim waits for its worker: no reaping by the kernel
+        # A no-op handler, not SIG_IGN: an ignored signal stays ignored across exec, a handled one is reset, so
+        # the worker still ends on SIGTERM while the shim survives signals meant for the agent.
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, lambda *_: None)
+        directory = str(request["dir"])
+        os.chdir(directory)
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open("log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # the shim's own words go with its worker's
+        for fd, target in ((null, 0), (log, 1), (log, 2)):
+            os.dup2(fd, target)
+        write_atomically("shim.pid", f"{os.getpid()}\n")  # before the worker starts: an agent that dies now finds it
+        cgroup = request["cgroup"]
+        env = request["env"]
+        command = request["command"]
+        assert isinstance(command, list) and isinstance(env, dict)
+        code = supervise(directory, command, ready, None if cgroup is None else str(cgroup), env)
+    except BaseException as err:  # its log says why, where people look
+        os.write(2, f"shim: {type(err).__name__}: {err}\n".encode(errors="replace"))
+    finally:
+        os._exit(code)
 
 
 def _close(fd: int | None) -> None:
@@ -232,17 +273,7 @@ def _close(fd: int | None) -> None:
             pass
 
 
-def main() -> None:
-    try:
-        directory, ready_fd, cgroup, command = parse(sys.argv[1:])
-    except ValueError as err:
-        sys.exit(f"shim.py: {err}\n{USAGE}")
-    # A no-op handler, not SIG_IGN: an ignored signal stays ignored across exec, a handled one is reset, so
-    # the worker still ends on SIGTERM while the shim survives signals meant for the agent.
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, lambda *_: None)
-    supervise(directory, command, ready_fd, cgroup)
-
-
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] != ["--serve"]:
+        sys.exit("usage: shim.py --serve (with a SOCK_SEQPACKET socket as its stdin)")
+    serve()

@@ -354,25 +354,57 @@ def test_an_http_check_fails_on_a_closed_port_and_on_a_silent_one(runtime: Proce
         assert time.monotonic() - began < 2
 
 
-def test_the_shim_refuses_a_command_line_it_cannot_read_naming_what_is_wrong(tmp_path: Path) -> None:
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_shims_are_forked_by_one_server_and_outlive_it(runtime: ProcessRuntime, root: Path) -> None:
+    """Each shim is a fork of the runtime's fork server (no interpreter started per worker), in a session of its
+    own; the server ends with its runtime, the shims and their workers live on, and a runtime started again (an
+    agent restarted) finds them running."""
+    for task in ("a-0", "b-0"):
+        runtime.start(key(task), Launch(command=["sleep", "60"]))
+    shims = [int((root / key(task).slug / "shim.pid").read_text()) for task in ("a-0", "b-0")]
+    server = parent_of(shims[0])
+    assert parent_of(shims[1]) == server != os.getpid()
+    assert parent_of(server) == os.getpid()
+    assert [os.getsid(pid) for pid in shims] == shims
+
+    runtime._forkserver.close()  # as when the agent exits
+    assert not Path(f"/proc/{server}").exists()
+    restarted = ProcessRuntime(root)
+    assert [restarted.observe(key(task)).running for task in ("a-0", "b-0")] == [True, True]
+    restarted.stop(key("a-0"), grace_seconds=5)
+    assert restarted.observe(key("a-0")) == Observed(running=False, exit_code=143)
+
+
+def test_a_fork_server_that_died_is_started_again(runtime: ProcessRuntime, root: Path) -> None:
+    runtime.start(key("a-0"), Launch(command=["sleep", "60"]))
+    server = parent_of(int((root / key("a-0").slug / "shim.pid").read_text()))
+    os.kill(server, signal.SIGKILL)
+    os.waitpid(server, 0)
+
+    runtime.start(key("b-0"), Launch(command=["true"]))
+
+    assert wait_until_ended(runtime, key("b-0")).exit_code == 0
+    assert parent_of(int((root / key("a-0").slug / "shim.pid").read_text())) != server  # adopted by another
+    assert runtime.observe(key("a-0")).running
+
+
+def test_a_nul_byte_in_the_command_or_its_environment_is_an_invalid_task(runtime: ProcessRuntime) -> None:
+    for launch in (Launch(command=["echo", "a\0b"]), Launch(command=["true"], env={"X": "a\0b"})):
+        with pytest.raises(RuntimeFailure) as failure:
+            runtime.start(key(), launch)
+        assert (failure.value.reason.code, failure.value.reason.text) == (
+            "InvalidTask",
+            "Invalid task: embedded null byte",
+        )
+    assert runtime.observe(key()).not_found
+
+
+def test_the_shim_runs_only_as_the_fork_server_and_says_so(tmp_path: Path) -> None:
     from activities.runtime import shim
 
-    assert shim.parse(["--dir", "d", "--ready-fd", "7", "--", "sleep", "1"]) == ("d", 7, None, ["sleep", "1"])
-    assert shim.parse(["--dir", "d", "--", "true"]) == ("d", None, None, ["true"])
-    assert shim.parse(["--dir", "d", "--cgroup", "/cg/a", "--", "true"]) == ("d", None, "/cg/a", ["true"])
-    for argv, error in (
-        (["--", "true"], "--dir is required"),
-        (["--dir", "d", "--"], "no command after --"),
-        (["--dir"], "--dir needs a value"),
-        (["--dir", "d", "--ready-fd", "x", "--", "true"], "--ready-fd must be a file descriptor, not 'x'"),
-        (["--dir", "d", "-v", "--", "true"], "unexpected argument '-v'"),
-    ):
-        with pytest.raises(ValueError) as refused:
-            shim.parse(argv)
-        assert str(refused.value) == error
-    # As the runtime runs it: a script, with no site and no environment.
-    ran = subprocess.run(
-        [sys.executable, "-I", "-S", shim.__file__, "--dir", str(tmp_path)], capture_output=True, text=True
-    )
-    assert (ran.returncode, ran.stderr) == (1, f"shim.py: no command after --\n{shim.USAGE}\n")
+    ran = subprocess.run([sys.executable, "-I", "-S", shim.__file__], capture_output=True, text=True, cwd=tmp_path)
+    assert (ran.returncode, ran.stderr) == (1, "usage: shim.py --serve (with a SOCK_SEQPACKET socket as its stdin)\n")
     assert list(tmp_path.iterdir()) == []
