@@ -253,7 +253,7 @@ class ProcessRuntime:
         """Wait until the shim started the worker (or recorded that it could not); fail if the shim died. The shim
         closes its end of `ready` then, or when it dies: no polling."""
         try:
-            closed, _, _ = select.select([ready], [], [], _START_WAIT_SECONDS)
+            closed = _readable(ready, _START_WAIT_SECONDS)
         finally:
             os.close(ready)
         if _exists(directory, "pid") or _exists(directory, "exit"):
@@ -267,7 +267,7 @@ class ProcessRuntime:
         pidfd = self._spawned.get(key.slug)
         if pidfd is None:
             return False
-        if not select.select([pidfd], [], [], 0)[0]:
+        if not _readable(pidfd, 0):
             return True
         os.close(self._spawned.pop(key.slug))
         return False
@@ -426,6 +426,14 @@ def _runs_shim_of(pid: int, directory: Path) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return os.fsencode(directory) in cmdline.split(b"\0")
+
+
+def _readable(fd: int, seconds: float) -> bool:
+    """Whether `fd` is readable (a closed pipe, an ended process's pidfd) within `seconds`. By poll, not select:
+    an agent with hundreds of workers holds descriptors past select's 1,024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(seconds * 1000))
 
 
 def _signal_group(directory: Path, signum: int) -> None:

@@ -408,3 +408,15 @@ def test_the_shim_runs_only_as_the_fork_server_and_says_so(tmp_path: Path) -> No
     ran = subprocess.run([sys.executable, "-I", "-S", shim.__file__], capture_output=True, text=True, cwd=tmp_path)
     assert (ran.returncode, ran.stderr) == (1, "usage: shim.py --serve (with a SOCK_SEQPACKET socket as its stdin)\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_runtime_holding_descriptors_past_1024_starts_and_watches_workers(runtime: ProcessRuntime) -> None:
+    """An agent with hundreds of workers holds a pidfd for each (and more): select() cannot wait on those."""
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        runtime.start(key(), Launch(command=["sleep", "0.2"]))
+        assert runtime.observe(key()).running
+        assert wait_until_ended(runtime, key()).exit_code == 0
+    finally:
+        for fd in held:
+            os.close(fd)
