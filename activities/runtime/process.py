@@ -87,8 +87,7 @@ class ProcessRuntime:
                 if cgroup is not None:
                     end_cgroup(str(cgroup))
                 raise
-            # Within the lock: the shim writes shim.pid itself, and another start must find it.
-            self._wait_until_started(key, directory, ready)
+        self._wait_until_started(key, directory, ready)
 
     def ensure_image(self, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """A process has no image: nothing to pull. What it could never start is refused here already, so a gang
@@ -245,6 +244,9 @@ class ProcessRuntime:
             raise RuntimeFailure(R.ContainerStartFailed(error=str(err))) from err
         finally:
             os.close(ready_for_shim)
+        # The shim writes it too, before its worker starts; written here as well, before the attempt's lock is let
+        # go, however slow the shim is to run: another start then finds it.
+        write_atomically(directory / "shim.pid", f"{pid}\n")
         with suppress(ProcessLookupError):  # ended already: its files say how
             self._spawned[key.slug] = os.pidfd_open(pid)
         return ready

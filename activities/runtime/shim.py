@@ -27,7 +27,7 @@ _MAX_REQUEST = 1 << 20  # a request is its command and environment, as JSON
 
 def write_atomically(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` so that a reader sees the whole file or none of it."""
-    tmp = f"{os.fspath(path)}.tmp"
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"  # the agent and the shim both write shim.pid
     with open(tmp, "w") as file:
         file.write(text)
     os.replace(tmp, path)
