@@ -110,7 +110,7 @@ class Cluster:
             if self.settings is not None:
                 raise ValueError("settings from a file need the services apart")
             scheduler_door = SchedulerDoor("127.0.0.1:0")
-            self._run(ControlWorker(self.client, Settings(), scheduler_door.address))
+            self._run(ControlWorker(self.client, Settings(), scheduler_door))
             self._run(await scheduler_worker(self.client, scheduler_door))
         for first in range(0, self.machines.count, self.agents_per_process):
             count = min(self.agents_per_process, self.machines.count - first)

@@ -181,11 +181,15 @@ def serving(client: Client, serves: Serves, **options: Any) -> Worker:
 
 class ControlWorker:
     """The control plane's Temporal worker, hosting every JobWorkflow and NodeWorkflow, and its link to the
-    scheduler's door at `scheduler` (HOST:PORT: the runs' `place` and `release`, as local activities), closed when
-    the worker ends."""
+    scheduler's door at `scheduler` (HOST:PORT: the runs' `place` and `release`, as local activities; or the door
+    itself, when the scheduler runs in this process), closed when the worker ends."""
 
     def __init__(
-        self, client: Client, settings: Settings, scheduler: str = DEFAULT_ADDRESS, ca_dir: Path = DEFAULT_CA_DIR
+        self,
+        client: Client,
+        settings: Settings,
+        scheduler: str | SchedulerDoor = DEFAULT_ADDRESS,
+        ca_dir: Path = DEFAULT_CA_DIR,
     ) -> None:
         control = ControlActivities(settings, client, ca_dir)
         self.link = SchedulerLink(scheduler)

@@ -26,11 +26,14 @@ async def door() -> AsyncIterator[SchedulerDoor]:
     await door.close()
 
 
-async def test_place_and_release_through_the_door_reach_the_scheduler(door: SchedulerDoor) -> None:
+@pytest.mark.parametrize("way", ["http", "in-process"])
+async def test_place_and_release_through_the_door_reach_the_scheduler(door: SchedulerDoor, way: str) -> None:
+    """By HTTP (the scheduler in another process), or given the door itself (in this process, as `astraeus dev`
+    runs it): the same service answers the same."""
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=1)})
     svc = await service(cluster)
     await door.open(svc)
-    link = SchedulerLink(door.address)
+    link = SchedulerLink(door.address if way == "http" else door)
     try:
         first = await link.place(PlaceInput(requests=[request(run="a", gpus=1)]))
         second = await link.place(PlaceInput(requests=[request(run="b", gpus=1)]))
@@ -41,6 +44,27 @@ async def test_place_and_release_through_the_door_reach_the_scheduler(door: Sche
         await link.release(ReleaseInput(job_id="job/default/a", task_id="w-0", attempt=0))
         await svc.outbox.idle()
         assert placements(cluster) == [("job/default/b", "w-0", "n0", "")]  # told by signal once room freed
+    finally:
+        await link.close()
+
+
+async def test_a_link_given_the_door_calls_its_service_without_http_and_is_refused_until_it_opens(
+    door: SchedulerDoor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    link = SchedulerLink(door)
+
+    async def no_http(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an in-process call went through HTTP")
+
+    monkeypatch.setattr(link._http, "request", no_http)
+    try:
+        with pytest.raises(RuntimeError) as refused:
+            await link.place(PlaceInput(requests=[request(run="a", gpus=1)]))
+        assert str(refused.value) == f"the scheduler at {door.address} did not answer /place: its door is not open yet"
+        await door.open(await service(FakeCluster(nodes={"n0": machine("n0", gpus=1)})))
+        result = await link.place(PlaceInput(requests=[request(run="a", gpus=1)]))
+        assert [a.node for a in result.answers] == ["n0"]
+        await link.release(ReleaseInput(job_id="job/default/a", task_id="w-0", attempt=0))
     finally:
         await link.close()
 
