@@ -5,10 +5,12 @@ ends TLS in front of the dev server, which serves none itself)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
@@ -61,6 +63,10 @@ class ProfileCluster(Cluster):
         if check and result.returncode != 0:
             raise AssertionError(f"astraeus {' '.join(args)} exited {result.returncode}: {result.stderr}")
         return result
+
+    def json(self, *args: str) -> Any:
+        """Through the profile too (its namespace, its TLS), as a CLI process: not the harness's in-process call."""
+        return json.loads(self.cli(*args, "--json").stdout)
 
 
 @pytest.fixture(scope="module")
