@@ -175,8 +175,10 @@ class SchedulerLink:
             timeout=httpx.Timeout(CALL_TIMEOUT_SECONDS, connect=5.0),
             limits=httpx.Limits(max_connections=REQUESTS_AT_ONCE, max_keepalive_connections=REQUESTS_AT_ONCE),
         )
-        self._places = Batches(lambda inputs: self._send("/place", inputs, PLACES, PLACED))
-        self._releases = Batches(lambda inputs: self._send("/release", inputs, RELEASES, NOTHING))
+        self._places = Batches(lambda inputs: self._send("/place", SchedulerService.place, inputs, PLACES, PLACED))
+        self._releases = Batches(
+            lambda inputs: self._send("/release", SchedulerService.release, inputs, RELEASES, NOTHING)
+        )
 
     @implements(contracts.place)
     async def place(self, input: PlaceInput) -> PlaceResult:
@@ -188,7 +190,12 @@ class SchedulerLink:
         await self._releases.call(input)
 
     async def _send(
-        self, path: str, inputs: list[Any], questions: TypeAdapter[list[Any]], answers: TypeAdapter[list[Any]]
+        self,
+        path: str,
+        handle: Callable[[SchedulerService, Any], Awaitable[Any]],
+        inputs: list[Any],
+        questions: TypeAdapter[list[Any]],
+        answers: TypeAdapter[list[Any]],
     ) -> list[Any]:
         """The answers, in order. Every failure is tried again by the local activities' retry policy, a refusal
         too (a wrong token, a message this scheduler cannot read): the runs wait, and go on once the scheduler is
@@ -198,8 +205,7 @@ class SchedulerLink:
         service = self._door.service
         if service is None:
             raise RuntimeError(f"the scheduler at {self.address} did not answer {path}: its door is not open yet")
-        handle = service.place if path == "/place" else service.release
-        return list(await asyncio.gather(*(handle(message) for message in inputs)))
+        return list(await asyncio.gather(*(handle(service, message) for message in inputs)))
 
     async def usage(self) -> ClusterUse:
         """What the scheduler's placements hold now (`GET /usage`); an error names the scheduler when it does not

@@ -68,7 +68,7 @@ class Embedded:
             )
             door = SchedulerDoor("127.0.0.1:0")  # any free port: the control plane is told which
             self.scheduler_address = door.address
-            self._run(ControlWorker(self.client, self.settings, door, ca_dir=self.data_dir / "ca"))  # in-process
+            self._run(ControlWorker(self.client, self.settings, door, ca_dir=self.data_dir / "ca"))  # the door: no HTTP
             self._run(await scheduler_worker(self.client, door))
             for i in range(self.node_count):
                 options = AgentOptions(

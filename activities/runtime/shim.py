@@ -19,6 +19,8 @@ import io
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 _CGROUP_END_SECONDS = 5.0
 _MAX_FD = os.sysconf("SC_OPEN_MAX")
@@ -34,15 +36,11 @@ def write_atomically(path: str | os.PathLike[str], text: str) -> None:
 
 
 def supervise(
-    directory: str | os.PathLike[str],
-    command: list[str],
-    ready_fd: int | None = None,
-    cgroup: str | None = None,
-    env: dict[str, str] | None = None,
+    directory: str | os.PathLike[str], command: list[str], env: dict[str, str], ready_fd: int | None, cgroup: str | None
 ) -> int:
-    """Run `command` in its own process group (and in `cgroup`, if given) with the environment `env` (this process's
-    when None), wait for it, and record its exit code as a shell would. Closes `ready_fd` once the worker's pid (or
-    its exit code, when it could not start) is written."""
+    """Run `command` in its own process group (and in `cgroup`, if given) with the environment `env`, wait for it,
+    and record its exit code as a shell would. Closes `ready_fd` once the worker's pid (or its exit code, when it
+    could not start) is written."""
     with open(os.path.join(directory, "log"), "ab") as log:
         try:
             procs = None if cgroup is None else os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
@@ -50,7 +48,7 @@ def supervise(
             log.write(f"shim: cannot put the worker in its memory cgroup {cgroup}: {err.strerror}\n".encode())
             code = 126
         else:
-            code = _run(directory, command, log, procs, ready_fd, dict(os.environ) if env is None else env)
+            code = _run(directory, command, log, procs, ready_fd, env)
     if cgroup is not None and end_cgroup(cgroup):
         write_atomically(os.path.join(directory, "oom"), "1\n")  # before exit: the exit file is the last word
     write_atomically(os.path.join(directory, "exit"), f"{code}\n")
@@ -230,17 +228,17 @@ def serve(channel: int = 0) -> None:
             server.send(json.dumps({"error": f"fork: {err.strerror}"}).encode())
             continue
         if pid == 0:
-            _become_shim(server, json.loads(message), ready)
+            _become_shim(server.close, json.loads(message), ready)
         _close(ready)
         server.send(json.dumps({"pid": pid}).encode())
 
 
-def _become_shim(server: object, request: dict[str, object], ready: int | None) -> None:
+def _become_shim(leave_server: Callable[[], None], request: dict[str, Any], ready: int | None) -> None:
     """In the server's child: leave the server (its socket, its session, its ignored SIGCHLD), write DIR/shim.pid,
     supervise the worker and exit with its code. Never returns into the server's loop."""
     code = 1
     try:
-        server.close()  # type: ignore[attr-defined]
+        leave_server()  # its socket
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the shim waits for its worker: no reaping by the kernel
         # A no-op handler, not SIG_IGN: an ignored signal stays ignored across exec, a handled one is reset, so
@@ -254,11 +252,7 @@ def _become_shim(server: object, request: dict[str, object], ready: int | None) 
         for fd, target in ((null, 0), (log, 1), (log, 2)):
             os.dup2(fd, target)
         write_atomically("shim.pid", f"{os.getpid()}\n")  # before the worker starts: an agent that dies now finds it
-        cgroup = request["cgroup"]
-        env = request["env"]
-        command = request["command"]
-        assert isinstance(command, list) and isinstance(env, dict)
-        code = supervise(directory, command, ready, None if cgroup is None else str(cgroup), env)
+        code = supervise(directory, request["command"], request["env"], ready, request["cgroup"])
     except BaseException as err:  # its log says why, where people look
         os.write(2, f"shim: {type(err).__name__}: {err}\n".encode(errors="replace"))
     finally:
