@@ -16,6 +16,7 @@ import select
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -62,7 +63,9 @@ class ProcessRuntime:
         self.memory = memory if memory is not None else find_memory_cgroups()
         self._forkserver = ForkServer()
         # A pidfd of each shim this instance spawned, by attempt slug, while it lives: readable once it ended.
+        # The agent's threads look at them at once; one of them closes a pidfd, under the lock, once it ended.
         self._spawned: dict[str, int] = {}
+        self._spawned_lock = threading.Lock()
 
     def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Start the attempt unless it already exists; returns once its worker started (or already ended).
@@ -117,9 +120,10 @@ class ProcessRuntime:
     def ended_fd(self, key: TaskKey) -> int | None:
         """A pidfd of the attempt's shim, readable once it exited (its worker ended and the exit file is written);
         None for a shim this instance did not spawn (an agent that restarted polls those) or one already gone."""
-        if not self._spawned_alive(key):
-            return None
-        return os.dup(self._spawned[key.slug])
+        with self._spawned_lock:
+            if not self._spawned_alive_locked(key):
+                return None
+            return os.dup(self._spawned[key.slug])
 
     def probe(self, key: TaskKey, readiness: Readiness) -> tuple[bool, str]:
         """An HTTP GET to 127.0.0.1 (the worker shares the machine's network), or the command run as the worker
@@ -247,7 +251,7 @@ class ProcessRuntime:
         # The shim writes it too, before its worker starts; written here as well, before the attempt's lock is let
         # go, however slow the shim is to run: another start then finds it.
         write_atomically(directory / "shim.pid", f"{pid}\n")
-        with suppress(ProcessLookupError):  # ended already: its files say how
+        with suppress(ProcessLookupError), self._spawned_lock:  # ended already: its files say how
             self._spawned[key.slug] = os.pidfd_open(pid)
         return ready
 
@@ -266,12 +270,17 @@ class ProcessRuntime:
 
     def _spawned_alive(self, key: TaskKey) -> bool:
         """Whether the shim this instance spawned for `key` still lives (its pidfd not readable yet)."""
+        with self._spawned_lock:
+            return self._spawned_alive_locked(key)
+
+    def _spawned_alive_locked(self, key: TaskKey) -> bool:
         pidfd = self._spawned.get(key.slug)
         if pidfd is None:
             return False
         if not _readable(pidfd, 0):
             return True
-        os.close(self._spawned.pop(key.slug))
+        del self._spawned[key.slug]
+        os.close(pidfd)
         return False
 
     def _wait_until_ended(self, key: TaskKey, seconds: float) -> bool:

@@ -4,6 +4,7 @@ checks (a command, an HTTP GET)."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -420,3 +421,29 @@ def test_a_runtime_holding_descriptors_past_1024_starts_and_watches_workers(runt
     finally:
         for fd in held:
             os.close(fd)
+
+
+def test_threads_that_look_at_once_at_a_shim_that_just_ended_all_see_it_ended(runtime: ProcessRuntime) -> None:
+    """The agent's threads observe, stop and watch its workers at once: each sees the end, none fails, and a watch
+    gets a pidfd of its own or none (never one another thread closed)."""
+    with ThreadPoolExecutor(16) as pool:
+        for attempt in range(40):
+            runtime.start(key(attempt=attempt), Launch(command=["true"]))
+            held = runtime.ended_fd(key(attempt=attempt))
+            if held is None:
+                continue  # it ended before we looked
+            while not select_readable(held):  # it ended: now every thread looks at once
+                time.sleep(0.001)
+            os.close(held)
+            looks = [
+                pool.submit(runtime.observe if n % 2 else runtime.ended_fd, key(attempt=attempt)) for n in range(16)
+            ]
+            for look in looks:
+                seen = look.result()
+                assert seen is None or seen == Observed(running=False, exit_code=0, ended_at=seen.ended_at)
+
+
+def select_readable(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
