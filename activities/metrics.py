@@ -5,7 +5,7 @@ never sees half a pass. A process serves them with `--metrics HOST:PORT` (worker
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -81,14 +81,8 @@ def _namespace(job_id: str) -> str:
     return parts[1] if len(parts) == 3 else ""
 
 
-def observe_pass(
-    plan: Plan,
-    now: datetime,
-    requests: Iterable[TaskRequest],
-    allocations: Iterable[Allocation],
-    nodes: Iterable[NodeView],
-) -> None:
-    """Count a pass's decisions and preemptions, and keep the view's figures for the next scrape."""
+def observe_pass(plan: Plan, now: datetime) -> None:
+    """Count a pass's decisions and preemptions."""
     for decision in plan.decisions:
         request = decision.request
         PLACEMENTS.labels("placed" if decision.node is not None else "waiting").inc()
@@ -100,21 +94,29 @@ def observe_pass(
             RESTARTS.labels(request.namespace).inc()
     for preemption in plan.preemptions:
         PREEMPTIONS.labels(_namespace(preemption.job_id)).inc(len(preemption.task_ids))
-    SCHEDULER.figures = figures(requests, allocations, nodes)
+
+
+# The scheduler's view as a scrape reads it: its waiting workers, its placements and its machines, each a list
+# taken at once (a pass changes them on another thread).
+View = Callable[[], tuple[list[TaskRequest], list[Allocation], list[NodeView]]]
 
 
 class SchedulerCollector(Collector):
-    """The gauges of the scheduler's view, from the figures of its last pass (none in other processes)."""
+    """The gauges of the scheduler's view, counted when they are scraped rather than at every pass (a pass runs
+    every few milliseconds in a burst); none in other processes."""
 
-    figures: SchedulerFigures | None = None
+    view: View | None = None
+
+    def watch(self, view: View) -> None:
+        self.view = view
 
     def describe(self) -> list[GaugeMetricFamily]:
-        return []  # nothing to check for duplicates before the first pass
+        return []  # nothing to check for duplicates before a scheduler is watched
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        now = self.figures
-        if now is None:
+        if self.view is None:
             return
+        now = figures(*self.view())
         for name, what, label, values in (
             ("astraeus_runs", "Runs the scheduler holds, by namespace and state", "namespace", now.runs),
             ("astraeus_workers", "Workers the scheduler holds, by namespace and state", "namespace", now.workers),

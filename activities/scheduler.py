@@ -78,6 +78,7 @@ class SchedulerService:
         self._due: asyncio.Future[None] | None = None  # the next pass, once a change asked for one
         self._last_pass = (0.0, 0.0)  # when the last pass ended, and how long it took (monotonic seconds)
         self._wake: asyncio.TimerHandle | None = None
+        metrics.SCHEDULER.watch(self._view)
         self.outbox = Outbox(self._deliver)
         self.sweeping: asyncio.Future[None] | None = None  # sweep_forever, while the service serves
 
@@ -162,6 +163,9 @@ class SchedulerService:
             if error.status != RPCStatusCode.NOT_FOUND:
                 raise
             return []  # no drive was ever made
+
+    def _view(self) -> tuple[list[TaskRequest], list[Allocation], list[NodeView]]:
+        return list(self._requests.values()), list(self._allocations.values()), list(self._nodes.values())
 
     def _set_node(self, view: NodeView) -> None:
         if view.state is NodeState.REMOVED:
@@ -337,7 +341,7 @@ class SchedulerService:
             self._carry_out(decision, now)
         for preemption in plan.preemptions:
             self._preempt(preemption)
-        metrics.observe_pass(plan, now, self._requests.values(), self._allocations.values(), self._nodes.values())
+        metrics.observe_pass(plan, now)
         self._arm_wake(min((t for t in (plan.wake_at, self._refresh_at) if t is not None), default=None))
 
     def _carry_out(self, decision: Decision, now: datetime) -> None:

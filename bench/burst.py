@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from bench.burst_report import figures, lines, pair_figures, pair_lines
 from bench.cluster import Cluster, Machines
 from bench.common import HistoryFigures, ms, now, read_history, run_and_exit
@@ -208,6 +210,7 @@ class Burst:
     machine_histories: list[HistoryFigures]
     agent_processes: int
     server: ServerOps  # the server's own counters during the burst
+    passes: tuple[float, float] = (0.0, 0.0)  # scheduling passes in this process during the burst: count, seconds
     floor: Floor | None = None
 
 
@@ -232,12 +235,14 @@ async def measure(options: Options, root: Path) -> Burst:
         server_start = await settled(metrics_port)
         _, log_start = logged(cluster.server.log, 0)
         load_start, cpu_start, window = os.getloadavg()[0], cluster.cpu(), time.monotonic()
+        passes_start = scheduling_passes()
         gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
         submits = asyncio.gather(*(submit(client, r, options.sleep, gate) for r in runs))
         running = await wait_running(client, options.target, options.timeout)
         await submits
         cpu_end, window = cluster.cpu(), time.monotonic() - window
         cpu = {k: cpu_end[k] - cpu_start[k] for k in cpu_end}
+        passes = tuple(end - start for start, end in zip(passes_start, scheduling_passes(), strict=True))
         server = between(server_start, await settled(metrics_port))
         server.logged, _ = logged(cluster.server.log, log_start)
         workers_cpu, load_end = cluster.workers_cpu(), os.getloadavg()[0]
@@ -265,7 +270,14 @@ async def measure(options: Options, root: Path) -> Burst:
         histories,
         cluster.agent_processes,
         server,
+        (passes[0], passes[1]),
     )
+
+
+def scheduling_passes() -> tuple[float, float]:
+    """The scheduling passes this process ran so far, and their seconds (none when the scheduler runs apart)."""
+    count = REGISTRY.get_sample_value("astraeus_scheduler_pass_seconds_count") or 0.0
+    return count, REGISTRY.get_sample_value("astraeus_scheduler_pass_seconds_sum") or 0.0
 
 
 async def bench(options: Options) -> list[str]:

@@ -127,6 +127,12 @@ def lines(b: Burst) -> list[str]:
     ]
     if o.services_apart:
         rows.append(("  ours: control plane + scheduler processes", f"{cpu['services']:.0f}"))
+    else:
+        count, seconds = b.passes
+        rows.append((
+            "  scheduling passes: count / mean ms / ms per run",
+            f"{count:.0f} / {seconds * 1000 / max(count, 1):.2f} / {seconds * 1000 / max(f['submitted'], 1):.1f}",
+        ))  # fmt: skip
     rows += [
         (
             "CPU ms per worker process (shim + sleep; fork servers)",

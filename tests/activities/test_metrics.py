@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-from activities.metrics import SchedulerFigures, figures, observe_pass
+from activities.metrics import SCHEDULER, SchedulerFigures, figures, observe_pass
 from tests.domain.builders import T0, holding, machine, request
 from workers.telemetry import tracer_provider, tracing
 from workflows.domain.plans import Decision, Plan, Preemption
@@ -51,13 +51,22 @@ def test_a_pass_counts_its_decisions_its_waits_restarts_and_preemptions() -> Non
         "waits": sample("astraeus_pending_to_placed_seconds_sum", namespace="default"),
         "preempted": sample("astraeus_preemptions_total", namespace="metrics-test"),
     }
-    observe_pass(plan, T0 + timedelta(seconds=7), [waiting], [], [machine("m0", gpus=1)])
+    observe_pass(plan, T0 + timedelta(seconds=7))
     assert sample("astraeus_placement_decisions_total", outcome="placed") - before["placed"] == 2
     assert sample("astraeus_placement_decisions_total", outcome="waiting") - before["waiting"] == 1
     assert sample("astraeus_worker_restarts_total", namespace="default") - before["restarts"] == 1
     assert sample("astraeus_pending_to_placed_seconds_sum", namespace="default") - before["waits"] == 7
     assert sample("astraeus_preemptions_total", namespace="metrics-test") - before["preempted"] == 2
-    assert sample("astraeus_runs", namespace="metrics-test", state="waiting") == 1
+
+
+def test_the_views_gauges_are_counted_when_scraped() -> None:
+    waiting = [request("w-0", run="m-b", namespace="metrics-scraped")]
+    SCHEDULER.watch(lambda: (waiting, [], [machine("m0", gpus=1)]))
+    assert sample("astraeus_runs", namespace="metrics-scraped", state="waiting") == 1
+    waiting.append(request("w-0", run="m-c", namespace="metrics-scraped"))
+    assert sample("astraeus_runs", namespace="metrics-scraped", state="waiting") == 2
+    SCHEDULER.watch(lambda: ([], [], []))
+    assert sample("astraeus_runs", namespace="metrics-scraped", state="waiting") == 0
 
 
 def test_no_traces_are_exported_unless_asked() -> None:

@@ -3,10 +3,12 @@ preemption, quotas, arrays, patience and privacy, each with the spec's whole sen
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from tests.domain.builders import at, holding, ib, machine, request, unreported
-from workflows.domain.machines import Compiled
+from workflows.domain.machines import Cluster, Compiled
 from workflows.domain.nodes import NodeState, NodeView
 from workflows.domain.quotas import Quota
 from workflows.domain.reasons import R, Reason
@@ -477,3 +479,59 @@ def test_passes_that_keep_their_machines_decide_as_passes_that_compile_them() ->
     for requests in ([request(gpus=4)], [request(gpus=2), request("w-1", gpus=4)], [request(gpus=8)]):
         assert outcome(run(requests, nodes, held, compiled=compiled)) == outcome(run(requests, nodes, held))
         held = [*held, holding("n1", run=f"r{len(held)}", gpus=1)]
+
+
+def view_of(cluster: Cluster) -> dict[str, object]:
+    """Everything a pass reads of its cluster as it begins; a run or group that holds nothing is as if unknown."""
+    return {
+        "free": {name: (round(f.cpu, 9), f.memory_bytes, f.gpus) for name, f in cluster.free.items()},
+        "held": {name: sorted(held) for name, held in cluster.held.items()},
+        "allocations": dict(sorted(cluster.allocations.items())),
+        "run_nodes": {job: dict(sorted(nodes.items())) for job, nodes in sorted(cluster.run_nodes.items()) if nodes},
+        "group_nodes": {k: dict(sorted(nodes.items())) for k, nodes in sorted(cluster.group_nodes.items()) if nodes},
+        "group_placed": {k: n for k, n in sorted(cluster.group_placed.items()) if n},
+        "index": [[(round(cpu, 9), memory, name) for cpu, memory, name in b] for b in _trimmed(cluster._buckets)],
+    }
+
+
+def _trimmed(buckets: list[list[tuple[float, int, str]]]) -> list[list[tuple[float, int, str]]]:
+    """The index without its empty buckets past the last machine: no request sees those."""
+    last = max((gpus for gpus, bucket in enumerate(buckets) if bucket), default=-1)
+    return buckets[: last + 1]
+
+
+def test_holdings_kept_from_pass_to_pass_are_those_held_anew_as_workers_come_go_and_machines_change() -> None:
+    """The service's passes keep what placed workers hold and change it by what came and went: after hundreds of
+    passes of placements, releases, new attempts of the same worker, fractional cpus and a machine cordoned and
+    back, each pass begins from the view a pass holding every allocation anew has, and decides the same."""
+    rng = random.Random(7)
+    nodes = [machine(f"n{i}", cpus=16, gpus=8) for i in range(6)]
+    compiled = Compiled()
+    held: dict[tuple[str, str], Allocation] = {}
+    for step in range(300):
+        for _ in range(rng.randint(0, 4)):  # placements, some of them a new attempt of a worker that holds room
+            job, task = f"r{rng.randint(0, 30)}", f"w-{rng.randint(0, 2)}"
+            alloc = holding(
+                f"n{rng.randint(0, 6)}",  # n6 is no machine the pass knows: held all the same
+                run=job, task=task, cpu=rng.choice([0.1, 0.25, 0.5, 1.3]), gpus=rng.randint(0, 2), group=f"g{task[-1]}",
+            )  # fmt: skip
+            held[alloc.key] = alloc
+        for key in rng.sample(sorted(held), k=min(len(held), rng.randint(0, 3))):
+            del held[key]
+        if step % 50 == 25:
+            nodes[2] = nodes[2].model_copy(update={"cordon": None if nodes[2].cordon else "Disk check"})
+        allocations = list(held.values())
+        kept = Cluster(nodes, allocations, at(0), compiled)
+        assert view_of(kept) == view_of(Cluster(nodes, allocations, at(0)))
+        # A worker of a run that holds room: its pass changes counts the kept holdings share with it, on its own copy
+        asked = [request(f"q-{step}", run=f"r{rng.randint(0, 30)}", group=f"g{rng.randint(0, 2)}", cpu=0.5, gpus=1)]
+        plan = run(asked, nodes, allocations, compiled=compiled)
+        assert outcome(plan) == outcome(run(asked, nodes, allocations))
+
+
+def test_holdings_given_one_worker_twice_are_held_as_given() -> None:
+    nodes, compiled = [machine("n0", gpus=8), machine("n1", gpus=8)], Compiled()
+    first = holding("n0", run="r", task="w-0", gpus=2)
+    Cluster(nodes, [first], at(0), compiled)
+    for allocations in ([first, holding("n1", run="r", task="w-0", gpus=1)], [first, first], [first]):
+        assert view_of(Cluster(nodes, allocations, at(0), compiled)) == view_of(Cluster(nodes, allocations, at(0)))

@@ -30,11 +30,15 @@ class Explainer:
         self._fabric: dict[tuple[object, ...], str | None] = {}
         self._ready: dict[NamesKey, int] = {}
         self._profiles: dict[tuple[object, ...], int] = {}
-        self._profile_of = {name: self._intern(m.profile) for name, m in cluster.machines.items()}
+        self._profile_of: dict[str, int] = {}  # each machine's profile, interned when first asked
         self._said: dict[tuple[object, ...], list[Reason]] = {}
 
-    def _intern(self, profile: tuple[object, ...]) -> int:
-        return self._profiles.setdefault(profile, len(self._profiles))
+    def _profile(self, name: str) -> int:
+        interned = self._profile_of.get(name)
+        if interned is None:
+            profile = self.cluster.machines[name].profile
+            interned = self._profile_of[name] = self._profiles.setdefault(profile, len(self._profiles))
+        return interned
 
     @staticmethod
     def _key(ask: Ask, names_key: NamesKey) -> tuple[object, ...]:
@@ -48,7 +52,7 @@ class Explainer:
         if shape is None:
             reasons = explain(machine, free, ask)
         else:
-            key = (shape, self._profile_of[name], free.cpu, free.memory_bytes, free.gpus)
+            key = (shape, self._profile(name), free.cpu, free.memory_bytes, free.gpus)
             reasons = self._said.get(key)  # type: ignore[assignment]
             if reasons is None:
                 reasons = self._said[key] = explain(machine, free, ask)

@@ -51,7 +51,7 @@ class CompiledNode:
     external_ports: int = 0  # how many ports its agent may assign to workers' external access
     _matching: dict[tuple[GpuRequest, ...], tuple[int, int]] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def profile(self) -> tuple[object, ...]:
         """Every fact a check reads but the machine's name: machines with equal profiles and equal free room say
         the same to a worker that does not select by name or depend on where its run is."""
@@ -139,10 +139,13 @@ def size_text(size: int) -> str:
 class Compiled:
     """Machines compiled in one pass and kept for the next: a machine is compiled again only when its view is a
     new object. Views are frozen, and the scheduler service replaces a machine's view when it changes, so the same
-    object means the same facts. In a burst a pass runs every few milliseconds over machines that rarely change."""
+    object means the same facts. In a burst a pass runs every few milliseconds over machines that rarely change.
+    What the placed workers hold is kept the same way (`holdings`): allocations are frozen too."""
 
     def __init__(self) -> None:
         self._kept: dict[str, tuple[NodeView, CompiledNode]] = {}
+        self._holdings: Holdings | None = None
+        self._held: dict[int, Allocation] = {}  # the allocations `_holdings` holds, by id
 
     def __call__(self, views: Iterable[NodeView]) -> dict[str, CompiledNode]:
         """Every view's machine, by name in name order."""
@@ -153,54 +156,106 @@ class Compiled:
         self._kept = kept
         return {name: machine for name, (_, machine) in kept.items()}
 
+    def holdings(self, machines: dict[str, CompiledNode], allocations: list[Allocation]) -> Holdings:
+        """What `allocations` hold on `machines`: the last pass's holdings, changed by the allocations that are new
+        objects or gone since, on the same machines; else held anew. Read it, copy it; never change it."""
+        now = {id(alloc): alloc for alloc in allocations}  # the same object means the same allocation
+        kept = self._holdings
+        if kept is not None and kept.same_machines(machines) and len(now) == len(allocations):
+            kept.update(
+                [a for i, a in self._held.items() if i not in now], [a for i, a in now.items() if i not in self._held]
+            )
+            if len(kept.allocations) == len(allocations):  # else two allocations of one worker: held anew, as given
+                self._held = now
+                return kept
+        holdings = Holdings.of(machines, allocations)
+        unique = len(now) == len(allocations) and len(holdings.allocations) == len(allocations)
+        self._holdings, self._held = (holdings, now) if unique else (None, {})  # one worker twice: kept no further
+        return holdings
 
-class Cluster:
-    """Free room on every machine, indexed by free GPUs, what each machine holds, and where each run's workers
-    are. Changed in place as a pass places workers; `version` and `changed` tell caches what moved."""
 
-    def __init__(
-        self,
-        views: Iterable[NodeView],
-        allocations: Iterable[Allocation],
-        now: datetime,
-        compiled: Compiled | None = None,
-    ) -> None:
-        self.now = now
-        self.machines: dict[str, CompiledNode] = (compiled or Compiled())(views)
-        self.names: list[str] = list(self.machines)
-        self.free: dict[str, Free] = {m.name: Free(m.cpus, m.memory_bytes, len(m.gpus)) for m in self.machines.values()}
-        self.held: dict[str, dict[tuple[str, str], Allocation]] = {name: {} for name in self.names}
-        self.allocations: dict[tuple[str, str], Allocation] = {}
-        # Where each run's and each (run, group)'s workers are, counted by machine: plain dicts, as one is made per run
-        # at every pass (a Counter each cost the scheduler's pass 40% of its time in a burst: bench/README.md).
-        self.run_nodes: dict[str, dict[str, int]] = {}
-        self.group_nodes: dict[tuple[str, str], dict[str, int]] = {}
-        self.group_placed: Counter[tuple[str, str]] = Counter()
-        self.version = 0
-        self.changed: list[str] = []  # the machine changed by each version, in order: changed[v - 1]
-        # Tentative changes since the pass began, so that they can be undone exactly: each placement with the
-        # allocation its key held before (a worker asked again while its old attempt still holds room), and each
-        # lifted allocation (a preemption victim, as a head sees it once gone) with None.
-        self._placed: list[tuple[Allocation, Allocation | None, bool]] = []
-        self.node_version: Counter[str] = Counter()  # changes to each machine's room: keys for `memo`
-        self.memo: dict[tuple[object, ...], object] = {}  # answers about a machine, keyed with its node_version
-        self._closed: set[str] = set()  # out of the index for the rest of the pass
-        self._buckets: list[list[tuple[float, int, str]]] = []
+class Holdings:
+    """What placed workers hold: free room on every machine, indexed by free GPUs, what each machine holds, and
+    where each run's workers are. `Compiled` keeps one from pass to pass; each pass's Cluster begins as a copy."""
+
+    machines: dict[str, CompiledNode]
+    free: dict[str, Free]
+    held: dict[str, dict[tuple[str, str], Allocation]]
+    allocations: dict[tuple[str, str], Allocation]
+    # Where each run's and each (run, group)'s workers are, counted by machine: plain dicts, as one is made per run
+    # (a Counter each cost the scheduler's pass 40% of its time in a burst: bench/README.md).
+    run_nodes: dict[str, dict[str, int]]
+    group_nodes: dict[tuple[str, str], dict[str, int]]
+    group_placed: Counter[tuple[str, str]]
+    _buckets: list[list[tuple[float, int, str]]]
+    # The runs and groups whose counts a copy made its own (copied at their first change); None: all of them.
+    _own_runs: set[str] | None
+    _own_groups: set[tuple[str, str]] | None
+
+    @classmethod
+    def of(cls, machines: dict[str, CompiledNode], allocations: Iterable[Allocation]) -> Holdings:
+        """Every allocation held, in order, on the machines empty."""
+        holdings = cls.__new__(cls)
+        holdings.machines = machines
+        holdings.free = {m.name: _capacity(m) for m in machines.values()}
+        holdings.held = {name: {} for name in machines}
+        holdings.allocations = {}
+        holdings.run_nodes = {}
+        holdings.group_nodes = {}
+        holdings.group_placed = Counter()
+        holdings._buckets = []
+        holdings._own_runs = holdings._own_groups = None  # every count its own
         for alloc in allocations:
-            self._hold(alloc, 1)
-        for name in self.names:
+            holdings._hold(alloc, 1)
+        for name, machine in machines.items():
+            if machine.not_ready is None:
+                holdings._index(name)
+        return holdings
+
+    def _copy(self, other: Holdings) -> None:
+        """Become a copy of `other` that changes apart from it."""
+        self.machines = other.machines
+        self.free = {name: Free(f.cpu, f.memory_bytes, f.gpus) for name, f in other.free.items()}
+        self.held = {name: dict(held) for name, held in other.held.items()}
+        self.allocations = dict(other.allocations)
+        self.run_nodes = dict(other.run_nodes)  # the counts of each run and group: shared until `_hold` changes them
+        self.group_nodes = dict(other.group_nodes)
+        self._own_runs = set()
+        self._own_groups = set()
+        self.group_placed = Counter(other.group_placed)
+        self._buckets = [list(bucket) for bucket in other._buckets]
+
+    def same_machines(self, machines: dict[str, CompiledNode]) -> bool:
+        return machines.keys() == self.machines.keys() and all(self.machines[n] is m for n, m in machines.items())
+
+    def update(self, gone: Iterable[Allocation], came: Iterable[Allocation]) -> None:
+        """Let go of `gone`, then hold `came`. A machine whose holdings changed has its free room summed again
+        from what it holds, as `of` sums it, so that no rounding builds up from pass to pass."""
+        touched: dict[str, None] = {}
+        for sign, allocs in ((-1, gone), (1, came)):
+            for alloc in allocs:
+                machine = self.machines.get(alloc.node)
+                if machine is not None and alloc.node not in touched:
+                    touched[alloc.node] = None
+                    if machine.not_ready is None:
+                        self._unindex(alloc.node)
+                self._hold(alloc, sign)
+        for alloc in gone:  # a run or group with nothing held left is forgotten, as `of` never knew it
+            group = (alloc.job_id, alloc.group)
+            if not self.run_nodes.get(alloc.job_id, True):
+                del self.run_nodes[alloc.job_id]
+            if not self.group_nodes.get(group, True):
+                del self.group_nodes[group]
+            if group in self.group_placed and self.group_placed[group] <= 0:
+                del self.group_placed[group]
+        for name in touched:
+            free = self.free[name] = _capacity(self.machines[name])
+            for alloc in self.held[name].values():
+                free.cpu -= alloc.cpu
+                free.memory_bytes -= alloc.memory_bytes
+                free.gpus -= alloc.gpus
             if self.machines[name].not_ready is None:
                 self._index(name)
-
-    @cached_property
-    def by_size(self) -> list[str]:
-        """Ready machines, smallest first (GPUs, cpus, memory, name): first fit in this order is best fit on an
-        empty cluster."""
-        ready = (m for m in self.machines.values() if m.not_ready is None)
-        return [m.name for m in sorted(ready, key=lambda m: (len(m.gpus), m.cpus, m.memory_bytes, m.name))]
-
-    def changed_since(self, version: int) -> set[str]:
-        return set(self.changed[version:])
 
     # ---- the index ----------------------------------------------------------------------------------------------
 
@@ -219,21 +274,16 @@ class Cluster:
         bucket = self._buckets[gpus]
         del bucket[bisect_left(bucket, entry)]
 
-    def candidates(self, request: TaskRequest) -> Iterator[str]:
-        """Ready machines with at least the GPUs, cpu and memory asked free, tightest first (best fit): fewest GPUs
-        left, then fewest cpus, then least memory, then by name. The index may change between two yields."""
-        for gpus in range(max(request.gpus, 0), len(self._buckets)):
-            bucket = self._buckets[gpus]
-            i = bisect_left(bucket, (request.cpu - EPSILON,))
-            while i < len(bucket):
-                _, memory, name = bucket[i]
-                i += 1
-                if memory >= request.memory_bytes:
-                    yield name
-
-    # ---- changes ------------------------------------------------------------------------------------------------
-
     def _hold(self, alloc: Allocation, sign: int) -> None:
+        if self._own_runs is not None and alloc.job_id not in self._own_runs:  # a copy's first change to them
+            self._own_runs.add(alloc.job_id)
+            if (shared := self.run_nodes.get(alloc.job_id)) is not None:
+                self.run_nodes[alloc.job_id] = dict(shared)
+        group_key = (alloc.job_id, alloc.group)
+        if self._own_groups is not None and group_key not in self._own_groups:
+            self._own_groups.add(group_key)
+            if (shared_group := self.group_nodes.get(group_key)) is not None:
+                self.group_nodes[group_key] = dict(shared_group)
         held = self.held.get(alloc.node)
         if sign > 0:
             self.allocations[alloc.key] = alloc
@@ -261,6 +311,61 @@ class Cluster:
             free.cpu -= sign * alloc.cpu
             free.memory_bytes -= sign * alloc.memory_bytes
             free.gpus -= sign * alloc.gpus
+
+
+def _capacity(machine: CompiledNode) -> Free:
+    return Free(machine.cpus, machine.memory_bytes, len(machine.gpus))
+
+
+class Cluster(Holdings):
+    """A pass's view: the holdings as the pass began (copied from those `compiled` kept), changed in place as the
+    pass places workers; `version` and `changed` tell caches what moved."""
+
+    def __init__(
+        self,
+        views: Iterable[NodeView],
+        allocations: Iterable[Allocation],
+        now: datetime,
+        compiled: Compiled | None = None,
+    ) -> None:
+        self.now = now
+        compiled = compiled or Compiled()
+        machines = compiled(views)
+        self._copy(compiled.holdings(machines, list(allocations)))
+        self.names: list[str] = list(self.machines)
+        self.version = 0
+        self.changed: list[str] = []  # the machine changed by each version, in order: changed[v - 1]
+        # Tentative changes since the pass began, so that they can be undone exactly: each placement with the
+        # allocation its key held before (a worker asked again while its old attempt still holds room), and each
+        # lifted allocation (a preemption victim, as a head sees it once gone) with None.
+        self._placed: list[tuple[Allocation, Allocation | None, bool]] = []
+        self.node_version: Counter[str] = Counter()  # changes to each machine's room: keys for `memo`
+        self.memo: dict[tuple[object, ...], object] = {}  # answers about a machine, keyed with its node_version
+        self._closed: set[str] = set()  # out of the index for the rest of the pass
+
+    @cached_property
+    def by_size(self) -> list[str]:
+        """Ready machines, smallest first (GPUs, cpus, memory, name): first fit in this order is best fit on an
+        empty cluster."""
+        ready = (m for m in self.machines.values() if m.not_ready is None)
+        return [m.name for m in sorted(ready, key=lambda m: (len(m.gpus), m.cpus, m.memory_bytes, m.name))]
+
+    def changed_since(self, version: int) -> set[str]:
+        return set(self.changed[version:])
+
+    def candidates(self, request: TaskRequest) -> Iterator[str]:
+        """Ready machines with at least the GPUs, cpu and memory asked free, tightest first (best fit): fewest GPUs
+        left, then fewest cpus, then least memory, then by name. The index may change between two yields."""
+        for gpus in range(max(request.gpus, 0), len(self._buckets)):
+            bucket = self._buckets[gpus]
+            i = bisect_left(bucket, (request.cpu - EPSILON,))
+            while i < len(bucket):
+                _, memory, name = bucket[i]
+                i += 1
+                if memory >= request.memory_bytes:
+                    yield name
+
+    # ---- changes ------------------------------------------------------------------------------------------------
 
     def close(self, name: str) -> None:
         """Nothing starts on the machine for the rest of the pass (a head holds it, its start unknown): placement
