@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Protocol
 
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
@@ -15,6 +18,7 @@ from activities.identity import ClusterCA, IdentityRefused, spiffe_id
 from workflows import contracts
 from workflows.contracts import SA_NODES, implements
 from workflows.domain.events import MachineLost
+from workflows.domain.job import first_requests
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id
 from workflows.messages import (
@@ -26,17 +30,31 @@ from workflows.messages import (
     ForgetRunInput,
     IssuedIdentity,
     IssueIdentityInput,
+    LoadSettingsInput,
     LoadSettingsResult,
+    PlaceInput,
+    PlaceResult,
 )
 
 DEFAULT_CA_DIR = Path(".astraeus/ca")
 
+log = logging.getLogger(__name__)
+
+
+class Placing(Protocol):
+    """What asks the scheduler: the control plane's link to it (activities/scheduler_link.py)."""
+
+    def place(self, input: PlaceInput) -> Awaitable[PlaceResult]: ...
+
 
 class ControlActivities:
-    def __init__(self, settings: Settings, client: Client, ca_dir: Path = DEFAULT_CA_DIR) -> None:
+    def __init__(
+        self, settings: Settings, client: Client, ca_dir: Path = DEFAULT_CA_DIR, scheduler: Placing | None = None
+    ) -> None:
         self._settings = settings
         self._client = client
         self._ca = ClusterCA(ca_dir)
+        self._scheduler = scheduler  # where a new run's first requests go (the scheduler link), if anywhere
 
     @implements(contracts.issue_identity)
     async def issue_identity(self, input: IssueIdentityInput) -> IssuedIdentity:
@@ -65,10 +83,23 @@ class ControlActivities:
         return IssuedIdentity(cert_pem=cert.decode(), bundle_pem=bundle.decode())
 
     @implements(contracts.load_settings)
-    async def load_settings(self) -> LoadSettingsResult:
+    async def load_settings(self, input: LoadSettingsInput | None = None) -> LoadSettingsResult:
         """The operator's settings and this version's protocol, recorded in each run's history when it starts (so
-        replay sees the same)."""
-        return LoadSettingsResult(settings=self._settings, protocol=PROTOCOL)
+        replay sees the same). Given a new run, also its first decision's requests, asked of the scheduler here:
+        the run takes the answers instead of asking itself (a call that fails is tried again, as `place` is). A
+        spec that cannot be decided asks nothing: the run's own decision says why."""
+        loaded = LoadSettingsResult(settings=self._settings, protocol=PROTOCOL)
+        if input is None or self._scheduler is None:
+            return loaded
+        try:
+            requests = first_requests(input.spec, self._settings, PROTOCOL, input.at)
+        except Exception:
+            log.exception("cannot decide run %s/%s's first requests", input.spec.namespace, input.spec.name)
+            return loaded
+        if not requests:
+            return loaded
+        placed = await self._scheduler.place(PlaceInput(requests=requests))
+        return loaded.model_copy(update={"requests": requests, "answers": placed.answers})
 
     @implements(contracts.tell_runs_machine_lost)
     async def tell_runs_machine_lost(self, report: MachineLost) -> int:

@@ -86,6 +86,8 @@ from workflows.messages import (
 )
 from workflows.sessions import SessionWorkflow
 
+CREATING_SECONDS = 60.0  # how long a read waits for a run just submitted to make its record
+CREATING_POLL_SECONDS = 0.1
 _LET_GO_SECONDS = 0.1  # AstraeusClient.close: time for the SDK's threads to let go of a dropped connection
 
 
@@ -324,14 +326,20 @@ class AstraeusClient:
     async def _ask(
         self, handle: WorkflowHandle[Any, Any], namespace: str, name: str, query: contracts.Query[None, Out]
     ) -> Out:
-        try:
-            return await contracts.query(handle, query)
-        except RPCError as error:
-            if error.status == RPCStatusCode.NOT_FOUND:
-                raise NotFound(f"no run named {name} in namespace {namespace}") from None
-            raise
-        except WorkflowQueryFailedError as error:
-            raise AstraeusError(f"run {namespace}/{name}: {error}") from None
+        """The run's answer. A run just submitted may not have made its record yet (its first workflow task waits on
+        a busy cluster): it is asked again until it has, for up to CREATING_SECONDS."""
+        deadline = asyncio.get_running_loop().time() + CREATING_SECONDS
+        while True:
+            try:
+                return await contracts.query(handle, query)
+            except RPCError as error:
+                if error.status == RPCStatusCode.NOT_FOUND:
+                    raise NotFound(f"no run named {name} in namespace {namespace}") from None
+                raise
+            except WorkflowQueryFailedError as error:
+                if contracts.BEING_CREATED not in str(error) or asyncio.get_running_loop().time() > deadline:
+                    raise AstraeusError(f"run {namespace}/{name}: {error}") from None
+            await asyncio.sleep(CREATING_POLL_SECONDS)
 
     async def _terminated(self, namespace: str, name: str) -> Terminated | None:
         handle = self._handle(namespace, name)

@@ -191,8 +191,8 @@ class ControlWorker:
         scheduler: str | SchedulerDoor = DEFAULT_ADDRESS,
         ca_dir: Path = DEFAULT_CA_DIR,
     ) -> None:
-        control = ControlActivities(settings, client, ca_dir)
         self.link = SchedulerLink(scheduler)
+        control = ControlActivities(settings, client, ca_dir, scheduler=self.link)
         self.worker = serving(
             client, control_serves(control, self.link), workflow_runner=WORKFLOW_RUNNER, **WORKFLOW_TASK_OPTIONS
         )

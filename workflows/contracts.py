@@ -61,6 +61,7 @@ from workflows.messages import (
     IssuedIdentity,
     IssueIdentityInput,
     LeaseInput,
+    LoadSettingsInput,
     LoadSettingsResult,
     LogText,
     MeshPeersRequest,
@@ -201,12 +202,16 @@ def activity_name(stub: Callable[..., Any]) -> str:
     return name
 
 
+# What a run's queries answer before its first decision made its record (a client asks again).
+BEING_CREATED = "the run is still being created"
+
 # The control plane (CONTROL_TASK_QUEUE: local activities of its workflows, and the activities sent there).
 
 
 @activity.defn
-async def load_settings() -> LoadSettingsResult:
-    """Local: the operator's settings and the protocol a new run uses, recorded in its history."""
+async def load_settings(input: LoadSettingsInput | None = None) -> LoadSettingsResult:
+    """Local: the operator's settings and the protocol a new run uses, recorded in its history; given the run's spec,
+    its first placement too (one local activity where there were two)."""
     raise NotImplementedError
 
 

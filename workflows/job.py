@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.domain.job import decide, fail_undecided, is_settled
     from workflows.domain.reasons import R, Reason, error_text
+    from workflows.domain.requests import TaskRequest
     from workflows.domain.spec import JobSpec
     from workflows.domain.status import (
         RUN_TERMINAL,
@@ -52,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
         AttemptsQuery,
         CancelRunInput,
         JobInput,
+        LoadSettingsInput,
         PlaceInput,
         PlaceResult,
         PlanInput,
@@ -106,6 +108,11 @@ class JobWorkflow:
         self._in_flight: dict[Effect, asyncio.Future[None]] = {}  # protocol 6: what is in flight, by identity
         self._nodes: list[str] = []
         self._state = RunState.PENDING.value  # the AstraeusState the run was started with
+        # What load_settings asked the scheduler for the first decision, and its answers, until that decision takes
+        # them (when it asks the same) or gives them back; and the time that decision is made at.
+        self._admitted: dict[AttemptKey, TaskRequest] = {}
+        self._admitted_answers: list[ev.PlacementUpdate] = []
+        self._first_at: datetime | None = None
 
     # ---- run --------------------------------------------------------------------------------------------------
 
@@ -123,12 +130,24 @@ class JobWorkflow:
                 for command in effects(self._job, workflow.now()):
                     self._carry_out(command)
         else:
+            began = workflow.now()
             loaded = await self._despite_cancel(
                 lambda: workflow.execute_local_activity(
-                    contracts.load_settings, start_to_close_timeout=timedelta(seconds=10)
+                    contracts.load_settings,
+                    LoadSettingsInput(spec=input.spec, at=began),
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=PATIENT,
+                    local_retry_threshold=timedelta(seconds=2),
+                    summary="load settings and place",
                 )
             )
-            self._job = new_job(input.spec, loaded.settings, workflow.now())
+            # Given the first decision's requests and their answers, the run decides as they were asked (at `began`)
+            # and takes the answers instead of calling `place` (histories without them call it).
+            if loaded.requests:
+                self._admitted = {(r.task_id, r.attempt): r for r in loaded.requests}
+                self._admitted_answers = list(loaded.answers)
+                self._first_at = began
+            self._job = new_job(input.spec, loaded.settings, self._first_at or workflow.now())
             self._job.protocol = loaded.protocol
             self._inbox.insert(0, ev.Created())  # before a cancellation that arrived meanwhile
         self._publish()
@@ -138,8 +157,9 @@ class JobWorkflow:
             )
             if self._inbox:
                 batch, self._inbox = self._inbox, []
+                now, self._first_at = self._first_at or workflow.now(), None
                 try:
-                    self._job, commands = decide(self._job, batch, workflow.now())
+                    self._job, commands = decide(self._job, batch, now)
                 except workflow.NondeterminismError:
                     raise
                 except Exception as error:  # a bug of the core fails this run, never its workflow task for ever
@@ -150,6 +170,7 @@ class JobWorkflow:
                 else:
                     for command in commands:
                         self._carry_out(command)
+                self._release_unasked()
                 self._forget_gone_tasks()
                 self._publish()
             elif self._settled():
@@ -287,6 +308,10 @@ class JobWorkflow:
     def _carry_out(self, command: ev.Command) -> asyncio.Future[None]:
         """Set `command` going; the call (or the supervisor) that does it."""
         match command:
+            case ev.Place() if self._takes_admitted(command):
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                done.set_result(None)
+                return done
             case ev.Place():
                 return self._spawn(self._place(command))
             case ev.PlanGroup():
@@ -316,6 +341,22 @@ class JobWorkflow:
         assert self._job is not None
         spec = self._job.spec
         return TaskRef(namespace=spec.namespace, job=spec.name, task_id=task_id, attempt=attempt)
+
+    def _takes_admitted(self, command: ev.Place) -> bool:
+        """Whether `command` asks only what load_settings already asked: its answers are then decided next."""
+        if not command.requests or any(self._admitted.get((r.task_id, r.attempt)) != r for r in command.requests):
+            return False
+        asked = {(r.task_id, r.attempt) for r in command.requests}
+        for key in asked:
+            del self._admitted[key]
+        self._inbox.extend(a for a in self._admitted_answers if (a.task_id, a.attempt) in asked)
+        return True
+
+    def _release_unasked(self) -> None:
+        """What load_settings asked and the first decision did not (a cancellation came first) is given back."""
+        unasked, self._admitted, self._admitted_answers = list(self._admitted.values()), {}, []
+        for request in unasked:
+            self._spawn(self._release(ev.Release(task_id=request.task_id, attempt=request.attempt)))
 
     async def _place(self, command: ev.Place) -> None:
         # None in histories from before the scheduler answered in its result
@@ -613,7 +654,7 @@ class JobWorkflow:
 
     def _record(self) -> JobRecord:
         if self._job is None:
-            raise ApplicationError("the run is still being created", type="NotReady")
+            raise ApplicationError(contracts.BEING_CREATED, type="NotReady")
         return self._job
 
 

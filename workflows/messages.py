@@ -44,13 +44,24 @@ class _Msg(BaseModel):
 PROTOCOL = 6
 
 
+class LoadSettingsInput(_Msg):
+    """A new run's spec, and when its workflow began: what its first decision will be (at `at`)."""
+
+    spec: JobSpec
+    at: datetime
+
+
 class LoadSettingsResult(_Msg):
     """Local activity `load_settings`: the operator's settings and the protocol new runs use, recorded in each run's
     history when it starts, so a replay takes the same path. Histories from before it hold the bare settings: those
-    runs use protocol 1."""
+    runs use protocol 1. Asked for a new run (`LoadSettingsInput`), also what its first decision asks the scheduler
+    (`requests`) and the scheduler's answers, so that the run needs no second call: histories without them place
+    their first workers with `place`, as before."""
 
     settings: Settings
     protocol: int = 1
+    requests: list[TaskRequest] = Field(default_factory=list)
+    answers: list[PlacementUpdate] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod

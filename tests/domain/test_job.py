@@ -201,8 +201,11 @@ def test_a_new_run_is_pending_run_created() -> None:
 def test_decide_leaves_its_input_alone() -> None:
     story = running_story()
     before = story.job.model_dump()
-    decide(story.job, [TaskEnded(task_id="w-0", attempt=0, exit_code=3)], at(5))
+    after, _ = decide(story.job, [TaskEnded(task_id="w-0", attempt=0, exit_code=3)], at(5))
     assert story.job.model_dump() == before
+    # What a decision changes is its own copy; the frozen spec and settings it shares
+    assert after.tasks[0] is not story.job.tasks[0] and after.status is not story.job.status
+    assert after.spec is story.job.spec and after.settings is story.job.settings
 
 
 def test_a_worker_that_ends_before_its_running_report_ran() -> None:

@@ -20,6 +20,7 @@ from temporalio.worker import Worker
 from activities.control import ControlActivities
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_task_queue
 from workflows.domain.events import MachineLost, PlacementUpdate, TaskHealth, TaskRunning
+from workflows.domain.job import first_requests
 from workflows.domain.nodes import NodeView
 from workflows.domain.planning import TaskPlan
 from workflows.domain.reasons import Reason
@@ -29,6 +30,7 @@ from workflows.job import JobWorkflow
 from workflows.messages import (
     PROTOCOL,
     LeaseInput,
+    LoadSettingsInput,
     LoadSettingsResult,
     NodeChangedInput,
     PlaceInput,
@@ -65,6 +67,8 @@ class Script:
     late: set[str] = field(default_factory=set)
     plans: list[TaskPlan] = field(default_factory=list)
     stop_seconds: float = 0  # how long a stop takes (real seconds, heartbeating): long enough to be cancelled
+    place_apart: bool = False  # load_settings places no worker: the run calls `place` (histories before it did)
+    admit_also: str | None = None  # load_settings also asks for this worker, which the run never asks for
     healthy: set[str] = field(
         default_factory=set
     )  # these pass their readiness check once running  # plan_group answers, in order (the last repeats)
@@ -80,6 +84,7 @@ class FakeCluster:
         self.protocol = protocol  # the protocol new runs are created with
         self.script = script
         self.released: list[tuple[str, int]] = []
+        self.placed: list[list[str]] = []  # the workers of each place call, in order
         self.stopped: dict[str, asyncio.Event] = {}
         self.supervisors: list[tuple[str, int, bool]] = []  # (task, attempt, reattach) of every call
         self.starts: list[StartTaskInput] = []
@@ -87,12 +92,24 @@ class FakeCluster:
         self.stops_cancelled: list[str] = []  # stops whose activity was cancelled ("w-0.0")
 
     @activity.defn(name="load_settings")
-    async def load_settings(self) -> LoadSettingsResult:
-        return LoadSettingsResult(settings=self.settings, protocol=self.protocol)
+    async def load_settings(self, input: LoadSettingsInput | None = None) -> LoadSettingsResult:
+        """With a new run's spec, its first requests placed as the real control plane does (by this fake `place`),
+        unless the script asks that the run call `place` itself, as runs of older histories do."""
+        loaded = LoadSettingsResult(settings=self.settings, protocol=self.protocol)
+        if input is None or self.script.place_apart:
+            return loaded
+        requests = first_requests(input.spec, self.settings, self.protocol, input.at)
+        if not requests:
+            return loaded
+        if self.script.admit_also is not None:
+            requests.append(requests[0].model_copy(update={"task_id": self.script.admit_also}))
+        placed = await self.place(PlaceInput(requests=requests))
+        return loaded.model_copy(update={"requests": requests, "answers": placed.answers})
 
     @activity.defn(name="place")
     async def place(self, input: PlaceInput) -> PlaceResult:
         """Answers in its result, as the real scheduler does for what it decides at once."""
+        self.placed.append([r.task_id for r in input.requests])
         answers = []
         for r in input.requests:
             if r.task_id in self.script.no_room:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowHandle, WorkflowQueryFailedError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
-from workers.client import run_result
+from workers.client import AstraeusClient, AstraeusError, run_result
+from workflows import contracts
 from workflows.contracts import CONTROL_TASK_QUEUE
 from workflows.domain.events import Created, PlacementUpdate, TaskStarted
 from workflows.domain.job import decide
@@ -167,6 +169,61 @@ async def test_stop_one_worker_and_refuse_bad_stops(time_skipping: WorkflowEnvir
     assert (status.state, status.reason) == ("Cancelled", "All workers ended; some were cancelled")
 
 
+async def test_a_run_placed_apart_from_its_settings_calls_place_itself(time_skipping: WorkflowEnvironment) -> None:
+    """Histories before load_settings placed a run's first workers have no requests in its result: the run asks
+    `place` itself, and replays as it ran."""
+    from temporalio.api.enums.v1 import EventType
+
+    async with fake_cluster(time_skipping.client, Script(place_apart=True)) as cluster:
+        handle = await start(time_skipping, spec(unique("apart")))
+        status = await run_result(handle)
+        history = await handle.fetch_history()
+    markers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
+    assert (status.state, status.reason) == ("Completed", "All workers completed")
+    assert len(markers) == 3  # load_settings, place, release
+    assert cluster.released == [("w-0", 0)]
+
+
+async def test_what_load_settings_asked_and_the_first_decision_did_not_is_given_back(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    """load_settings asks the scheduler for the first decision's workers; what that decision does not ask (as when
+    a cancellation came first and the run asks for nothing) is given back, and the rest is taken as answered."""
+    async with fake_cluster(time_skipping.client, Script(admit_also="w-9")) as cluster:
+        handle = await start(time_skipping, spec(unique("give-back")))
+        status = await run_result(handle)
+    assert (status.state, status.reason) == ("Completed", "All workers completed")
+    assert sorted(cluster.released) == [("w-0", 0), ("w-9", 0)]
+    assert cluster.placed == [["w-0", "w-9"]]  # by load_settings alone
+
+
+class Creating:
+    """A run's workflow as a query finds it before its first decision made its record (its first workflow task
+    was kept alive past its timeout, or failed, on a busy cluster), `creating` times over; then Pending."""
+
+    def __init__(self, creating: int, error: str = contracts.BEING_CREATED) -> None:
+        self.creating, self.error, self.asked = creating, error, 0
+
+    async def query(self, name: str, *args: object, result_type: type) -> Status:
+        self.asked += 1
+        if self.asked <= self.creating:
+            raise WorkflowQueryFailedError(self.error)
+        return Status(state="Pending", reason="Run created", code="RunCreated", created_at=datetime.now(UTC))
+
+
+async def test_a_run_read_before_it_made_its_record_is_asked_again_until_it_has(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    client = AstraeusClient(time_skipping.client)
+    creating = Creating(3)
+    status = await client._ask(cast(WorkflowHandle[Any, Any], creating), "default", "new", contracts.STATUS)
+    assert (status.state, creating.asked) == ("Pending", 4)
+    broken = Creating(1, error="the query handler failed")
+    with pytest.raises(AstraeusError) as refused:
+        await client._ask(cast(WorkflowHandle[Any, Any], broken), "default", "new", contracts.STATUS)
+    assert (str(refused.value), broken.asked) == ("run default/new: the query handler failed", 1)
+
+
 @pytest.mark.parametrize("protocol", [5, 6])
 async def test_a_one_worker_run_costs_one_activity_one_signal_and_at_most_20_events(
     time_skipping: WorkflowEnvironment, protocol: int
@@ -198,7 +255,7 @@ async def test_a_one_worker_run_costs_one_activity_one_signal_and_at_most_20_eve
     upserts = [e for e in events if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES]
     assert scheduled == ["run_task"]
     assert signals == ["task_running"]
-    assert len(markers) == 3  # load_settings, place, release
+    assert len(markers) == 2  # load_settings (the first placement too), release
     assert cluster.released == [("w-0", 0)]
     assert len(upserts) == 2  # Running, then Completed
     assert kinds.count("WORKFLOW_TASK_COMPLETED") == 3, kinds  # created and placed; running; ended and released

@@ -6,9 +6,11 @@ carries out the commands (place, release, start, supervise, stop, arm a timer). 
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime, timedelta
 
 from workflows.domain import gang, groups
+from workflows.domain.effects import effects
 from workflows.domain.events import (
     ArmTimer,
     CancelRequested,
@@ -19,6 +21,7 @@ from workflows.domain.events import (
     GroupPlanned,
     HeartbeatLate,
     MachineLost,
+    Place,
     PlacementUpdate,
     PlanGroup,
     Preempt,
@@ -37,8 +40,10 @@ from workflows.domain.events import (
 )
 from workflows.domain.lifecycle import RunShape, TaskEvent, derive_run, failed_for_good
 from workflows.domain.reasons import R, Reason, duration
+from workflows.domain.requests import TaskRequest
 from workflows.domain.restarts import restarted_reason
-from workflows.domain.spec import GroupSpec
+from workflows.domain.settings import Settings
+from workflows.domain.spec import GroupSpec, JobSpec
 from workflows.domain.status import (
     RUN_TERMINAL,
     TASK_ENDED,
@@ -56,7 +61,16 @@ from workflows.domain.status import (
     record,
 )
 from workflows.domain.step import Step, end_for_good, next_attempt
-from workflows.domain.tasks import group_of, groups_of, heartbeat_ttl, plan_request, plan_tasks, split, unplanned
+from workflows.domain.tasks import (
+    group_of,
+    groups_of,
+    heartbeat_ttl,
+    new_job,
+    plan_request,
+    plan_tasks,
+    split,
+    unplanned,
+)
 
 
 def _current(job: JobRecord, task_id: str, attempt: int) -> TaskRecord | None:
@@ -480,7 +494,7 @@ def _run_stop_reason(job: JobRecord, state: RunState) -> Reason:
 
 def decide(job: JobRecord, events: list[Event], now: datetime) -> tuple[JobRecord, list[Command]]:
     """Apply a batch of events in order, then re-derive the run. Returns a new record and the commands."""
-    step = Step(job.model_copy(deep=True), now)
+    step = Step(_changeable(job), now)
     for event in events:
         _apply(step, event)
     groups.release_ready_groups(step)
@@ -489,6 +503,22 @@ def decide(job: JobRecord, events: list[Event], now: datetime) -> tuple[JobRecor
     _derive(step)
     _compact(step.job)
     return step.job, step.commands
+
+
+def first_requests(spec: JobSpec, settings: Settings, protocol: int, at: datetime) -> list[TaskRequest]:
+    """What a new run's first decision (Created, at `at`) asks the scheduler: the control plane asks it when the run
+    loads its settings, so that the run's workflow needs no call of its own for it (workflows/job.py)."""
+    job = new_job(spec, settings, at)
+    job.protocol = protocol
+    job, commands = decide(job, [Created()], at)
+    carried = effects(job, at) if protocol >= 6 else commands  # protocol 6 carries out what the record needs
+    return [request for command in carried if isinstance(command, Place) for request in command.requests]
+
+
+def _changeable(job: JobRecord) -> JobRecord:
+    """A deep copy of the record for a decision to change. Its spec and settings are frozen and never changed: the
+    copy shares them (copying them was half of every decision's copy)."""
+    return copy.deepcopy(job, {id(job.spec): job.spec, id(job.settings): job.settings})
 
 
 def _compact(job: JobRecord) -> None:
@@ -514,7 +544,7 @@ def fail_undecided(job: JobRecord, error: str, now: datetime) -> tuple[JobRecord
     and stops every worker ("Run failed"), so that a bug of the core ends one run instead of wedging its workflow;
     the events are dropped. A run that had already ended keeps its state, and its workers still stopping count as
     final: their stops are in flight, and the reports of their ends might not be decidable either."""
-    step = Step(job.model_copy(deep=True), now)
+    step = Step(_changeable(job), now)
     failed = step.job
     ended_before = failed.state in RUN_TERMINAL
     if not ended_before:
