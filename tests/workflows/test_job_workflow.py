@@ -259,7 +259,7 @@ async def test_a_one_worker_run_costs_one_activity_one_signal_and_at_most_20_eve
     assert cluster.released == [("w-0", 0)]
     assert len(upserts) == 2  # Running, then Completed
     assert kinds.count("WORKFLOW_TASK_COMPLETED") == 3, kinds  # created and placed; running; ended and released
-    assert len(events) <= 20, kinds
+    assert len(events) == 19, kinds
 
 
 async def test_a_run_whose_events_cannot_be_decided_fails_and_stops_its_workers(
