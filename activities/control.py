@@ -86,8 +86,9 @@ class ControlActivities:
     async def load_settings(self, input: LoadSettingsInput | None = None) -> LoadSettingsResult:
         """The operator's settings and this version's protocol, recorded in each run's history when it starts (so
         replay sees the same). Given a new run, also its first decision's requests, asked of the scheduler here:
-        the run takes the answers instead of asking itself (a call that fails is tried again, as `place` is). A
-        spec that cannot be decided asks nothing: the run's own decision says why."""
+        the run takes the answers instead of asking itself. A spec that cannot be decided asks nothing (the run's
+        own decision says why), nor does a run whose scheduler does not answer: the run is created at once, and its
+        own `place` is tried again until the scheduler is back (a request it did receive is answered the same)."""
         loaded = LoadSettingsResult(settings=self._settings, protocol=PROTOCOL)
         if input is None or self._scheduler is None:
             return loaded
@@ -98,7 +99,11 @@ class ControlActivities:
             return loaded
         if not requests:
             return loaded
-        placed = await self._scheduler.place(PlaceInput(requests=requests))
+        try:
+            placed = await self._scheduler.place(PlaceInput(requests=requests))
+        except Exception as error:
+            log.warning("run %s/%s places its first workers itself: %s", input.spec.namespace, input.spec.name, error)
+            return loaded
         return loaded.model_copy(update={"requests": requests, "answers": placed.answers})
 
     @implements(contracts.tell_runs_machine_lost)
