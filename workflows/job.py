@@ -346,7 +346,7 @@ class JobWorkflow:
         """Whether `command` asks only what load_settings already asked: its answers are then decided next."""
         if not command.requests or any(self._admitted.get((r.task_id, r.attempt)) != r for r in command.requests):
             return False
-        asked = {(r.task_id, r.attempt) for r in command.requests}
+        asked = [(r.task_id, r.attempt) for r in command.requests]  # a list: workflow code iterates no set
         for key in asked:
             del self._admitted[key]
         self._inbox.extend(a for a in self._admitted_answers if (a.task_id, a.attempt) in asked)
