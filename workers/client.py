@@ -88,6 +88,7 @@ from workflows.sessions import SessionWorkflow
 
 CREATING_SECONDS = 60.0  # how long a read waits for a run just submitted to make its record
 CREATING_POLL_SECONDS = 0.1
+NO_CLOSE_EVENT = "No completion event found"  # what the SDK raises when a wait for the close event ends empty
 _LET_GO_SECONDS = 0.1  # AstraeusClient.close: time for the SDK's threads to let go of a dropped connection
 
 
@@ -132,12 +133,25 @@ async def _termination(handle: WorkflowHandle[Any, Any], closed: datetime | None
     return Terminated(why=why, at=closed or datetime.now(UTC))
 
 
+async def _result(handle: WorkflowHandle[Any, Any]) -> Any:
+    """The workflow's result. Temporal's time-skipping test server may end the long poll for the close event with
+    neither an event nor a page token, which the SDK reports as "No completion event found" (the .NET and Ruby SDKs
+    wait again: temporalio/sdk-dotnet#78, temporalio/sdk-ruby#506): so do we."""
+    while True:
+        try:
+            return await handle.result()
+        except RuntimeError as error:
+            if str(error) != NO_CLOSE_EVENT:
+                raise
+        await asyncio.sleep(CREATING_POLL_SECONDS)
+
+
 async def run_result(handle: WorkflowHandle[Any, Any]) -> Status:
     """Wait until the run's workflow closes, and return the run's Status however it closed: a Completed run's
     workflow returns it; a Failed one's fails (RunFailed) with it as details; a Cancelled one's is Canceled, and the
     Status is read with the `status` query; a terminated one's is Terminated, with the reason Temporal recorded."""
     try:
-        return Status.model_validate(await handle.result())  # a dict unless the handle was typed
+        return Status.model_validate(await _result(handle))  # a dict unless the handle was typed
     except WorkflowFailureError as error:
         cause = error.cause
         if isinstance(cause, ApplicationError) and cause.type == RUN_FAILED and cause.details:

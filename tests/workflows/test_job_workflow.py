@@ -224,6 +224,28 @@ async def test_a_run_read_before_it_made_its_record_is_asked_again_until_it_has(
     assert (str(refused.value), broken.asked) == ("run default/new: the query handler failed", 1)
 
 
+class EndsEmpty:
+    """A workflow handle whose wait for the close event ends empty `times` times (the time-skipping test server's
+    long poll), then gives the run's result."""
+
+    def __init__(self, times: int) -> None:
+        self.times, self.waited = times, 0
+
+    async def result(self) -> dict[str, Any]:
+        self.waited += 1
+        if self.waited <= self.times:
+            raise RuntimeError("No completion event found")
+        return Status(
+            state="Completed", reason="All workers completed", code="RunCompleted", created_at=datetime.now(UTC)
+        ).model_dump()
+
+
+async def test_a_wait_for_a_runs_end_that_ends_empty_waits_again() -> None:
+    handle = EndsEmpty(2)
+    status = await run_result(cast(WorkflowHandle[Any, Any], handle))
+    assert (status.state, handle.waited) == ("Completed", 3)
+
+
 @pytest.mark.parametrize("protocol", [5, 6])
 async def test_a_one_worker_run_costs_one_activity_one_signal_and_at_most_20_events(
     time_skipping: WorkflowEnvironment, protocol: int
