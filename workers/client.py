@@ -87,7 +87,7 @@ from workflows.messages import (
 from workflows.sessions import SessionWorkflow
 
 CREATING_SECONDS = 60.0  # how long a read waits for a run just submitted to make its record
-CREATING_POLL_SECONDS = 0.1
+ASK_AGAIN_SECONDS = 0.1  # between two reads of a run being created, or two waits for its end
 NO_CLOSE_EVENT = "No completion event found"  # what the SDK raises when a wait for the close event ends empty
 _LET_GO_SECONDS = 0.1  # AstraeusClient.close: time for the SDK's threads to let go of a dropped connection
 
@@ -143,7 +143,7 @@ async def _result(handle: WorkflowHandle[Any, Any]) -> Any:
         except RuntimeError as error:
             if str(error) != NO_CLOSE_EVENT:
                 raise
-        await asyncio.sleep(CREATING_POLL_SECONDS)
+        await asyncio.sleep(ASK_AGAIN_SECONDS)
 
 
 async def run_result(handle: WorkflowHandle[Any, Any]) -> Status:
@@ -353,7 +353,7 @@ class AstraeusClient:
             except WorkflowQueryFailedError as error:
                 if contracts.BEING_CREATED not in str(error) or asyncio.get_running_loop().time() > deadline:
                     raise AstraeusError(f"run {namespace}/{name}: {error}") from None
-            await asyncio.sleep(CREATING_POLL_SECONDS)
+            await asyncio.sleep(ASK_AGAIN_SECONDS)
 
     async def _terminated(self, namespace: str, name: str) -> Terminated | None:
         handle = self._handle(namespace, name)

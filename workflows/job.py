@@ -32,9 +32,8 @@ with workflow.unsafe.imports_passed_through():
         identity,
         one_offs,
     )
-    from workflows.domain.job import decide, fail_undecided, is_settled
+    from workflows.domain.job import FirstPlacement, decide, fail_undecided, is_settled
     from workflows.domain.reasons import R, Reason, error_text
-    from workflows.domain.requests import TaskRequest
     from workflows.domain.spec import JobSpec
     from workflows.domain.status import (
         RUN_TERMINAL,
@@ -108,11 +107,8 @@ class JobWorkflow:
         self._in_flight: dict[Effect, asyncio.Future[None]] = {}  # protocol 6: what is in flight, by identity
         self._nodes: list[str] = []
         self._state = RunState.PENDING.value  # the AstraeusState the run was started with
-        # What load_settings asked the scheduler for the first decision, and its answers, until that decision takes
-        # them (when it asks the same) or gives them back; and the time that decision is made at.
-        self._admitted: dict[AttemptKey, TaskRequest] = {}
-        self._admitted_answers: list[ev.PlacementUpdate] = []
-        self._first_at: datetime | None = None
+        self._first = FirstPlacement()  # what load_settings placed for the first decision, until it is taken
+        self._first_at: datetime | None = None  # when that decision is made: when load_settings was asked
 
     # ---- run --------------------------------------------------------------------------------------------------
 
@@ -144,8 +140,7 @@ class JobWorkflow:
             # Given the first decision's requests and their answers, the run decides as they were asked (at `began`)
             # and takes the answers instead of calling `place` (histories without them call it).
             if loaded.requests:
-                self._admitted = {(r.task_id, r.attempt): r for r in loaded.requests}
-                self._admitted_answers = list(loaded.answers)
+                self._first = FirstPlacement.of(loaded.requests, loaded.answers)
                 self._first_at = began
             self._job = new_job(input.spec, loaded.settings, self._first_at or workflow.now())
             self._job.protocol = loaded.protocol
@@ -170,7 +165,8 @@ class JobWorkflow:
                 else:
                     for command in commands:
                         self._carry_out(command)
-                self._release_unasked()
+                for release in self._first.unasked():
+                    self._spawn(self._release(release))
                 self._forget_gone_tasks()
                 self._publish()
             elif self._settled():
@@ -308,7 +304,8 @@ class JobWorkflow:
     def _carry_out(self, command: ev.Command) -> asyncio.Future[None]:
         """Set `command` going; the call (or the supervisor) that does it."""
         match command:
-            case ev.Place() if self._takes_admitted(command):
+            case ev.Place() if (answers := self._first.take(command)) is not None:
+                self._inbox.extend(answers)  # placed by load_settings: decided next
                 done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 done.set_result(None)
                 return done
@@ -341,22 +338,6 @@ class JobWorkflow:
         assert self._job is not None
         spec = self._job.spec
         return TaskRef(namespace=spec.namespace, job=spec.name, task_id=task_id, attempt=attempt)
-
-    def _takes_admitted(self, command: ev.Place) -> bool:
-        """Whether `command` asks only what load_settings already asked: its answers are then decided next."""
-        if not command.requests or any(self._admitted.get((r.task_id, r.attempt)) != r for r in command.requests):
-            return False
-        asked = [(r.task_id, r.attempt) for r in command.requests]  # a list: workflow code iterates no set
-        for key in asked:
-            del self._admitted[key]
-        self._inbox.extend(a for a in self._admitted_answers if (a.task_id, a.attempt) in asked)
-        return True
-
-    def _release_unasked(self) -> None:
-        """What load_settings asked and the first decision did not (a cancellation came first) is given back."""
-        unasked, self._admitted, self._admitted_answers = list(self._admitted.values()), {}, []
-        for request in unasked:
-            self._spawn(self._release(ev.Release(task_id=request.task_id, attempt=request.attempt)))
 
     async def _place(self, command: ev.Place) -> None:
         # None in histories from before the scheduler answered in its result

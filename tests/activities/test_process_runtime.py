@@ -4,7 +4,6 @@ checks (a command, an HTTP GET)."""
 from __future__ import annotations
 
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
-from activities.runtime.process import ProcessRuntime
+from activities.runtime.process import ProcessRuntime, _readable
 from tests.activities.runtimes import check, has_ended, kill_attempts, probe_until, wait_until_ended
 from workers.devserver import free_port
 
@@ -432,7 +431,7 @@ def test_threads_that_look_at_once_at_a_shim_that_just_ended_all_see_it_ended(ru
             held = runtime.ended_fd(key(attempt=attempt))
             if held is None:
                 continue  # it ended before we looked
-            while not select_readable(held):  # it ended: now every thread looks at once
+            while not _readable(held, 0):  # it ended: now every thread looks at once
                 time.sleep(0.001)
             os.close(held)
             looks = [
@@ -441,9 +440,3 @@ def test_threads_that_look_at_once_at_a_shim_that_just_ended_all_see_it_ended(ru
             for look in looks:
                 seen = look.result()
                 assert seen is None or seen == Observed(running=False, exit_code=0, ended_at=seen.ended_at)
-
-
-def select_readable(fd: int) -> bool:
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))

@@ -29,7 +29,7 @@ from workflows.domain.events import (
     Timer,
     TimerFired,
 )
-from workflows.domain.job import decide, is_settled
+from workflows.domain.job import FirstPlacement, decide, first_requests, is_settled
 from workflows.domain.placement import TaskRequest
 from workflows.domain.reasons import R, Reason
 from workflows.domain.settings import Settings
@@ -37,6 +37,7 @@ from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.status import LastFailure, NodeReasons, Placement, PlacementNode
 from workflows.domain.tasks import new_job
 from workflows.domain.views import describe
+from workflows.messages import PROTOCOL
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 JOB_ID = "job/default/hello"
@@ -939,3 +940,16 @@ def test_a_long_history_folded_past_the_start_still_knows_when_the_worker_went_r
     assert story.step(30, MachineLost(node="n0", lost_at=at(3.5))) == []
     assert story.step(31, MachineLost(node="n0", lost_at=at(4.5))) != []
     assert story.status("w-0") == ("Down", "Machine lost: its lease expired")
+
+
+def test_a_first_placement_is_taken_by_a_place_that_asks_only_what_was_asked_and_the_rest_given_back() -> None:
+    job = new_job(hello(3), Settings(), T0)
+    asked = first_requests(job.spec, Settings(), PROTOCOL, T0)
+    answers = [PlacementUpdate(task_id=r.task_id, attempt=r.attempt, node="n0") for r in asked]
+    first = FirstPlacement.of(asked, answers)
+    assert first.take(Place(requests=[asked[0].model_copy(update={"waiting_since": at(1)})])) is None  # not as asked
+    assert first.take(Place(requests=[asked[0], asked[1]])) == answers[:2]
+    assert first.take(Place(requests=[asked[1]])) is None  # taken already
+    assert first.unasked() == [Release(task_id="w-2", attempt=0)]
+    assert first.unasked() == []
+    assert first.take(Place(requests=[asked[2]])) is None

@@ -7,6 +7,7 @@ carries out the commands (place, release, start, supervise, stop, arm a timer). 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from workflows.domain import gang, groups
@@ -513,6 +514,35 @@ def first_requests(spec: JobSpec, settings: Settings, protocol: int, at: datetim
     job, commands = decide(job, [Created()], at)
     carried = effects(job, at) if protocol >= 6 else commands  # protocol 6 carries out what the record needs
     return [request for command in carried if isinstance(command, Place) for request in command.requests]
+
+
+@dataclass
+class FirstPlacement:
+    """What load_settings asked the scheduler for a new run's first decision (`first_requests`), with the answers,
+    until a Place that asks only that takes them, or what no Place took is given back."""
+
+    requests: dict[tuple[str, int], TaskRequest] = field(default_factory=dict)
+    answers: list[PlacementUpdate] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, requests: list[TaskRequest], answers: list[PlacementUpdate]) -> FirstPlacement:
+        return cls({(r.task_id, r.attempt): r for r in requests}, list(answers))
+
+    def take(self, place: Place) -> list[PlacementUpdate] | None:
+        """The answers to `place` when it asks only what was asked, as asked (those requests are then taken); else
+        None, and nothing is taken."""
+        asked = [(r.task_id, r.attempt) for r in place.requests]
+        if not asked or any(self.requests.get(key) != r for key, r in zip(asked, place.requests, strict=True)):
+            return None
+        for key in asked:
+            del self.requests[key]
+        return [a for a in self.answers if (a.task_id, a.attempt) in asked]
+
+    def unasked(self) -> list[Release]:
+        """A release of each request no Place took (the first decision asked otherwise: a cancellation came
+        first); nothing is left to take afterwards."""
+        left, self.requests, self.answers = list(self.requests.values()), {}, []
+        return [Release(task_id=r.task_id, attempt=r.attempt) for r in left]
 
 
 def _changeable(job: JobRecord) -> JobRecord:

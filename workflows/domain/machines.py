@@ -169,7 +169,7 @@ class Compiled:
                 self._held = now
                 return kept
         holdings = Holdings.of(machines, allocations)
-        unique = len(now) == len(allocations) and len(holdings.allocations) == len(allocations)
+        unique = len(now) == len(allocations) == len(holdings.allocations)
         self._holdings, self._held = (holdings, now) if unique else (None, {})  # one worker twice: kept no further
         return holdings
 
@@ -296,16 +296,16 @@ class Holdings:
         run_nodes = self.run_nodes.get(alloc.job_id)
         if run_nodes is None:
             run_nodes = self.run_nodes[alloc.job_id] = {}
-        group_nodes = self.group_nodes.get((alloc.job_id, alloc.group))
+        group_nodes = self.group_nodes.get(group_key)
         if group_nodes is None:
-            group_nodes = self.group_nodes[(alloc.job_id, alloc.group)] = {}
+            group_nodes = self.group_nodes[group_key] = {}
         for nodes in (run_nodes, group_nodes):
             count = nodes.get(alloc.node, 0) + sign
             if count > 0:
                 nodes[alloc.node] = count
             else:
                 nodes.pop(alloc.node, None)
-        self.group_placed[(alloc.job_id, alloc.group)] += sign
+        self.group_placed[group_key] += sign
         free = self.free.get(alloc.node)
         if free is not None:
             free.cpu -= sign * alloc.cpu
