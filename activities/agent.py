@@ -323,7 +323,7 @@ class AgentActivities:
         the node network. A setup that takes longer than PICK_UP_REPORT_SECONDS with nothing else told is told to
         the run as picked up while it lasts."""
         key = task_key(input.ref)
-        _beat_after_an_interval(settings or self._settings)
+        _beat_later(settings or self._settings)
         picked_up = datetime.now(UTC)
         self._picked_up[key] = picked_up
         teller = asyncio.ensure_future(self._tell_picked_up(key))
@@ -385,7 +385,7 @@ class AgentActivities:
         check, report its health to the run whenever it changes. A supervisor that re-attached after a missed
         heartbeat says it is heard again."""
         report = TaskRunning(**input.ref.ids(), heartbeat=input.reattach)
-        _beat_after_an_interval(input.settings)
+        _beat_later(input.settings)
         return await self._watch(input.ref, input.settings, input.readiness, report)
 
     async def _watch(
@@ -845,9 +845,10 @@ def _stale(answer: AttemptsOnNode | None, task: str, attempt: int) -> str | None
 
 # When an attempt's activity may send its first heartbeat (time.monotonic()). The SDK sends an activity's first
 # heartbeat at once, then one per throttle interval: beating from the first moment cost a burst one write per worker
-# at its start, when the server can least afford it (bench/README.md). One interval in, it is still well within the
-# heartbeat timeout (the stale grace, four intervals).
+# at its start, when the server can least afford it, and one interval in, 1.7 writes per run in a burst of 500
+# (bench/README.md). Two intervals in (half the stale grace), 0.7; the other half is left for it to arrive.
 _first_beat_at: ContextVar[float] = ContextVar("first_beat_at", default=0.0)
+FIRST_BEAT_INTERVALS = 2
 
 
 def heartbeat_seconds(settings: Settings) -> float:
@@ -855,14 +856,14 @@ def heartbeat_seconds(settings: Settings) -> float:
     return min(settings.stale_grace_seconds, settings.node_lease_ttl_seconds) / 4
 
 
-def _beat_after_an_interval(settings: Settings) -> None:
-    """This activity's first heartbeat waits one heartbeat interval (`_first_beat_at`)."""
-    _first_beat_at.set(time.monotonic() + heartbeat_seconds(settings))
+def _beat_later(settings: Settings) -> None:
+    """This activity's first heartbeat waits FIRST_BEAT_INTERVALS heartbeat intervals (`_first_beat_at`)."""
+    _first_beat_at.set(time.monotonic() + FIRST_BEAT_INTERVALS * heartbeat_seconds(settings))
 
 
 def _beat(doing: str | None = None) -> None:
-    """Heartbeat (with what the attempt is doing, for a retry to read), unless its activity began less than one
-    heartbeat interval ago."""
+    """Heartbeat (with what the attempt is doing, for a retry to read), unless its activity began less than
+    FIRST_BEAT_INTERVALS heartbeat intervals ago."""
     if time.monotonic() < _first_beat_at.get():
         return
     if doing is None:

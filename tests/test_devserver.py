@@ -1,14 +1,17 @@
-"""The embedded Temporal server's guards: taken ports refuse the start, and a port is known to be served by the
-process that listens on it, not by whoever else answers there."""
+"""The embedded Temporal server's guards and settings: taken ports refuse the start, a port is known to be served by
+the process that listens on it, not by whoever else answers there, and the server runs as `workers/devserver.py`
+says (its search attributes cached, one partition per task queue)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +19,7 @@ from pathlib import Path
 import pytest
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
+from bench.server_metrics import FLUSH_SECONDS, scrape
 from workers.connect import connect
 from workers.devserver import DevServer, DevServerError, free_port, owns_listener, port_free
 from workflows.contracts import STATE_KEY
@@ -69,7 +73,6 @@ def test_a_data_dir_in_use_by_a_running_server_refuses_a_second_one(tmp_path: Pa
 def test_the_server_keeps_its_search_attributes_cached(tmp_path: Path) -> None:
     """Starts that carry our search attributes read the cluster's metadata from the database no more: with the dev
     server's own default (no cache) each start read it at least once."""
-    from bench.server_metrics import FLUSH_SECONDS, scrape
 
     server = DevServer(tmp_path, port=free_port(), ui_port=None, metrics_port=free_port())
     server.start()
@@ -86,9 +89,29 @@ def test_the_server_keeps_its_search_attributes_cached(tmp_path: Path) -> None:
     assert after - before < 5, f"{after - before} reads of the cluster's metadata for 20 starts"
 
 
-async def _start_workflows(address: str, count: int) -> None:
+def test_each_task_queue_is_one_partition(tmp_path: Path) -> None:
+    """Tasks added to a queue all go to its one partition: with the server's default of 4, a task could wait in a
+    partition where no poll waits (bench/README.md). 20 starts on 4 partitions would all land on the first one
+    with a chance of 4 ** -19."""
+    server = DevServer(tmp_path, port=free_port(), ui_port=None, metrics_port=free_port())
+    server.start()
+    try:
+        queue = f"nobody-{uuid.uuid4().hex}"
+        asyncio.run(_start_workflows(server.address, 20, queue))
+        time.sleep(FLUSH_SECONDS)
+        assert server.metrics_port is not None
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    finally:
+        server.stop()
+    ours = [line for line in text.splitlines() if f'taskqueue="{queue.replace("-", "_")}"' in line]
+    assert ours, "the server's metrics name no partition of the queue"
+    assert set(re.findall(r'partition="(\d+)"', "\n".join(ours))) == {"0"}
+
+
+async def _start_workflows(address: str, count: int, queue: str | None = None) -> None:
     client = await connect(address, wait=timedelta(seconds=30))
-    queue = f"nobody-{uuid.uuid4().hex}"  # no worker: the starts alone are measured
+    queue = queue or f"nobody-{uuid.uuid4().hex}"  # no worker: the starts alone are measured
     for _ in range(count):
         await client.start_workflow(
             "Nothing",

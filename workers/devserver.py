@@ -51,7 +51,18 @@ SQLITE_PRAGMAS = ("journal_mode=wal", "synchronous=NORMAL")
 # persistence operations a run cost in a burst (bench/README.md), all on the one SQLite file. Ours are registered
 # at launch (`--search-attribute`), so the cache costs us nothing; an attribute added later through the operator
 # API is seen once the server's cache refreshes, not at once.
-DYNAMIC_CONFIG = {"system.forceSearchAttributesCacheRefreshOnRead": "false"}
+#
+# One partition per task queue. The server splits each queue into 4 by default, so that several matching hosts can
+# serve a busy one; this server is one process. A task added to a partition where no poll waits was held there up
+# to 200 ms, then handed on to the root partition or written to the queue's backlog, and a poll waited as long
+# before it was handed on: a machine's one poller met its run's start there a median of 0.28 s late (a burst of 500,
+# bench/README.md). On a cluster, a busy queue may keep several (`matching.numTaskqueueReadPartitions` and
+# `...WritePartitions`, by task queue name); a machine's queue takes a few starts at a time.
+DYNAMIC_CONFIG = {
+    "system.forceSearchAttributesCacheRefreshOnRead": "false",
+    "matching.numTaskqueueReadPartitions": "1",
+    "matching.numTaskqueueWritePartitions": "1",
+}
 
 
 class DevServerError(RuntimeError):

@@ -203,7 +203,7 @@ async def test_a_slow_check_never_delays_the_heartbeats(machine: Machine) -> Non
     await asyncio.wait_for(supervising, 5)
 
 
-async def test_a_watch_sends_its_first_heartbeat_one_interval_in_then_one_each_interval(machine: Machine) -> None:
+async def test_a_watch_sends_its_first_heartbeat_two_intervals_in_then_one_each_interval(machine: Machine) -> None:
     # The SDK sends an activity's first heartbeat at once: a burst's starts would each cost the server a write
     await start(machine, group())
     beats: list[float] = []
@@ -213,7 +213,7 @@ async def test_a_watch_sends_its_first_heartbeat_one_interval_in_then_one_each_i
     began = time.monotonic()
     supervising = asyncio.ensure_future(environment.run(machine.agent.supervise_task, supervised))
     await asyncio.sleep(2)
-    assert beats and beats[0] - began >= 0.5
+    assert beats and beats[0] - began >= 1.0  # half the grace: the other half for it to arrive
     assert len(beats) >= 2 and max(later - earlier for earlier, later in itertools.pairwise(beats)) < 1.0
     await ActivityEnvironment().run(machine.agent.stop_task, StopTaskInput(ref=ref(), grace_seconds=1))
     await asyncio.wait_for(supervising, 5)
