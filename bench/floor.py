@@ -21,7 +21,7 @@ from bench.floor_workflow import ACTIVITIES, FLOOR_TASK_QUEUE, FloorWorkflow, no
 from bench.server_metrics import ServerOps, between, logged, settled
 from workers.connect import connect
 from workers.devserver import DevServer, free_port
-from workers.services import workflow_runner
+from workers.services import WORKFLOW_RUNNER
 
 READ_CONCURRENCY = 20
 
@@ -115,7 +115,7 @@ async def run_floor(root: Path | None, count: int, concurrency: int, timeout: fl
                 # The SDK's pollers, not the control plane's 50: they served bare workflows faster here (200 of
                 # them: 10.1 and 11.5 s against 14.2 and 11.6 s), and the floor is the best the server does.
                 max_concurrent_workflow_tasks=200,
-                workflow_runner=workflow_runner("bench.floor_workflow"),  # passed through the sandbox, as ours are
+                workflow_runner=WORKFLOW_RUNNER,  # run as the control plane runs ours (outside the sandbox)
             )
             floor = Floor([Bare(id=f"floor-{i:05d}") for i in range(count)])
             server_pid = server.process.pid if server.process else None

@@ -18,8 +18,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import PollerBehaviorSimpleMaximum, Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, Worker
 
 from activities.agent import EXPIRED, TAKEN_OVER, AgentActivities
 from activities.capabilities import Services, machine_capabilities
@@ -60,17 +59,14 @@ log = logging.getLogger(__name__)
 REGISTER_AGAIN_MAX_SECONDS = 10.0  # the longest pause between tries to register again while Temporal does not answer
 
 
-# The workflows' own modules are passed through the sandbox instead of being imported again for every run: that
-# import cost 13 ms of CPU per run here (job.py compiled from source where no bytecode is written; 5 ms with it),
-# 20 times all the rest of creating a workflow instance, and it was the largest cost of a burst's first workflow
-# tasks. Their module state is constants only. The tests run the same workflows in the full sandbox (the default
-# runner of tests/workflows/fakes.py), so a non-deterministic call in them still fails there.
-def workflow_runner(*packages: str) -> SandboxedWorkflowRunner:
-    """The sandbox, with the workflows' own `packages` passed through it."""
-    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*packages))
-
-
-WORKFLOW_RUNNER = workflow_runner("workflows")
+# The control plane runs the workflows outside the SDK's sandbox. Inside it, with the workflows' modules passed
+# through it (importing them again for every run cost 13 ms of CPU per run), each activation still entered and left
+# the sandbox, and so did each payload the SDK converted on the way in and out: a quarter of this process's CPU in a
+# burst of 500 (py-spy), 14 ms per run against 10 without it, and the burst's workflow tasks waited behind it
+# (bench/README.md). What the sandbox refused at run time is refused before: tests/test_workflow_code.py reads every
+# workflow module for a clock, randomness or I/O, the workflow tests run the same workflows in the full sandbox (the
+# SDK's default runner, tests/workflows/fakes.py), and the replay tests replay committed histories in it.
+WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
 
 # How the control plane's worker takes workflow tasks. A run's first task comes from the shared queue, its others
 # from this worker's sticky queue. The SDK's default (5 pollers, one in six on the shared queue) took a burst's
