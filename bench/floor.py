@@ -112,8 +112,9 @@ async def run_floor(root: Path | None, count: int, concurrency: int, timeout: fl
                 task_queue=FLOOR_TASK_QUEUE,
                 workflows=[FloorWorkflow],
                 activities=[noop],
-                # The SDK's pollers, not the control plane's 50: they served bare workflows faster here (200 of
-                # them: 10.1 and 11.5 s against 14.2 and 11.6 s), and the floor is the best the server does.
+                # The SDK's pollers, not the control plane's: they served bare workflows faster here (200 of them,
+                # against the control plane's 50 then: 10.1 and 11.5 s against 14.2 and 11.6 s), and the floor is
+                # the best the server does.
                 max_concurrent_workflow_tasks=200,
                 workflow_runner=WORKFLOW_RUNNER,  # run as the control plane runs ours (outside the sandbox)
             )

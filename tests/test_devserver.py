@@ -73,7 +73,6 @@ def test_a_data_dir_in_use_by_a_running_server_refuses_a_second_one(tmp_path: Pa
 def test_the_server_keeps_its_search_attributes_cached(tmp_path: Path) -> None:
     """Starts that carry our search attributes read the cluster's metadata from the database no more: with the dev
     server's own default (no cache) each start read it at least once."""
-
     server = DevServer(tmp_path, port=free_port(), ui_port=None, metrics_port=free_port())
     server.start()
     try:

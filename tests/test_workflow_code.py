@@ -47,9 +47,7 @@ def problems(source: str, name: str = "<code>") -> list[str]:
 
 
 def _importable(module: str) -> bool:
-    return any(module == allowed or module.startswith(f"{allowed}.") for allowed in IMPORTABLE) and not (
-        module.startswith("urllib.") and not module.startswith("urllib.parse")
-    )
+    return any(module == allowed or module.startswith(f"{allowed}.") for allowed in IMPORTABLE)
 
 
 def _dotted(func: ast.expr) -> tuple[str, ...]:
