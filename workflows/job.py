@@ -137,11 +137,13 @@ class JobWorkflow:
                     summary="load settings and place",
                 )
             )
-            # Given the first decision's requests and their answers, the run decides as they were asked (at `began`)
-            # and takes the answers instead of calling `place` (histories without them call it).
+            # The first decision is taken when load_settings was asked, at the time it recorded (`at`): a replay may
+            # see another workflow.now() here, as a workflow task that completed empty while load_settings ran is
+            # replayed as one with the next. Given that decision's requests and their answers, the run takes the
+            # answers instead of calling `place` (histories without them call it; those before `at` used `began`).
             if loaded.requests:
                 self._first = FirstPlacement.of(loaded.requests, loaded.answers)
-                self._first_at = began
+            self._first_at = loaded.at or (began if loaded.requests else None)
             self._job = new_job(input.spec, loaded.settings, self._first_at or workflow.now())
             self._job.protocol = loaded.protocol
             self._inbox.insert(0, ev.Created())  # before a cancellation that arrived meanwhile

@@ -56,12 +56,14 @@ class LoadSettingsResult(_Msg):
     history when it starts, so a replay takes the same path. Histories from before it hold the bare settings: those
     runs use protocol 1. Asked for a new run (`LoadSettingsInput`), also what its first decision asks the scheduler
     (`requests`) and the scheduler's answers, so that the run needs no second call: histories without them place
-    their first workers with `place`, as before."""
+    their first workers with `place`, as before. And the time it was asked at (`at`), when the run's first decision
+    is taken: a replay reads it here, where its own clock may differ (workflows/job.py)."""
 
     settings: Settings
     protocol: int = 1
     requests: list[TaskRequest] = Field(default_factory=list)
     answers: list[PlacementUpdate] = Field(default_factory=list)
+    at: datetime | None = None
 
     @model_validator(mode="before")
     @classmethod

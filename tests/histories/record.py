@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,12 @@ STORIES: dict[str, tuple[dict[str, Any], Script]] = {
         {"groups": [W | {"replicas": 2, "restart_policy": "Always", "time_limit_seconds": 86400}]},
         Script(hold={"w-0"}),
     ),
+    # load_settings outlasts 80% of the workflow task's timeout (1 s here): the SDK completes that task empty, and
+    # a replay takes it as one with the next, its clock later; the first decision is taken at load_settings' `at`.
+    "late-settings": ({"groups": [W]}, Script(settings_seconds=1.0)),
 }
 SETTINGS = {"continues": Settings(history_keep=10)}
+TASK_TIMEOUTS = {"late-settings": timedelta(seconds=1)}  # the others: Temporal's default (10 s)
 CONTINUED_RUNS = 3  # the runs of the chain recorded for "continues"
 
 
@@ -76,6 +81,7 @@ async def record(stories: list[str], suffix: str) -> None:
                 id=spec.job_id,
                 task_queue=CONTROL_TASK_QUEUE,
                 search_attributes=search_attributes(spec, "Pending"),
+                task_timeout=TASK_TIMEOUTS.get(name),
             )
             if name == "groups":  # once the group waiting for w runs too, cancel the run
                 while (await handle.query("status", result_type=Status)).reason != "3 of 3 workers running":

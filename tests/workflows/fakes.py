@@ -69,6 +69,7 @@ class Script:
     stop_seconds: float = 0  # how long a stop takes (real seconds, heartbeating): long enough to be cancelled
     place_apart: bool = False  # load_settings places no worker: the run calls `place` (histories before it did)
     admit_also: str | None = None  # load_settings also asks for this worker, which the run never asks for
+    settings_seconds: float = 0  # how long load_settings takes (real seconds): long enough to outlast a workflow task
     healthy: set[str] = field(
         default_factory=set
     )  # these pass their readiness check once running  # plan_group answers, in order (the last repeats)
@@ -95,7 +96,8 @@ class FakeCluster:
     async def load_settings(self, input: LoadSettingsInput | None = None) -> LoadSettingsResult:
         """With a new run's spec, its first requests placed as the real control plane does (by this fake `place`),
         unless the script asks that the run call `place` itself, as runs of older histories do."""
-        loaded = LoadSettingsResult(settings=self.settings, protocol=self.protocol)
+        await asyncio.sleep(self.script.settings_seconds)
+        loaded = LoadSettingsResult(settings=self.settings, protocol=self.protocol, at=input.at if input else None)
         if input is None or self.script.place_apart:
             return loaded
         requests = first_requests(input.spec, self.settings, self.protocol, input.at)

@@ -197,6 +197,38 @@ async def test_what_load_settings_asked_and_the_first_decision_did_not_is_given_
     assert cluster.placed == [["w-0", "w-9"]]  # by load_settings alone
 
 
+async def test_a_run_whose_settings_outlast_a_workflow_task_replays_as_it_ran(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    """load_settings (with the scheduler's first answers) takes longer than 80% of the workflow task's timeout: the
+    SDK completes that task empty to keep it alive, and a replay takes it as one with the next, its workflow.now()
+    later. The first decision is taken at the time load_settings recorded, so the replay takes the same answers."""
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.worker import Replayer
+
+    job = spec(unique("late-settings"))
+    async with fake_cluster(time_skipping.client, Script(settings_seconds=1.0)) as cluster:
+        handle = await time_skipping.client.start_workflow(
+            JobWorkflow.run,
+            JobInput(spec=job),
+            id=job.job_id,
+            task_queue=CONTROL_TASK_QUEUE,
+            search_attributes=search_attributes(job, "Pending"),
+            task_timeout=timedelta(seconds=1),
+        )
+        status = await run_result(handle)
+        history = await handle.fetch_history()
+    kinds = [e.event_type for e in history.events]
+    settings_marker = kinds.index(EventType.EVENT_TYPE_MARKER_RECORDED)  # its task's completion comes just before
+    replayer = Replayer(workflows=[JobWorkflow], data_converter=pydantic_data_converter)
+    replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED in kinds[: settings_marker - 1]  # a task completed empty
+    assert (status.state, status.reason) == ("Completed", "All workers completed")
+    assert cluster.placed == [["w-0"]]  # by load_settings alone
+    assert replayed.replay_failure is None
+
+
 class Creating:
     """A run's workflow as a query finds it before its first decision made its record (its first workflow task
     was kept alive past its timeout, or failed, on a busy cluster), `creating` times over; then Pending."""

@@ -26,9 +26,10 @@ def test_histories_are_committed() -> None:
     # Each run of a workflow that continued as new has a history of its own: the later ones begin from the record.
     continued = {"continues-p5", "continues-1-p5", "continues-2-p5", "continues-p6", "continues-1-p6", "continues-2-p6"}
     node = {"node-life", "node-continued"}  # NodeWorkflow (tests/histories/record_node.py)
+    late = {"late-settings-p6a"}  # a workflow task completed empty while load_settings ran: it recorded its `at`
     assert {
         p.stem for p in HISTORIES
-    } >= protocol_1 | protocol_2 | protocol_3 | protocol_5 | protocol_6 | admitted | continued | node
+    } >= protocol_1 | protocol_2 | protocol_3 | protocol_5 | protocol_6 | admitted | continued | node | late
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
