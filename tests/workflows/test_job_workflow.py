@@ -30,13 +30,14 @@ def spec(name: str, replicas: int = 1, **group: object) -> JobSpec:
     return parse_spec({"name": name, "groups": [{"name": "w", "replicas": replicas, "command": ["x"], **group}]})
 
 
-async def start(env: WorkflowEnvironment, job: JobSpec):  # type: ignore[no-untyped-def]
+async def start(env: WorkflowEnvironment, job: JobSpec, task_timeout: timedelta | None = None):  # type: ignore[no-untyped-def]
     return await env.client.start_workflow(
         JobWorkflow.run,
         JobInput(spec=job),
         id=job.job_id,
         task_queue=CONTROL_TASK_QUEUE,
         search_attributes=search_attributes(job, "Pending"),
+        task_timeout=task_timeout,  # None: Temporal's default (10 s)
     )
 
 
@@ -209,14 +210,7 @@ async def test_a_run_whose_settings_outlast_a_workflow_task_replays_as_it_ran(
 
     job = spec(unique("late-settings"))
     async with fake_cluster(time_skipping.client, Script(settings_seconds=1.0)) as cluster:
-        handle = await time_skipping.client.start_workflow(
-            JobWorkflow.run,
-            JobInput(spec=job),
-            id=job.job_id,
-            task_queue=CONTROL_TASK_QUEUE,
-            search_attributes=search_attributes(job, "Pending"),
-            task_timeout=timedelta(seconds=1),
-        )
+        handle = await start(time_skipping, job, task_timeout=timedelta(seconds=1))
         status = await run_result(handle)
         history = await handle.fetch_history()
     kinds = [e.event_type for e in history.events]
