@@ -49,14 +49,16 @@ async def test_a_new_run_gets_its_settings_and_its_first_workers_placed(tmp_path
     assert scheduler.asked == [PlaceInput(requests=asked)]
     assert (loaded.settings, loaded.protocol, loaded.requests) == (SETTINGS, PROTOCOL, asked)
     assert [(a.task_id, a.node) for a in loaded.answers] == [("w-0", "m0"), ("w-1", None)]
+    assert loaded.at == AT  # the run's first decision is taken then, in a replay too
 
 
 async def test_without_a_run_or_a_scheduler_that_answers_only_the_settings_are_loaded(tmp_path: Path) -> None:
     down = Scheduler(down=True)
-    for loaded in (
-        await control(tmp_path, Scheduler()).load_settings(),  # a workflow that is no run (subnets)
-        await control(tmp_path, down).load_settings(LoadSettingsInput(spec=SPEC, at=AT)),  # the run places itself
-        await control(tmp_path, None).load_settings(LoadSettingsInput(spec=SPEC, at=AT)),
+    for loaded, at in (
+        (await control(tmp_path, Scheduler()).load_settings(), None),  # a workflow that is no run (subnets)
+        (await control(tmp_path, down).load_settings(LoadSettingsInput(spec=SPEC, at=AT)), AT),  # it places itself
+        (await control(tmp_path, None).load_settings(LoadSettingsInput(spec=SPEC, at=AT)), AT),
     ):
         assert (loaded.settings, loaded.protocol, loaded.requests, loaded.answers) == (SETTINGS, PROTOCOL, [], [])
+        assert loaded.at == at
     assert len(down.asked) == 1
