@@ -86,9 +86,10 @@ class ControlActivities:
     async def load_settings(self, input: LoadSettingsInput | None = None) -> LoadSettingsResult:
         """The operator's settings and this version's protocol, recorded in each run's history when it starts (so
         replay sees the same). Given a new run, the time its first decision is taken (`at`, as asked), and that
-        decision's requests, asked of the scheduler here: the run takes the answers instead of asking itself. A spec that cannot be decided asks nothing (the run's
-        own decision says why), nor does a run whose scheduler does not answer: the run is created at once, and its
-        own `place` is tried again until the scheduler is back (a request it did receive is answered the same)."""
+        decision's requests, asked of the scheduler here: the run takes the answers instead of asking itself. A spec
+        that cannot be decided asks nothing (the run's own decision says why), nor does a run whose scheduler does
+        not answer: the run is created at once, and its own `place` is tried again until the scheduler is back (a
+        request it did receive is answered the same)."""
         loaded = LoadSettingsResult(settings=self._settings, protocol=PROTOCOL, at=input.at if input else None)
         if input is None or self._scheduler is None:
             return loaded
