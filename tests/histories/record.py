@@ -57,12 +57,12 @@ STORIES: dict[str, tuple[dict[str, Any], Script]] = {
         {"groups": [W | {"replicas": 2, "restart_policy": "Always", "time_limit_seconds": 86400}]},
         Script(hold={"w-0"}),
     ),
-    # load_settings outlasts 80% of the workflow task's timeout (1 s here): the SDK completes that task empty, and
-    # a replay takes it as one with the next, its clock later; the first decision is taken at load_settings' `at`.
-    "late-settings": ({"groups": [W]}, Script(settings_seconds=1.0)),
+    # load_settings outlasts 80% of the workflow task's timeout (1.6 s of 2 here): the SDK completes that task
+    # empty, and a replay takes it as one with the next, its clock later; the first decision is taken at `at`.
+    "late-settings": ({"groups": [W]}, Script(settings_seconds=1.8)),
 }
 SETTINGS = {"continues": Settings(history_keep=10)}
-TASK_TIMEOUTS = {"late-settings": timedelta(seconds=1)}  # the others: Temporal's default (10 s)
+TASK_TIMEOUTS = {"late-settings": timedelta(seconds=2)}  # the others: Temporal's default (10 s)
 CONTINUED_RUNS = 3  # the runs of the chain recorded for "continues"
 
 

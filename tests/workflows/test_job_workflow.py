@@ -209,8 +209,9 @@ async def test_a_run_whose_settings_outlast_a_workflow_task_replays_as_it_ran(
     from temporalio.worker import Replayer
 
     job = spec(unique("late-settings"))
-    async with fake_cluster(time_skipping.client, Script(settings_seconds=1.0)) as cluster:
-        handle = await start(time_skipping, job, task_timeout=timedelta(seconds=1))
+    # The SDK completes the task after 1.6 s of the 2 s; load_settings answers 0.2 s later, in the next task.
+    async with fake_cluster(time_skipping.client, Script(settings_seconds=1.8)) as cluster:
+        handle = await start(time_skipping, job, task_timeout=timedelta(seconds=2))
         status = await run_result(handle)
         history = await handle.fetch_history()
     kinds = [e.event_type for e in history.events]
