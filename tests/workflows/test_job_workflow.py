@@ -7,9 +7,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle, WorkflowQueryFailedError, WorkflowUpdateFailedError
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
 
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
 from workers.client import AstraeusClient, AstraeusError, run_result
@@ -173,8 +176,6 @@ async def test_stop_one_worker_and_refuse_bad_stops(time_skipping: WorkflowEnvir
 async def test_a_run_placed_apart_from_its_settings_calls_place_itself(time_skipping: WorkflowEnvironment) -> None:
     """Histories before load_settings placed a run's first workers have no requests in its result: the run asks
     `place` itself, and replays as it ran."""
-    from temporalio.api.enums.v1 import EventType
-
     async with fake_cluster(time_skipping.client, Script(place_apart=True)) as cluster:
         handle = await start(time_skipping, spec(unique("apart")))
         status = await run_result(handle)
@@ -204,10 +205,6 @@ async def test_a_run_whose_settings_outlast_a_workflow_task_replays_as_it_ran(
     """load_settings (with the scheduler's first answers) takes longer than 80% of the workflow task's timeout: the
     SDK completes that task empty to keep it alive, and a replay takes it as one with the next, its workflow.now()
     later. The first decision is taken at the time load_settings recorded, so the replay takes the same answers."""
-    from temporalio.api.enums.v1 import EventType
-    from temporalio.contrib.pydantic import pydantic_data_converter
-    from temporalio.worker import Replayer
-
     job = spec(unique("late-settings"))
     # The SDK completes the task after 1.6 s of the 2 s; load_settings answers 0.2 s later, in the next task.
     async with fake_cluster(time_skipping.client, Script(settings_seconds=1.8)) as cluster:
@@ -281,8 +278,6 @@ async def test_a_one_worker_run_costs_one_activity_one_signal_and_at_most_20_eve
     task the run has anyway); one activity (run_task) starts and watches the worker, telling the run once that it
     was started and runs; only the state's search attribute is written, when it changes. Protocol 6, which runs
     the difference from what is in flight after each decision, writes no more."""
-    from temporalio.api.enums.v1 import EventType
-
     job = spec(unique(f"cheap{protocol}"))
     async with fake_cluster(time_skipping.client, Script(), protocol=protocol) as cluster:
         handle = await start(time_skipping, job)
