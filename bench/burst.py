@@ -34,7 +34,7 @@ from prometheus_client import REGISTRY
 
 from bench.burst_report import figures, lines, pair_figures, pair_lines
 from bench.cluster import Cluster, Machines
-from bench.common import HistoryFigures, ms, now, read_history, run_and_exit
+from bench.common import HistoryFigures, Pauses, ms, now, read_history, run_and_exit
 from bench.floor import Floor, run_floor
 from bench.runs import spec_for
 from bench.server_metrics import ServerOps, between, logged, settled
@@ -211,6 +211,7 @@ class Burst:
     agent_processes: int
     server: ServerOps  # the server's own counters during the burst
     passes: tuple[float, float] = (0.0, 0.0)  # scheduling passes in this process during the burst: count, seconds
+    pauses: Pauses = field(default_factory=Pauses)  # the garbage collector's in this process during the burst
     floor: Floor | None = None
 
 
@@ -237,9 +238,10 @@ async def measure(options: Options, root: Path) -> Burst:
         load_start, cpu_start, window = os.getloadavg()[0], cluster.cpu(), time.monotonic()
         passes_start = scheduling_passes()
         gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
-        submits = asyncio.gather(*(submit(client, r, options.sleep, gate) for r in runs))
-        running = await wait_running(client, options.target, options.timeout)
-        await submits
+        with Pauses().counting() as pauses:
+            submits = asyncio.gather(*(submit(client, r, options.sleep, gate) for r in runs))
+            running = await wait_running(client, options.target, options.timeout)
+            await submits
         cpu_end, window = cluster.cpu(), time.monotonic() - window
         cpu = {k: cpu_end[k] - cpu_start[k] for k in cpu_end}
         passes = tuple(end - start for start, end in zip(passes_start, scheduling_passes(), strict=True))
@@ -271,6 +273,7 @@ async def measure(options: Options, root: Path) -> Burst:
         cluster.agent_processes,
         server,
         (passes[0], passes[1]),
+        pauses,
     )
 
 

@@ -134,6 +134,7 @@ def lines(b: Burst) -> list[str]:
             f"{count:.0f} / {seconds * 1000 / max(count, 1):.2f} / {seconds * 1000 / max(f['submitted'], 1):.1f}",
         ))  # fmt: skip
     rows += [
+        ("  garbage collections in this process / CPU ms / longest ms", b.pauses.text()),
         (
             "CPU ms per worker process (shim + sleep; fork servers)",
             f"{f['workers_cpu_ms_per_worker']:.0f} ({f['workers_alive']} alive)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -14,7 +15,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any, NoReturn
 from temporalio.api.enums.v1 import EventType, TimeoutType, WorkflowTaskFailedCause
 from temporalio.api.history.v1 import HistoryEvent
 
+from workers import collector
 from workers.client import AstraeusClient
 from workflows.domain.nodes import NodeState
 
@@ -32,7 +34,9 @@ WORKFLOW_TASK_PROBLEMS = (EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED, EventType.E
 def run_and_exit(work: Coroutine[Any, Any, list[str] | None], name: str = "bench", show_load: bool = False) -> NoReturn:
     """Run a benchmark's coroutine (logging warnings; with `show_load`, first saying the load average, since the
     machine is shared), print the lines it returns, and exit: 143 when SIGTERM stopped it, 1 on an error (said on
-    stderr), skipping interpreter finalization (see workers/cli.py main())."""
+    stderr), skipping interpreter finalization (see workers/cli.py main()). The benchmark's processes hold the
+    services, so their garbage collector is set as the services' is (workers/collector.py)."""
+    collector.tune()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if show_load:
         print(f"load average at the start: {os.getloadavg()[0]:.2f}", file=sys.stderr)
@@ -50,6 +54,37 @@ def run_and_exit(work: Coroutine[Any, Any, list[str] | None], name: str = "bench
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+@dataclass
+class Pauses:
+    """The garbage collector's collections in this process while `counting` (gc.callbacks): their CPU time (of the
+    thread collecting) and the longest pause (wall clock: the collector holds the interpreter throughout)."""
+
+    collections: list[int] = field(default_factory=lambda: [0, 0, 0])  # by generation
+    seconds: float = 0.0  # CPU
+    longest: float = 0.0  # wall clock
+    _began: tuple[float, float] = (0.0, 0.0)
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[Pauses]:
+        gc.callbacks.append(self._callback)
+        try:
+            yield self
+        finally:
+            gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = (time.thread_time(), time.perf_counter())
+            return
+        self.collections[info["generation"]] += 1
+        self.seconds += time.thread_time() - self._began[0]
+        self.longest = max(self.longest, time.perf_counter() - self._began[1])
+
+    def text(self) -> str:
+        young, middle, full = self.collections
+        return f"{young + middle + full} ({full} full) / {self.seconds * 1000:.0f} / {self.longest * 1000:.0f}"
 
 
 def now() -> datetime:

@@ -16,7 +16,16 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from bench.common import HistoryFigures, latency_rows, ms, now, own_cpu_seconds, pid_cpu_seconds, read_history
+from bench.common import (
+    HistoryFigures,
+    Pauses,
+    latency_rows,
+    ms,
+    now,
+    own_cpu_seconds,
+    pid_cpu_seconds,
+    read_history,
+)
 from bench.floor_workflow import ACTIVITIES, FLOOR_TASK_QUEUE, FloorWorkflow, noop
 from bench.server_metrics import ServerOps, between, logged, settled
 from workers.connect import connect
@@ -40,6 +49,7 @@ class Floor:
     workflows: list[Bare]
     cpu: dict[str, float] = field(default_factory=dict)  # seconds during the burst: this process, the server
     server: ServerOps = field(default_factory=ServerOps)  # the server's own counters during the burst
+    pauses: Pauses = field(default_factory=Pauses)  # the garbage collector's in this process during the burst
 
     @property
     def completed(self) -> list[Bare]:
@@ -88,6 +98,7 @@ class Floor:
                 f"{f['workflow_task_problems']} / {f['activity_retries']}",
             ),
             ("floor: CPU ms per workflow, this process / dev server", f"{cpu['this']:.0f} / {cpu['server']:.0f}"),
+            ("floor: garbage collections in this process / CPU ms / longest ms", self.pauses.text()),
         ]
         rows += self.server.rows("floor: server", len(self.workflows))
         rows += [("floor: problems", f"{count} x {problem}") for problem, count in f["problems"].items()]
@@ -126,7 +137,7 @@ async def run_floor(root: Path | None, count: int, concurrency: int, timeout: fl
                 before = {"this": own_cpu_seconds(), "server": pid_cpu_seconds(server_pid)}
                 gate = asyncio.Semaphore(concurrency)
                 runs = asyncio.gather(*(_start_and_wait(client, b, gate) for b in floor.workflows))
-                with contextlib.suppress(TimeoutError):  # what ended is reported
+                with floor.pauses.counting(), contextlib.suppress(TimeoutError):  # what ended is reported
                     await asyncio.wait_for(runs, timeout)
                 floor.cpu = {"this": own_cpu_seconds() - before["this"]}
                 floor.cpu["server"] = pid_cpu_seconds(server_pid) - before["server"]

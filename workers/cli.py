@@ -23,6 +23,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.runtime.base import RuntimeUnavailable
+from workers import collector
 from workers.client import AstraeusClient, AstraeusError, NotFound, Unreachable
 from workers.connect import ProfileError, Target, connect, ensure_search_attributes, target
 from workers.exits import ExitCode, exit_for_state
@@ -42,6 +43,7 @@ from workflows.messages import SESSION_OUTPUT_MAX_BYTES
 
 DISTRIBUTION = "astraeus-orchestrator"  # whose metadata `--version` reads
 RUN_STATES = [*(s.value for s in RunState), TERMINATED]  # what `ls --state` and `wait --for` accept
+SERVICES = ("dev", "control", "scheduler", "agent", "api")  # the long-running commands (logged, collector tuned)
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 Runs = AstraeusClient | HttpClient  # the verbs over Temporal, or over the HTTP API (--api)
@@ -1113,7 +1115,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     for name in GLOBAL_HELP:
         if getattr(args, name) not in (None, False) and name not in args.takes:
             top.error(f"--{'api' if name == 'api_url' else name} does not apply to {args.command}")
-    level = logging.INFO if args.command in ("dev", "control", "scheduler", "agent", "api") else logging.WARNING
+    if args.command in SERVICES:
+        collector.tune()
+    level = logging.INFO if args.command in SERVICES else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args.telemetry = Telemetry()
     try:
