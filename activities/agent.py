@@ -434,11 +434,11 @@ class AgentActivities:
         try:
             while observed.running:
                 _beat()
-                if ended is not None:
-                    await _readable(ended, heartbeat)
-                else:
+                if ended is None:
                     await asyncio.sleep(POLL_SECONDS if time.monotonic() < settled_at else settled)
-                observed = await asyncio.to_thread(self._runtime.observe, key)
+                    observed = await asyncio.to_thread(self._runtime.observe, key)
+                elif await _readable(ended, heartbeat):  # else its shim lives: nothing to look at
+                    observed = await asyncio.to_thread(self._runtime.observe, key)
                 paused, looked = max(paused, time.monotonic() - looked), time.monotonic()
         finally:
             if ended is not None:
@@ -846,9 +846,11 @@ def _stale(answer: AttemptsOnNode | None, task: str, attempt: int) -> str | None
 # When an attempt's activity may send its first heartbeat (time.monotonic()). The SDK sends an activity's first
 # heartbeat at once, then one per throttle interval: beating from the first moment cost a burst one write per worker
 # at its start, when the server can least afford it, and one interval in, 1.7 writes per run in a burst of 500
-# (bench/README.md). Two intervals in (half the stale grace), 0.7; the other half is left for it to arrive.
+# (bench/README.md). Two intervals in (half the stale grace), 0.7 on a fast day and 1.5 on a slow one, a fifth of
+# the server's writes. Three intervals in leaves a quarter of the grace for it to arrive, more than the SDK leaves
+# each later one (it sends them at most every 0.8 of the heartbeat timeout, the grace).
 _first_beat_at: ContextVar[float] = ContextVar("first_beat_at", default=0.0)
-FIRST_BEAT_INTERVALS = 2
+FIRST_BEAT_INTERVALS = 3
 
 
 def heartbeat_seconds(settings: Settings) -> float:
@@ -889,8 +891,8 @@ async def _heartbeating(work: Awaitable[T]) -> T:
             await beater
 
 
-async def _readable(fd: int, seconds: float) -> None:
-    """Wait until `fd` is readable or `seconds` passed, whichever comes first."""
+async def _readable(fd: int, seconds: float) -> bool:
+    """Wait until `fd` is readable or `seconds` passed, whichever comes first; whether it is readable."""
     loop = asyncio.get_running_loop()
     ready = loop.create_future()
 
@@ -904,3 +906,4 @@ async def _readable(fd: int, seconds: float) -> None:
         await asyncio.wait([ready], timeout=seconds)
     finally:
         loop.remove_reader(fd)
+    return ready.done()
