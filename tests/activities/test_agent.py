@@ -230,12 +230,8 @@ async def test_a_worker_without_a_readiness_check_is_never_told_healthy(machine:
 # ---- watching a worker ----------------------------------------------------------------------------------------------
 
 
-async def test_a_worker_this_agent_started_is_watched_without_polling_and_its_end_told_at_once(
-    machine: Machine,
-) -> None:
-    """The watch wakes when the worker's shim exits (a pidfd), not every quarter second: a worker that runs 1.5 s
-    is looked at a few times, not six, and its end is seen within moments."""
-    await start(machine, group(command=["sleep", "1.5"]))
+def _counting_looks(machine: Machine) -> list[float]:
+    """When the runtime is looked at (`observe`), from now on."""
     looks: list[float] = []
     observe = machine.runtime.observe
 
@@ -244,6 +240,16 @@ async def test_a_worker_this_agent_started_is_watched_without_polling_and_its_en
         return observe(key)
 
     machine.runtime.observe = counted  # type: ignore[method-assign]
+    return looks
+
+
+async def test_a_worker_this_agent_started_is_watched_without_polling_and_its_end_told_at_once(
+    machine: Machine,
+) -> None:
+    """The watch wakes when the worker's shim exits (a pidfd), not every quarter second: a worker that runs 1.5 s
+    is looked at a few times, not six, and its end is seen within moments."""
+    await start(machine, group(command=["sleep", "1.5"]))
+    looks = _counting_looks(machine)
     supervised = SuperviseInput(ref=ref(), settings=Settings(), reattach=False, readiness=None)
     began = time.monotonic()
     ended = await ActivityEnvironment().run(machine.agent.supervise_task, supervised)
@@ -256,14 +262,7 @@ async def test_a_watched_worker_that_lives_on_is_not_looked_at_each_heartbeat(ma
     """While its shim lives (its pidfd not readable) there is nothing to look at: a worker that lives ten heartbeat
     intervals is looked at when the watch begins and when it ends."""
     await start(machine, group(command=["sleep", "1"]))
-    looks: list[float] = []
-    observe = machine.runtime.observe
-
-    def counted(key: Any) -> Observed:
-        looks.append(time.monotonic())
-        return observe(key)
-
-    machine.runtime.observe = counted  # type: ignore[method-assign]
+    looks = _counting_looks(machine)
     supervised = SuperviseInput(ref=ref(), settings=Settings(stale_grace_seconds=0.4), readiness=None)  # 0.1 s apart
     ended = await ActivityEnvironment().run(machine.agent.supervise_task, supervised)
     assert ended.exit_code == 0
