@@ -1,5 +1,6 @@
 """The Temporal floor: what the same dev server, fresh, takes to run N bare workflows of 3 no-op activities each,
-started in one burst, with their worker in this process (sandboxed, the pydantic converter, as the control plane)."""
+started in one burst, with their worker in this process (outside the sandbox, the pydantic converter, as the control
+plane)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import collections
 import contextlib
 import statistics
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +21,7 @@ from temporalio.worker import Worker
 from bench.common import (
     HistoryFigures,
     Pauses,
+    fmt_latency,
     latency_rows,
     ms,
     now,
@@ -39,6 +42,7 @@ READ_CONCURRENCY = 20
 class Bare:
     id: str
     submitted: datetime | None = None
+    start_ms: float | None = None  # the start_workflow call's round trip
     completed_at: datetime | None = None
     error: str | None = None
     history: HistoryFigures | None = None
@@ -63,6 +67,11 @@ class Floor:
         if not starts or not ends or len(ends) < len(self.workflows):
             return None
         return (max(ends) - min(starts)).total_seconds()
+
+    @property
+    def start_span(self) -> float | None:
+        starts = [b.submitted for b in self.workflows if b.submitted is not None]
+        return (max(starts) - min(starts)).total_seconds() if starts else None
 
     def figures(self) -> dict[str, Any]:
         done = self.completed
@@ -92,6 +101,8 @@ class Floor:
             ("floor: bare workflows (completed / started)", f"{f['completed']} / {f['workflows']}"),
             (f"floor: first start -> all complete ({ACTIVITIES} no-op activities each)", _seconds(wall)),
             ("floor: workflows per second", f"{f['completed'] / wall:.2f}" if wall else "n/a"),
+            ("floor: first to last start", _seconds(self.start_span)),
+            ("floor: start call, median / p99 / max (ms)", fmt_latency([b.start_ms for b in self.workflows])),
             ("floor: history events per workflow, mean", _number(f["events_per_workflow_mean"])),
             (
                 "floor: workflow task failures+timeouts / activity retries",
@@ -153,11 +164,13 @@ async def run_floor(root: Path | None, count: int, concurrency: int, timeout: fl
 async def _start_and_wait(client: Client, bare: Bare, gate: asyncio.Semaphore) -> None:
     async with gate:
         bare.submitted = now()
+        began = time.monotonic()
         try:
             handle = await client.start_workflow(FloorWorkflow.run, id=bare.id, task_queue=FLOOR_TASK_QUEUE)
         except Exception as error:  # reported with the figures
             bare.error = f"start: {error}"
             return
+        bare.start_ms = (time.monotonic() - began) * 1000
     try:
         await handle.result()
     except Exception as error:

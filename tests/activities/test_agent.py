@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import signal
@@ -17,6 +18,7 @@ from typing import Any, cast
 import pytest
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 
 from activities.agent import AgentActivities, task_key
@@ -26,29 +28,35 @@ from activities.runtime.process import ProcessRuntime
 from workflows.domain.events import TaskHealth, TaskRunning
 from workflows.domain.nodes import GpuInfo, NodeInventory
 from workflows.domain.settings import Settings
-from workflows.domain.spec import GroupSpec, Readiness
+from workflows.domain.spec import GroupSpec, Readiness, job_id
 from workflows.messages import StartTaskInput, StartTaskResult, StopTaskInput, SuperviseInput, TaskExit, TaskRef
 
 
 class Runs:
-    """What the agent's client reaches: each run's workflow, which only records the signals it is sent."""
+    """What the agent's client reaches: each run's workflow, which only records the signals it is sent. A signal
+    that names a workflow run in `closed` is refused, as the server refuses one to a run that continued as new."""
 
     def __init__(self) -> None:
         self.signals: list[tuple[str, str, Any]] = []  # (workflow id, signal, message)
+        self.run_ids: list[str | None] = []  # the workflow run each signal named, None for the current one
+        self.closed: set[str] = set()
 
-    def get_workflow_handle(self, workflow_id: str) -> _Handle:
-        return _Handle(self, workflow_id)
+    def get_workflow_handle(self, workflow_id: str, run_id: str | None = None) -> _Handle:
+        return _Handle(self, workflow_id, run_id)
 
     def health(self) -> list[tuple[bool, str]]:
         return [(m.healthy, m.detail) for _, name, m in self.signals if name == "task_health"]
 
 
 class _Handle:
-    def __init__(self, runs: Runs, workflow_id: str) -> None:
-        self._runs, self._id = runs, workflow_id
+    def __init__(self, runs: Runs, workflow_id: str, run_id: str | None) -> None:
+        self._runs, self._id, self._run_id = runs, workflow_id, run_id
 
     async def signal(self, name: str, message: Any) -> None:
+        if self._run_id in self._runs.closed:
+            raise RPCError("workflow execution already completed", RPCStatusCode.NOT_FOUND, b"")
         self._runs.signals.append((self._id, name, message))
+        self._runs.run_ids.append(self._run_id)
 
 
 class Machine:
@@ -225,6 +233,31 @@ async def test_a_worker_without_a_readiness_check_is_never_told_healthy(machine:
 
     assert (await ActivityEnvironment().run(machine.agent.supervise_task, supervised)).exit_code == 0
     assert [name for _, name, _ in machine.runs.signals] == ["task_running"]
+
+
+async def test_a_worker_s_run_is_told_by_the_workflow_run_it_belongs_to_else_by_its_id(machine: Machine) -> None:
+    # Named by its run, a signal needs no look-up of the current run on the server (bench/README.md)
+    await start(machine, group())
+    environment = ActivityEnvironment()
+    environment.info = dataclasses.replace(
+        environment.info, workflow_id=job_id("team-a", "serve"), workflow_run_id="r1"
+    )
+    watched = SuperviseInput(ref=ref(), settings=Settings())
+    first = asyncio.ensure_future(environment.run(machine.agent.supervise_task, watched))
+    await until(lambda: len(machine.runs.signals) == 1)
+    first.cancel()
+
+    machine.runs.closed.add("r1")  # the run continued as new: its activity tells the run that goes on
+    again = asyncio.ensure_future(environment.run(machine.agent.supervise_task, watched))
+    await until(lambda: len(machine.runs.signals) == 2)
+
+    assert machine.runs.run_ids == ["r1", None]
+    assert [(workflow_id, name) for workflow_id, name, _ in machine.runs.signals] == [
+        ("job/team-a/serve", "task_running")
+    ] * 2
+    await ActivityEnvironment().run(machine.agent.stop_task, StopTaskInput(ref=ref(), grace_seconds=1))
+    with suppress(BaseException):
+        await asyncio.gather(first, again)
 
 
 # ---- watching a worker ----------------------------------------------------------------------------------------------
