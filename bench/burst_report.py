@@ -8,7 +8,7 @@ import re
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from bench.common import fmt_latency, latency_rows, ms, percentile, table
+from bench.common import fmt_latency, latency_rows, ms, percentile, span, summary, table
 
 if TYPE_CHECKING:
     from bench.burst import Burst, Run
@@ -59,8 +59,8 @@ def figures(b: Burst) -> dict[str, Any]:
         "running_seen_by_visibility": b.running_seen,
         "states": dict(collections.Counter(r.state for r in b.runs)),
         "all_running_seconds": all_running / 1000 if all_running is not None else None,
-        "submit_span_seconds": _span([r.submitted for r in submitted]),
-        "submit_rpc_ms": _summary([r.submit_ms for r in submitted]),
+        "submit_span_seconds": span(r.submitted for r in submitted),
+        "submit_rpc_ms": summary([r.submit_ms for r in submitted]),
         "submit_to_running_ms": {"p50": p50, "p99": p99, "max": max(latencies, default=None)},
         "p99_over_p50": p99 / p50 if p50 and p99 is not None else None,
         "idle_submit_to_running_ms": {"p50": statistics.median(idle) if idle else None, "each": idle},
@@ -228,18 +228,6 @@ def _reason_lines(title: str, reasons: list[dict[str, Any]]) -> list[str]:
 def _events(runs: list[Run]) -> dict[str, float | None]:
     values = [r.history.events for r in runs if r.history]
     return {"mean": _mean(values), "max": max(values, default=None)}
-
-
-def _summary(values: list[float | None]) -> dict[str, float | None]:
-    present = [v for v in values if v is not None]
-    if not present:
-        return {"p50": None, "p99": None, "max": None}
-    return {"p50": statistics.median(present), "p99": percentile(present, 99), "max": max(present)}
-
-
-def _span(values: list[Any]) -> float | None:
-    present = [v for v in values if v is not None]
-    return (max(present) - min(present)).total_seconds() if present else None
 
 
 def _mean(values: list[int] | list[float]) -> float | None:

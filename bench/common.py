@@ -91,6 +91,12 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+def span(times: Iterable[datetime | None]) -> float | None:
+    """Seconds from the first of `times` to the last (those present); None when none is."""
+    present = [t for t in times if t is not None]
+    return (max(present) - min(present)).total_seconds() if present else None
+
+
 def ms(later: datetime | None, earlier: datetime | None) -> float | None:
     if later is None or earlier is None:
         return None
@@ -101,6 +107,14 @@ def percentile(values: Iterable[float], p: float) -> float:
     """Nearest rank: the smallest value at or above p percent of the values."""
     ordered = sorted(values)
     return ordered[max(math.ceil(p / 100 * len(ordered)) - 1, 0)]
+
+
+def summary(values: list[float | None]) -> dict[str, float | None]:
+    """Median, p99 and max of the values present (None each when none is)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return {"p50": None, "p99": None, "max": None}
+    return {"p50": statistics.median(present), "p99": percentile(present, 99), "max": max(present)}
 
 
 def fmt_latency(values: list[float | None]) -> str:

@@ -28,6 +28,8 @@ from bench.common import (
     own_cpu_seconds,
     pid_cpu_seconds,
     read_history,
+    span,
+    summary,
 )
 from bench.floor_workflow import ACTIVITIES, FLOOR_TASK_QUEUE, FloorWorkflow, noop
 from bench.server_metrics import ServerOps, between, logged, settled
@@ -68,11 +70,6 @@ class Floor:
             return None
         return (max(ends) - min(starts)).total_seconds()
 
-    @property
-    def start_span(self) -> float | None:
-        starts = [b.submitted for b in self.workflows if b.submitted is not None]
-        return (max(starts) - min(starts)).total_seconds() if starts else None
-
     def figures(self) -> dict[str, Any]:
         done = self.completed
         histories = [b.history for b in self.workflows if b.history is not None]
@@ -83,6 +80,8 @@ class Floor:
             "workflows": len(self.workflows),
             "completed": len(done),
             "wall_seconds": self.wall_seconds,
+            "start_span_seconds": span(b.submitted for b in self.workflows),
+            "start_rpc_ms": summary([b.start_ms for b in self.workflows]),
             "start_to_complete_ms_p50": statistics.median(present) if present else None,
             "events_per_workflow_mean": statistics.mean(h.events for h in histories) if histories else None,
             "workflow_task_problems": sum(len(h.workflow_task_problems) for h in histories),
@@ -101,7 +100,7 @@ class Floor:
             ("floor: bare workflows (completed / started)", f"{f['completed']} / {f['workflows']}"),
             (f"floor: first start -> all complete ({ACTIVITIES} no-op activities each)", _seconds(wall)),
             ("floor: workflows per second", f"{f['completed'] / wall:.2f}" if wall else "n/a"),
-            ("floor: first to last start", _seconds(self.start_span)),
+            ("floor: first to last start", _seconds(f["start_span_seconds"])),
             ("floor: start call, median / p99 / max (ms)", fmt_latency([b.start_ms for b in self.workflows])),
             ("floor: history events per workflow, mean", _number(f["events_per_workflow_mean"])),
             (
