@@ -204,7 +204,7 @@ class Burst:
     running_seen: int  # Running in the visibility store when the wait ended
     cpu: dict[str, float]  # seconds during the burst, by process
     window: float  # seconds from just before the first submit to all Running seen
-    workers_cpu: tuple[float, int]  # the workers' live processes: CPU seconds, how many
+    workers_cpu: tuple[float, int]  # the workers' live processes: CPU seconds in the window, how many
     load: tuple[float, float]  # 1-minute load average at the start and end of the burst
     machine_events: int  # history events the machines' workflows gained during the burst
     machine_histories: list[HistoryFigures]
@@ -236,6 +236,7 @@ async def measure(options: Options, root: Path) -> Burst:
         server_start = await settled(metrics_port)
         _, log_start = logged(cluster.server.log, 0)
         load_start, cpu_start, window = os.getloadavg()[0], cluster.cpu(), time.monotonic()
+        workers_start, _ = cluster.workers_cpu()  # the fork servers' so far
         passes_start = scheduling_passes()
         gate = asyncio.Semaphore(SUBMIT_CONCURRENCY)
         with Pauses().counting() as pauses:
@@ -247,7 +248,8 @@ async def measure(options: Options, root: Path) -> Burst:
         passes = tuple(end - start for start, end in zip(passes_start, scheduling_passes(), strict=True))
         server = between(server_start, await settled(metrics_port))
         server.logged, _ = logged(cluster.server.log, log_start)
-        workers_cpu, load_end = cluster.workers_cpu(), os.getloadavg()[0]
+        (workers_end, alive), load_end = cluster.workers_cpu(), os.getloadavg()[0]
+        workers_cpu = (workers_end - workers_start, alive)
         print(f"{running} Running; reading back", file=sys.stderr)
         read_gate = asyncio.Semaphore(READ_CONCURRENCY)
         await asyncio.gather(*(read_back(client, r, read_gate) for r in runs))

@@ -136,7 +136,7 @@ def lines(b: Burst) -> list[str]:
     rows += [
         ("  garbage collections in this process / CPU ms / longest ms", b.pauses.text()),
         (
-            "CPU ms per worker process (shim + sleep; fork servers)",
+            "CPU ms per worker process in the burst (shim + sleep; fork servers)",
             f"{f['workers_cpu_ms_per_worker']:.0f} ({f['workers_alive']} alive)",
         ),
         ("cores busy during the burst", _cores(b)),

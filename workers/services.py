@@ -324,6 +324,7 @@ def make_runtime(options: AgentOptions) -> Runtime:
     """`process` or `docker`; raises RuntimeUnavailable when the Docker engine does not answer."""
     if options.runtime == "process":
         runtime = ProcessRuntime(options.data_dir / "tasks")
+        runtime.prepare()
         if isinstance(runtime.memory, Unenforced):
             log.warning("%s: memory_bytes is not enforced on this machine: %s", options.name, runtime.memory.why)
         return runtime

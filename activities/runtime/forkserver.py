@@ -2,9 +2,9 @@
 
 Each worker runs under a shim of its own, which outlives the agent. Started as a fresh interpreter, a shim cost 13
 to 16 ms of CPU (Python's start-up), more than the rest of a worker's start; forked from a small server that has
-started once, it costs about 3 ms. The server is the runtime's child, in a session of its own, started at the first
-spawn and again should it die; it exits when this end closes (the runtime is collected, or the agent exits), and
-the shims it forked live on.
+started once, it costs about 3 ms. The server is the runtime's child, in a session of its own, started when the
+agent starts (`start`; else at the first spawn) and again should it die; it exits when this end closes (the runtime
+is collected, or the agent exits), and the shims it forked live on.
 """
 
 from __future__ import annotations
@@ -60,6 +60,12 @@ class ForkServer:
         if "error" in said:
             raise ForkServerError(f"the shims' fork server could not fork a shim: {said['error']}")
         return int(said["pid"])
+
+    def start(self) -> None:
+        """Start the server now, rather than at the first spawn: it starts an interpreter (about 30 ms of CPU), which
+        a machine's first worker then does not wait for, nor a burst's starts pay for. Returns at once."""
+        with self._lock:
+            self._channel()
 
     def close(self) -> None:
         """End the server: it exits once its end of the socket reads closed (its shims live on)."""

@@ -67,6 +67,10 @@ class ProcessRuntime:
         self._spawned: dict[str, int] = {}
         self._spawned_lock = threading.Lock()
 
+    def prepare(self) -> None:
+        """Start the shims' fork server before the first worker needs it (the agent does, when it starts)."""
+        self._forkserver.start()
+
     def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Start the attempt unless it already exists; returns once its worker started (or already ended).
         A process has no image to pull, and nothing can be mounted into it: mounts are refused."""

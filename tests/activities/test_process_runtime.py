@@ -19,6 +19,7 @@ from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
 from activities.runtime.process import ProcessRuntime, _readable
 from tests.activities.runtimes import check, has_ended, kill_attempts, probe_until, wait_until_ended
 from workers.devserver import free_port
+from workers.services import AgentOptions, make_runtime
 
 
 def key(task: str = "train-0", attempt: int = 1) -> TaskKey:
@@ -376,6 +377,32 @@ def test_shims_are_forked_by_one_server_and_outlive_it(runtime: ProcessRuntime, 
     assert [restarted.observe(key(task)).running for task in ("a-0", "b-0")] == [True, True]
     restarted.stop(key("a-0"), grace_seconds=5)
     assert restarted.observe(key("a-0")) == Observed(running=False, exit_code=143)
+
+
+def fork_servers() -> list[int]:
+    """This process's children that are shims' fork servers."""
+    return [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit()
+        and parent_of(int(entry.name)) == os.getpid()
+        and b"--serve" in (entry / "cmdline").read_bytes().split(b"\0")
+    ]
+
+
+def test_an_agent_s_runtime_starts_its_fork_server_before_its_first_worker(tmp_path: Path) -> None:
+    """The agent's runtime (`make_runtime`) starts the fork server when it is made: a machine's first worker does
+    not wait for an interpreter to start, nor does a burst's first start on each machine pay for one."""
+    before = set(fork_servers())
+    runtime = make_runtime(AgentOptions(name="m-0", data_dir=tmp_path))
+    assert isinstance(runtime, ProcessRuntime)
+    try:
+        [server] = set(fork_servers()) - before
+        runtime.start(key(), Launch(command=["sleep", "60"]))
+        assert parent_of(int((tmp_path / "tasks" / key().slug / "shim.pid").read_text())) == server
+    finally:
+        runtime._forkserver.close()
+        kill_attempts(tmp_path / "tasks")
 
 
 def test_a_fork_server_that_died_is_started_again(runtime: ProcessRuntime, root: Path) -> None:
