@@ -81,7 +81,9 @@ class _Pass:
         self.drives = drives
         self.preempting = preempting
         self.kept: set[JobTaskKey] = set()  # heads keeping their victims' room: waiting, so never victims themselves
-        self._used = usage_by_namespace(allocations)
+        # What each namespace with a quota holds: no other namespace's usage is read (its quota check passes), and
+        # summing every allocation at every pass was half of a pass in a burst (bench/README.md).
+        self._used = usage_by_namespace(a for a in allocations if a.namespace in quotas) if quotas else {}
         self.explainer = Explainer(self.cluster)
         self.reservations = Reservations()
         self.head: TaskRequest | None = None
@@ -181,6 +183,8 @@ class _Pass:
         self.usage(request.namespace).add(request)
 
     def usage(self, namespace: str) -> Usage:
+        """What `namespace` holds, this pass's placements included; counted from the allocations only for a
+        namespace with a quota (for another, only what this pass placed: nothing reads it)."""
         return self._used.setdefault(namespace, Usage())
 
     def decide(self, request: TaskRequest) -> Decision:
