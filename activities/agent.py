@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
@@ -35,7 +36,7 @@ from activities.machine import PressureWatch
 from activities.mesh import Mesh
 from activities.node_network import NodeNetwork
 from activities.prepare import Preparer
-from activities.runtime.base import Runtime, TaskKey
+from activities.runtime.base import Observed, Runtime, TaskKey
 from activities.sessions import SessionRefused, Sessions
 from activities.starter import SetupEnded, Starter
 from workflows import contracts
@@ -417,20 +418,24 @@ class AgentActivities:
         """Its exit, and the longest this agent went unheard while watching it (paused, say)."""
         key = task_key(ref)
         self._attempts.add(key)
-        observed = await asyncio.to_thread(self._runtime.observe, key)
-        if observed.not_found:
-            return TaskExit(not_found=True), 0.0
-        await self._tell_run(ref.namespace, ref.job, contracts.TASK_RUNNING, report)
-        checking = None
-        if readiness is not None:
-            checking = asyncio.ensure_future(self._check_health(ref, readiness))
-        settled_at = time.monotonic() + SETTLED_AFTER_SECONDS
-        # Heartbeats well within the grace, and looks well within a lease (a longer gap means this agent was paused)
-        heartbeat = heartbeat_seconds(settings)
-        settled = min(POLL_SECONDS_SETTLED, heartbeat)
         ended = self._runtime.ended_fd(key)  # a worker whose end wakes this watch needs no polling
-        paused, looked = 0.0, time.monotonic()
+        checking = None
         try:
+            # Nor a look while that end has not come: no thread is asked to look at a worker just started.
+            if ended is not None and not _readable_now(ended):
+                observed = Observed(running=True)
+            else:
+                observed = await asyncio.to_thread(self._runtime.observe, key)
+            if observed.not_found:
+                return TaskExit(not_found=True), 0.0
+            await self._tell_run(ref.namespace, ref.job, contracts.TASK_RUNNING, report)
+            if readiness is not None:
+                checking = asyncio.ensure_future(self._check_health(ref, readiness))
+            settled_at = time.monotonic() + SETTLED_AFTER_SECONDS
+            # Heartbeats well within the grace, and looks well within a lease (a longer gap: this agent was paused)
+            heartbeat = heartbeat_seconds(settings)
+            settled = min(POLL_SECONDS_SETTLED, heartbeat)
+            paused, looked = 0.0, time.monotonic()
             while observed.running:
                 _beat()
                 if ended is None:
@@ -901,6 +906,11 @@ async def _heartbeating(work: Awaitable[T]) -> T:
         beater.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beater
+
+
+def _readable_now(fd: int) -> bool:
+    """Whether `fd` is readable at once (a pidfd: its process ended)."""
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 async def _readable(fd: int, seconds: float) -> bool:

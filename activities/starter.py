@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from activities.capabilities import CapabilitySetup, Services
+from activities.capabilities import CapabilitySetup, Services, SetUp
 from activities.identities import Identities
 from activities.node_network import NodeNetworkUp, network_missing
 from activities.prepare import Preparer, Waiting
@@ -292,7 +292,11 @@ class Starter:
             beat(reported)
             await asyncio.sleep(self._retry_seconds)
         try:  # what the worker requires of its machine, once its drives and secrets are there
-            setup = await asyncio.to_thread(self._capabilities.set_up, group.capabilities)
+            setup = (
+                SetUp()
+                if group.capabilities is None
+                else await asyncio.to_thread(self._capabilities.set_up, group.capabilities)
+            )
             if group.capabilities is not None and group.capabilities.interactive_token:
                 await asyncio.to_thread(self._set_up_sessions, key)
         except RuntimeFailure as failure:
