@@ -302,6 +302,23 @@ async def test_a_watched_worker_that_lives_on_is_not_looked_at_each_heartbeat(ma
     assert len(looks) == 1, f"looked {len(looks)} times"
 
 
+async def test_an_agent_holding_descriptors_past_select_s_limit_watches_its_workers(machine: Machine) -> None:
+    """An agent of many workers holds descriptors past select's 1,024 (a pidfd and a socket or two for each): its
+    watch tells the run the worker runs, then sees it end, all the same."""
+    await start(machine, group(command=["sleep", "0.5"]))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        supervised = SuperviseInput(ref=ref(), settings=Settings(), readiness=None)
+        ended = await ActivityEnvironment().run(machine.agent.supervise_task, supervised)
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert ended.exit_code == 0
+    assert [name for _, name, _ in machine.runs.signals] == ["task_running"]
+
+
 def test_the_process_runtime_hands_a_descriptor_readable_once_the_attempt_ended(machine: Machine) -> None:
     import select
 
