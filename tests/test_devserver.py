@@ -41,6 +41,35 @@ def test_a_taken_port_refuses_the_start_before_anything_is_made(tmp_path: Path) 
     assert not (tmp_path / "data").exists()
 
 
+def test_a_server_that_panics_at_its_start_is_reported_by_its_panic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Go panic ends its log with a stack whose last line says nothing: the error quotes the panic itself. (A
+    stand-in for the binary: the real one cannot be made to panic on demand.)"""
+    panicking = tmp_path / "temporal"
+    panicking.write_text(
+        "#!/bin/sh\n"
+        "echo 'panic: listen tcp 127.0.0.1:7234: bind: address already in use'\n"
+        "echo\n"
+        "echo 'goroutine 1 [running]:'\n"
+        "echo 'main.main()'\n"
+        "echo '\t/home/runner/work/cli/cli/cmd/temporal/main.go:18 +0x8e'\n"
+        "exit 2\n"
+    )
+    panicking.chmod(0o755)
+    monkeypatch.setattr("workers.devserver.temporal_binary", lambda: str(panicking))
+    server = DevServer(tmp_path / "data", port=free_port(), ui_port=None)
+
+    with pytest.raises(DevServerError) as refused:
+        server.start()
+
+    log = tmp_path / "data" / "temporal.log"
+    assert str(refused.value) == (
+        "the Temporal dev server exited with code 2: panic: listen tcp 127.0.0.1:7234: bind: address already in use "
+        f"(its log: {log})"
+    )
+
+
 def test_the_listener_of_a_port_is_told_from_another_process() -> None:
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))

@@ -133,7 +133,7 @@ class DevServer:
             if self.process.poll() is not None:
                 self.stop()
                 raise DevServerError(
-                    f"the Temporal dev server exited with code {self.process.returncode}: {_last_line(self.log)} "
+                    f"the Temporal dev server exited with code {self.process.returncode}: {_why_it_exited(self.log)} "
                     f"(its log: {self.log})"
                 )
             if time.monotonic() > deadline:
@@ -233,12 +233,15 @@ def owns_listener(pid: int, port: int) -> bool | None:
     return bool(listening & held)
 
 
-def _last_line(log: Path) -> str:
+def _why_it_exited(log: Path) -> str:
+    """The log's line that says why the server exited: a Go panic's first line (the stack that follows it ends with
+    `main.go:18 +0x8e`, which says nothing), else its last line."""
     try:
-        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return "(no log)"
-    return lines[-1].strip() if lines else "(an empty log)"
+    panics = [line for line in lines if line.startswith("panic: ")]
+    return panics[-1] if panics else lines[-1] if lines else "(an empty log)"
 
 
 def _listening(port: int) -> bool:
