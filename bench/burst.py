@@ -32,7 +32,7 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-from bench.burst_report import figures, lines, pair_figures, pair_lines
+from bench.burst_report import figures, lines, pair_figures, pair_lines, pair_row
 from bench.cluster import Cluster, Machines
 from bench.common import HistoryFigures, Pauses, ms, now, read_history, run_and_exit
 from bench.floor import Floor, run_floor
@@ -297,6 +297,9 @@ async def bench(options: Options) -> list[str]:
             print(f"pair {pair} of {options.pairs}", file=sys.stderr)
             data_dir = data_dir / f"pair-{pair}" if data_dir is not None else None  # a fresh cluster each time
         results.append(await burst_and_floor(options, data_dir))
+        if options.pairs > 1:  # kept in the output should a later pair fail
+            label, value = pair_row(pair, pair_figures(results[-1]))
+            print(f"{label}: {value}", file=sys.stderr)
     result = results[-1]
     if options.json_path is not None:
         data = figures(result)

@@ -278,20 +278,21 @@ def pair_figures(b: Burst) -> dict[str, Any]:
     }
 
 
+def pair_row(i: int, p: dict[str, Any]) -> tuple[str, str]:
+    """Pair `i`'s headline (`pair_figures`) as a row: its label and its figures."""
+    burst, floor, ratio = p["all_running_seconds"], p["floor_seconds"], p["burst_over_floor"]
+    return (
+        f"pair {i}: all Running / floor / ratio (load at start)",
+        f"{_or_na(burst, '.2f')} s / {_or_na(floor, '.2f')} s / {_or_na(ratio, '.2f')}"
+        f" ({p['load_average']['start']:.2f})",
+    )
+
+
 def pair_lines(bursts: list[Burst]) -> list[str]:
     """Each pair (a burst, then its floor) on a line, and the median ratio: on a shared machine one pair's ratio
     drifts with the others' work, their median less."""
     pairs = [pair_figures(b) for b in bursts]
-    rows = []
-    for i, p in enumerate(pairs, 1):
-        burst, floor, ratio = p["all_running_seconds"], p["floor_seconds"], p["burst_over_floor"]
-        rows.append(
-            (
-                f"pair {i}: all Running / floor / ratio (load at start)",
-                f"{_or_na(burst, '.2f')} s / {_or_na(floor, '.2f')} s / {_or_na(ratio, '.2f')}"
-                f" ({p['load_average']['start']:.2f})",
-            )
-        )
+    rows = [pair_row(i, p) for i, p in enumerate(pairs, 1)]
     ratios = [p["burst_over_floor"] for p in pairs if p["burst_over_floor"] is not None]
     median = f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})" if ratios else "n/a"
     return ["", *table([*rows, (f"median ratio of {len(pairs)} pairs", median)])]

@@ -66,6 +66,8 @@ def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
         "median ratio of 2 pairs",
     ):
         assert label in result.stdout, result.stdout
+    for pair in (1, 2):  # told as each pair ends, so that a later pair's failure loses none of them
+        assert f"pair {pair}: all Running / floor / ratio (load at start): " in result.stderr, result.stderr
     figures = json.loads(figures_file.read_text())
     assert (figures["submitted"], figures["running"]) == (6, 4)
     assert sum(item["runs"] for item in figures["reasons_now"]) == 2
