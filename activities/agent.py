@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import select
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
@@ -36,7 +35,7 @@ from activities.machine import PressureWatch
 from activities.mesh import Mesh
 from activities.node_network import NodeNetwork
 from activities.prepare import Preparer
-from activities.runtime.base import Observed, Runtime, TaskKey
+from activities.runtime.base import Observed, Runtime, TaskKey, readable
 from activities.sessions import SessionRefused, Sessions
 from activities.starter import SetupEnded, Starter
 from workflows import contracts
@@ -422,7 +421,7 @@ class AgentActivities:
         checking = None
         try:
             # Nor a look while that end has not come: no thread is asked to look at a worker just started.
-            if ended is not None and not _readable_now(ended):
+            if ended is not None and not readable(ended, 0):
                 observed = Observed(running=True)
             else:
                 observed = await asyncio.to_thread(self._runtime.observe, key)
@@ -906,14 +905,6 @@ async def _heartbeating(work: Awaitable[T]) -> T:
         beater.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beater
-
-
-def _readable_now(fd: int) -> bool:
-    """Whether `fd` is readable at once (a pidfd: its process ended). By poll, not select: an agent with hundreds
-    of workers holds descriptors past select's 1,024."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 async def _readable(fd: int, seconds: float) -> bool:

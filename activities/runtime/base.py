@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -210,3 +211,11 @@ def forget_attempts(root: Path, keep: Iterable[str]) -> None:
     for directory in root.iterdir():
         if directory.name not in kept:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def readable(fd: int, seconds: float) -> bool:
+    """Whether `fd` is readable (a closed pipe, an ended process's pidfd) within `seconds`. By poll, not select:
+    an agent with hundreds of workers holds descriptors past select's 1,024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(seconds * 1000))

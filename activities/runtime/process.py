@@ -12,7 +12,6 @@ import dataclasses
 import fcntl
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -35,6 +34,7 @@ from activities.runtime.base import (
     ignore_progress,
     port_environment,
     ran_too_long,
+    readable,
 )
 from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from activities.runtime.forkserver import ForkServer, ForkServerError
@@ -263,7 +263,7 @@ class ProcessRuntime:
         """Wait until the shim started the worker (or recorded that it could not); fail if the shim died. The shim
         closes its end of `ready` then, or when it dies: no polling."""
         try:
-            closed = _readable(ready, _START_WAIT_SECONDS)
+            closed = readable(ready, _START_WAIT_SECONDS)
         finally:
             os.close(ready)
         if _exists(directory, "pid") or _exists(directory, "exit"):
@@ -281,7 +281,7 @@ class ProcessRuntime:
         pidfd = self._spawned.get(key.slug)
         if pidfd is None:
             return False
-        if not _readable(pidfd, 0):
+        if not readable(pidfd, 0):
             return True
         del self._spawned[key.slug]
         os.close(pidfd)
@@ -441,14 +441,6 @@ def _runs_shim_of(pid: int, directory: Path) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return os.fsencode(directory) in cmdline.split(b"\0")
-
-
-def _readable(fd: int, seconds: float) -> bool:
-    """Whether `fd` is readable (a closed pipe, an ended process's pidfd) within `seconds`. By poll, not select:
-    an agent with hundreds of workers holds descriptors past select's 1,024."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(seconds * 1000))
 
 
 def _signal_group(directory: Path, signum: int) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import itertools
 import os
+import resource
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -306,6 +307,9 @@ async def test_an_agent_holding_descriptors_past_select_s_limit_watches_its_work
     """An agent of many workers holds descriptors past select's 1,024 (a pidfd and a socket or two for each): its
     watch tells the run the worker runs, then sees it end, all the same."""
     await start(machine, group(command=["sleep", "0.5"]))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048 and (hard == resource.RLIM_INFINITY or hard >= 2048):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))  # room for them wherever the tests run
     held = []
     try:
         while not held or held[-1] < 1100:
@@ -315,6 +319,7 @@ async def test_an_agent_holding_descriptors_past_select_s_limit_watches_its_work
     finally:
         for fd in held:
             os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert ended.exit_code == 0
     assert [name for _, name, _ in machine.runs.signals] == ["task_running"]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
-from activities.runtime.process import ProcessRuntime, _readable
+from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey, readable
+from activities.runtime.process import ProcessRuntime
 from tests.activities.runtimes import check, has_ended, kill_attempts, probe_until, wait_until_ended
 from workers.devserver import free_port
 from workers.services import AgentOptions, make_runtime
@@ -458,7 +458,7 @@ def test_threads_that_look_at_once_at_a_shim_that_just_ended_all_see_it_ended(ru
             held = runtime.ended_fd(key(attempt=attempt))
             if held is None:
                 continue  # it ended before we looked
-            while not _readable(held, 0):  # it ended: now every thread looks at once
+            while not readable(held, 0):  # it ended: now every thread looks at once
                 time.sleep(0.001)
             os.close(held)
             looks = [
