@@ -1,9 +1,9 @@
 """A tiny supervisor of one attempt, like conmon: it outlives the agent and records how its worker ended.
 
 The agent asks its fork server (`python -I -S shim.py --serve`, one per runtime, `activities/runtime/forkserver.py`)
-for each shim: the server forks one per request, in a session of its own, which writes DIR/shim.pid, starts the
-worker and writes DIR/pid, DIR/log and DIR/exit, and closes the agent's pipe once the worker started or could not
-start. A forked shim costs about 3 ms of CPU where a fresh interpreter cost 13 to 16 (one runs per worker). With a
+for each shim: the server forks one per request, in a session of its own, which writes DIR/shim.pid (the server
+answers the agent once it did), starts the worker and writes DIR/pid, DIR/log and DIR/exit, and closes the agent's
+pipe once the worker started or could not start. A forked shim costs about 3 ms of CPU where a fresh interpreter cost 13 to 16 (one runs per worker). With a
 memory cgroup CG (made by the agent, its limit set), the worker joins it before it runs the command; once the worker
 ended the shim writes DIR/oom if the kernel killed anything in it for memory, ends what is left in it and removes
 it. It uses the standard library only, and the fewest modules of it (it forks and execs the worker itself).
@@ -29,7 +29,7 @@ _MAX_REQUEST = 1 << 20  # a request is its command and environment, as JSON
 
 def write_atomically(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` so that a reader sees the whole file or none of it."""
-    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"  # the agent and the shim both write shim.pid
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"  # one writer per file, but a name of its own all the same
     with open(tmp, "w") as file:
         file.write(text)
     os.replace(tmp, path)
@@ -221,21 +221,30 @@ def serve(channel: int = 0) -> None:
         if not message:
             return
         ready = fds[0] if fds else None
+        recorded, recorded_by_shim = os.pipe()
         try:
             pid = os.fork()
         except OSError as err:
-            _close(ready)
+            for fd in (ready, recorded, recorded_by_shim):
+                _close(fd)
             server.send(json.dumps({"error": f"fork: {err.strerror}"}).encode())
             continue
         if pid == 0:
-            _become_shim(server.close, json.loads(message), ready)
+            os.close(recorded)
+            _become_shim(server.close, json.loads(message), ready, recorded_by_shim)
         _close(ready)
+        os.close(recorded_by_shim)
+        # Answered once the shim wrote its pid (or died): an agent that dies after this answer leaves shim.pid for
+        # the next, and no file is written twice (on some disks a new file costs the agent a millisecond of CPU).
+        os.read(recorded, 1)
+        os.close(recorded)
         server.send(json.dumps({"pid": pid}).encode())
 
 
-def _become_shim(leave_server: Callable[[], None], request: dict[str, Any], ready: int | None) -> None:
-    """In the server's child: leave the server (its socket, its session, its ignored SIGCHLD), write DIR/shim.pid,
-    supervise the worker and exit with its code. Never returns into the server's loop."""
+def _become_shim(leave_server: Callable[[], None], request: dict[str, Any], ready: int | None, recorded: int) -> None:
+    """In the server's child: leave the server (its socket, its session, its ignored SIGCHLD), write DIR/shim.pid and
+    close `recorded` (the server answers the agent then), supervise the worker and exit with its code. Never returns
+    into the server's loop."""
     code = 1
     try:
         leave_server()  # its socket
@@ -252,6 +261,7 @@ def _become_shim(leave_server: Callable[[], None], request: dict[str, Any], read
         for fd, target in ((null, 0), (log, 1), (log, 2)):
             os.dup2(fd, target)
         write_atomically("shim.pid", f"{os.getpid()}\n")  # before the worker starts: an agent that dies now finds it
+        os.close(recorded)
         code = supervise(directory, request["command"], request["env"], ready, request["cgroup"])
     except BaseException as err:  # its log says why, where people look
         os.write(2, f"shim: {type(err).__name__}: {err}\n".encode(errors="replace"))

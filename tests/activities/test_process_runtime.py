@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from activities.runtime import process
 from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey, readable
+from activities.runtime.forkserver import ForkServer
 from activities.runtime.process import ProcessRuntime
 from tests.activities.runtimes import check, has_ended, kill_attempts, probe_until, wait_until_ended
 from workers.devserver import free_port
@@ -195,6 +197,33 @@ def test_two_starts_at_once_start_one_process(runtime: ProcessRuntime, tmp_path:
     assert wait_for_text(starts) == "started\n"
     time.sleep(0.2)  # time for a second worker to show itself
     assert starts.read_text() == "started\n"
+
+
+def test_a_start_makes_each_file_of_its_attempt_once_and_locks_its_directory(
+    runtime: ProcessRuntime, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new file can cost a start more CPU than the rest of it (ext4 without a journal, bench/README.md): the
+    attempt's files are launch.json (the agent's), log, shim.pid and pid (the shim's), each made once. The lock is
+    the directory's, and shim.pid is there, written by the shim, when the fork server answers."""
+    written: list[str] = []
+    write = process.write_atomically
+    monkeypatch.setattr(process, "write_atomically", lambda path, text: (written.append(str(path)), write(path, text)))
+    at_answer: list[str] = []
+    spawn = ForkServer.spawn
+
+    def spawned(server: ForkServer, directory: Path, *rest: object) -> int:
+        pid = spawn(server, directory, *rest)  # type: ignore[arg-type]
+        at_answer.append((directory / "shim.pid").read_text())
+        return pid
+
+    monkeypatch.setattr(ForkServer, "spawn", spawned)
+    runtime.start(key(), Launch(command=["sleep", "60"]))
+
+    shim = int((root / key().slug / "shim.pid").read_text())
+    assert at_answer == [f"{shim}\n"]
+    assert written == []
+    assert sorted(os.listdir(root / key().slug)) == ["launch.json", "log", "pid", "shim.pid"]
+    assert runtime.observe(key()).running
 
 
 def test_a_restarted_agent_finds_its_running_attempt_and_later_its_exit_code(root: Path, tmp_path: Path) -> None:
