@@ -97,6 +97,12 @@ class Preparer:
         mounts += self._write_files(key, files)
         return Prepared(env=env, mounts=mounts, registry_auth=auth)
 
+    @staticmethod
+    def touches_files(group: GroupSpec) -> bool:
+        """Whether preparing the group reads or writes a file (a drive, a secret, the registry credential); a group
+        with none of them is prepared at once, with nothing to wait for."""
+        return bool(group.drives or group.secrets or group.registry_secret is not None)
+
     def forget(self, keep: Iterable[str]) -> None:
         """Remove the files of every attempt but those in `keep` (slugs): attempts that ended need none."""
         forget_attempts(self.config_root, keep)

@@ -22,7 +22,7 @@ from typing import Any
 from activities.capabilities import CapabilitySetup, Services, SetUp
 from activities.identities import Identities
 from activities.node_network import NodeNetworkUp, network_missing
-from activities.prepare import Preparer, Waiting
+from activities.prepare import Prepared, Preparer, Waiting
 from activities.runtime.base import (
     Launch,
     Mount,
@@ -219,10 +219,16 @@ class Starter:
             launch = dataclasses.replace(launch, host_network=host_network and launch.network is None, network_ip=held)
             if key.slug not in self._pulled and key.slug not in self._starting:
                 self._not_stopped(key)
-                pulling = asyncio.ensure_future(
-                    self._call(key, lambda progress: self._runtime.ensure_image(launch, progress), reported)
-                )
-                await self._beat_until_done(key, pulling, beat)
+                if self._runtime.pulls_images:
+                    pulling = asyncio.ensure_future(
+                        self._call(key, lambda progress: self._runtime.ensure_image(launch, progress), reported)
+                    )
+                    await self._beat_until_done(key, pulling, beat)
+                else:  # it only checks the launch: no thread
+                    try:
+                        self._runtime.ensure_image(launch)
+                    except RuntimeFailure as failure:
+                        raise SetupEnded(failure.reason) from None
                 self._pulled.add(key.slug)
             self._not_stopped(key)  # nothing is awaited from here to the start
         except BaseException:
@@ -271,11 +277,12 @@ class Starter:
             ports = await self._assign_ports(key, group)
             catalogue = await self._catalogue() if self._catalogue is not None and placed_drives(group) else None
             try:
-                outcome = (
-                    Waiting(R.WaitingForExternalPort())
-                    if ports is None
-                    else await asyncio.to_thread(self._preparer.prepare, key, group, catalogue)
-                )
+                if ports is None:
+                    outcome: Prepared | Waiting = Waiting(R.WaitingForExternalPort())
+                elif not self._preparer.touches_files(group):  # nothing to read or write: no thread
+                    outcome = self._preparer.prepare(key, group, catalogue)
+                else:
+                    outcome = await asyncio.to_thread(self._preparer.prepare, key, group, catalogue)
             except RuntimeFailure as failure:
                 raise SetupEnded(failure.reason) from None
             network = self._joined_network(group)

@@ -155,6 +155,9 @@ class Runtime(Protocol):
     """Starts, watches and stops one attempt of a worker. Every method is idempotent."""
 
     name: str
+    # Whether `ensure_image` may pull an image (and so take long): the agent calls it on a thread. Without images it
+    # only checks the launch, and is called at once.
+    pulls_images: bool
 
     def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Start the attempt unless it already exists (running or ended); never start one twice.

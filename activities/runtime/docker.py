@@ -78,6 +78,7 @@ class DockerRuntime:
     """Runs attempts as containers of the Docker engine at `base_url` (default: $DOCKER_HOST, else the socket)."""
 
     name = "docker"
+    pulls_images = True
 
     def __init__(self, node: str, base_url: str | None = None, timeout_seconds: int = 60) -> None:
         self.node = node

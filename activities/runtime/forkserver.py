@@ -36,8 +36,8 @@ class ForkServer:
     def spawn(self, directory: Path, command: list[str], env: dict[str, str], cgroup: Path | None, ready: int) -> int:
         """Fork a shim for the attempt in `directory`: it writes its pid there (before this returns), starts
         `command` with `env` (in `cgroup`, if given) and closes `ready` (the write end of the agent's pipe, sent to
-        it here; the caller keeps and closes its own copy). Returns the shim's pid. A request the server may have taken is never sent
-        again: the shim it forked would start the worker twice."""
+        it here; the caller keeps and closes its own copy). Returns the shim's pid. A request the server may have
+        taken is never sent again: the shim it forked would start the worker twice."""
         request = json.dumps(
             {"dir": str(directory), "command": command, "env": env, "cgroup": None if cgroup is None else str(cgroup)}
         ).encode()

@@ -57,6 +57,7 @@ class ProcessRuntime:
     own (`memory`: where, or why it cannot)."""
 
     name = "process"
+    pulls_images = False
 
     def __init__(self, root: Path, memory: MemoryCgroups | Unenforced | None = None) -> None:
         self.root = root

@@ -75,6 +75,43 @@ async def test_gpus_are_given_healthy_first_then_at_risk_never_faulted(machine: 
     assert machine.runtime.gpus_in_use() == {key("a").slug: [0, 3], key("b").slug: [1]}
 
 
+async def test_a_plain_worker_s_setup_hands_to_threads_only_the_look_at_held_gpus_and_its_start(
+    machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker with no drive, secret or registry credential, on a runtime without images, has nothing to prepare or
+    pull that could block: that part of its setup runs on the event loop. In a burst each hand-off to a thread
+    costs the agent CPU (bench/README.md)."""
+    handed: list[str] = []
+    to_thread, loop = asyncio.to_thread, asyncio.get_running_loop()
+    run_in_executor = loop.run_in_executor
+
+    async def counted_to_thread(function: Any, /, *args: Any) -> Any:
+        handed.append(function.__name__)
+        return await to_thread(function, *args)
+
+    def counted_executor(executor: Any, function: Any, *args: Any) -> Any:
+        if executor is not None:  # the starter's own threads (asyncio.to_thread, counted above, uses the default)
+            handed.append("its own threads")
+        return run_in_executor(executor, function, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", counted_to_thread)
+    monkeypatch.setattr(loop, "run_in_executor", counted_executor)
+    assert await machine.start(key(), group(gpus=1)) == [0]
+
+    assert handed == ["gpus_in_use", "its own threads"]  # the start
+    assert machine.runtime.observe(key()).running
+
+
+async def test_a_launch_the_runtime_cannot_run_ends_the_setup_before_its_start(machine: Machine) -> None:
+    spec = group(drives=[{"name": "data", "volume": "data", "mount_path": "/data"}])
+    with pytest.raises(SetupEnded) as ended:
+        await machine.start(key(), spec)
+
+    error = "the process runtime cannot mount drives or files (/data); run it on a docker machine"
+    assert ended.value.reason.text == f"Invalid task: {error}"
+    assert machine.runtime.attempts() == []
+
+
 async def test_a_retried_start_finds_the_attempt_it_started(machine: Machine) -> None:
     first = await machine.start(key(), group(gpus=1))
 
