@@ -26,6 +26,8 @@ Sample = dict[tuple[str, Labels], float]
 
 WRITE = "UpdateWorkflowExecution"  # a workflow's mutable state written: every task, signal and heartbeat
 SHOWN = 6  # operations listed by name; the rest are counted in the total
+SLOT = "ShardInfo"  # the history shard's I/O semaphore (`history.shardIOConcurrency`, 1): every write waits for it
+LOCK = "HistoryCacheGetOrCreate"  # a workflow's lock, held from its load through its write
 QUIET_ERRORS = ("serviceerror_NotFound",)  # a task queue or record looked up before it exists: normal
 LOGGED = re.compile(r'level=(WARN|ERROR) msg="([^"]*)"(?:.*?error="([^"]{0,60}))?')
 FLUSH_SECONDS = 1.5  # the server publishes its counters about every second: a scrape sees them that late
@@ -38,6 +40,10 @@ NEEDED = (
     "visibility_persistence_requests",
     "persistence_error_with_type",
     "persistence_latency",
+    "visibility_persistence_latency",
+    "service_latency",
+    "semaphore_latency",
+    "history_workflow_execution_cache_lock_hold_duration",
 )
 _NEEDED_LINES = NEEDED + tuple(f"# {kind} {name}" for kind in ("HELP", "TYPE") for name in NEEDED)
 
@@ -79,6 +85,10 @@ class ServerOps:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)  # "operation: error type"
     write_ms: dict[str, float | None] = field(default_factory=dict)  # UpdateWorkflowExecution: p50, p99 (bucket)
     logged: collections.Counter[str] = field(default_factory=collections.Counter)  # its log's warnings and errors
+    persistence_ms: collections.Counter[str] = field(default_factory=collections.Counter)  # by operation
+    served_ms: collections.Counter[str] = field(default_factory=collections.Counter)  # frontend, by operation
+    slot: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the shard's I/O slot: ms waited, waits
+    lock: list[float] = field(default_factory=lambda: [0.0, 0.0])  # workflows' locks: ms held, holds
 
     def figures(self, per: int) -> dict[str, Any]:
         per = max(per, 1)
@@ -89,6 +99,11 @@ class ServerOps:
             "errors": dict(self.errors.most_common()),
             "write_ms": self.write_ms,
             "logged": dict(self.logged.most_common()),
+            "persistence_ms_per_run": {k: v / per for k, v in self.persistence_ms.most_common()},
+            "served_ms_per_request": {k: v / max(self.requests[k], 1) for k, v in self.served_ms.most_common()},
+            "slot_waits_per_run": self.slot[1] / per,
+            "slot_wait_ms": _mean(self.slot),
+            "lock_held_ms": _mean(self.lock),
         }
 
     def rows(self, title: str, per: int) -> list[tuple[str, str]]:
@@ -104,6 +119,12 @@ class ServerOps:
                 f"{_ms(p50)} / {_ms(p99)}",
             ),
             (f"{title}: persistence errors", f"{errors}" + (f" ({_list(self.errors)})" if errors else "")),
+            (f"{title}: persistence time, ms per run", _top(self.persistence_ms, per)),
+            (f"{title}: time to serve a request, ms", _each(self.served_ms, self.requests)),
+            (
+                f"{title}: the shard's I/O slot: waits per run / mean wait; a workflow's lock held, mean",
+                f"{self.slot[1] / per:.1f} / {_mean_ms(self.slot)}; {_mean_ms(self.lock)}",
+            ),
         ]
         rows += [(f"{title}: logged", f"{n} x {what}") for what, n in self.logged.most_common(SHOWN)]
         return rows
@@ -126,6 +147,16 @@ def between(before: Sample, after: Sample) -> ServerOps:
             ops.visibility[operation] += round(grown)
         elif name == "persistence_error_with_type" and label.get("error_type") not in QUIET_ERRORS:
             ops.errors[f"{operation}: {label.get('error_type', '?')}"] += round(grown)
+        elif name == "persistence_latency_sum":
+            ops.persistence_ms[operation] += round(grown * 1000)
+        elif name == "visibility_persistence_latency_sum":
+            ops.persistence_ms[f"visibility {operation}"] += round(grown * 1000)
+        elif name == "service_latency_sum" and label.get("service_name") == "frontend":
+            ops.served_ms[operation] += round(grown * 1000)
+        elif name.startswith("semaphore_latency_") and operation == SLOT:
+            _add_timer(ops.slot, name, grown)
+        elif name.startswith("history_workflow_execution_cache_lock_hold_duration_") and operation == LOCK:
+            _add_timer(ops.lock, name, grown)
         elif name == "persistence_latency_bucket" and operation == WRITE:
             buckets[float(label["le"])] += grown
     ops.write_ms = {"p50": _quantile(buckets, 0.5), "p99": _quantile(buckets, 0.99)}
@@ -159,6 +190,30 @@ def _top(counter: collections.Counter[str], per: int) -> str:
     total = sum(counter.values()) / per
     shown = ", ".join(f"{k} {v / per:.1f}" for k, v in counter.most_common(SHOWN))
     return f"{total:.1f} ({shown})" if shown else "0"
+
+
+def _each(total_ms: collections.Counter[str], calls: collections.Counter[str]) -> str:
+    """The mean time of the most frequent calls: `Start 300, Signal 140`."""
+    shown = [(k, total_ms[k] / n) for k, n in calls.most_common() if total_ms.get(k) and not k.startswith("Poll")]
+    return ", ".join(f"{k} {v:.0f}" for k, v in shown[:SHOWN]) or "n/a"
+
+
+def _add_timer(total_and_count: list[float], name: str, grown: float) -> None:
+    """A timer's growth: its `_sum` (seconds, kept in ms) or its `_count`; its buckets are not read."""
+    if name.endswith("_sum"):
+        total_and_count[0] += grown * 1000
+    elif name.endswith("_count"):
+        total_and_count[1] += grown
+
+
+def _mean(total_and_count: list[float]) -> float | None:
+    total, count = total_and_count
+    return total / count if count else None
+
+
+def _mean_ms(total_and_count: list[float]) -> str:
+    mean = _mean(total_and_count)
+    return "n/a" if mean is None else f"{mean:.1f} ms"
 
 
 def _list(counter: collections.Counter[str]) -> str:

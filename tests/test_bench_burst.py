@@ -60,6 +60,9 @@ def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
         "server: requests, per run",
         "server: persistence operations, per run",
         "server: visibility store operations, per run",
+        "server: persistence time, ms per run",
+        "server: time to serve a request, ms",
+        "server: the shard's I/O slot: waits per run / mean wait; a workflow's lock held, mean",
         "floor: server: requests, per run",
         "pair 1: all Running / floor / ratio (load at start)",
         "pair 2: all Running / floor / ratio (load at start)",
@@ -77,6 +80,8 @@ def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
     assert figures["server"]["persistence_per_run"]["UpdateWorkflowExecution"] > 1
     assert sum(figures["server"]["visibility_per_run"].values()) >= 1  # each start is a visibility record
     assert figures["floor"]["server"]["requests_per_run"]["StartWorkflowExecution"] >= 1
+    assert figures["server"]["served_ms_per_request"]["StartWorkflowExecution"] > 0
+    assert figures["server"]["slot_waits_per_run"] > 1  # every write waits its turn, if only for no time
     assert [pair["burst_over_floor"] > 0 for pair in figures["pairs"]] == [True, True]
     assert sorted(path.name for path in (tmp_path / "c").iterdir()) == ["pair-1", "pair-2"]  # a fresh cluster each
 
@@ -142,6 +147,44 @@ def test_the_servers_counters_are_told_between_two_scrapes() -> None:
     assert ops.figures(10)["requests_per_run"] == {"StartWorkflowExecution": 1.0}
 
 
+def test_the_servers_times_are_told_per_run_per_request_and_per_wait() -> None:
+    """Where the server's time goes between two scrapes: each persistence operation's time (the visibility store's
+    named as such), a frontend request's mean time, the waits for the shard's I/O slot and a workflow lock's hold.
+    Timers are in seconds; the figures in ms."""
+    from bench.server_metrics import between, parse
+
+    def scraped(scale: int) -> str:
+        return (
+            "# TYPE service_requests counter\n"
+            f'service_requests{{operation="SignalWorkflowExecution",service_name="frontend"}} {4 * scale}\n'
+            "# TYPE service_latency histogram\n"
+            f'service_latency_sum{{operation="SignalWorkflowExecution",service_name="frontend"}} {0.2 * scale}\n'
+            f'service_latency_sum{{operation="RecordWorkflowTaskStarted",service_name="history"}} {9 * scale}\n'
+            "# TYPE persistence_latency histogram\n"
+            f'persistence_latency_sum{{operation="GetWorkflowExecution"}} {0.03 * scale}\n'
+            "# TYPE visibility_persistence_latency histogram\n"
+            f'visibility_persistence_latency_sum{{operation="UpsertWorkflowExecution"}} {0.05 * scale}\n'
+            "# TYPE semaphore_latency histogram\n"
+            f'semaphore_latency_sum{{operation="ShardInfo"}} {1.5 * scale}\n'
+            f'semaphore_latency_count{{operation="ShardInfo"}} {30 * scale}\n'
+            f'semaphore_latency_bucket{{operation="ShardInfo",le="+Inf"}} {30 * scale}\n'
+            "# TYPE history_workflow_execution_cache_lock_hold_duration histogram\n"
+            'history_workflow_execution_cache_lock_hold_duration_sum{operation="HistoryCacheGetOrCreate"}'
+            f" {0.4 * scale}\n"
+            'history_workflow_execution_cache_lock_hold_duration_count{operation="HistoryCacheGetOrCreate"}'
+            f" {20 * scale}\n"
+        )
+
+    figures = between(parse(scraped(1)), parse(scraped(3))).figures(10)
+    assert figures["persistence_ms_per_run"] == {
+        "visibility UpsertWorkflowExecution": 10.0,
+        "GetWorkflowExecution": 6.0,
+    }
+    assert figures["served_ms_per_request"] == {"SignalWorkflowExecution": 50.0}  # history's own are not the frontend's
+    told = (figures["slot_waits_per_run"], figures["slot_wait_ms"], figures["lock_held_ms"])
+    assert told == pytest.approx((6.0, 50.0, 20.0))
+
+
 def test_the_servers_log_is_counted_from_where_the_window_began(tmp_path: Path) -> None:
     """A write that failed names its error; what came before the window, and what is not a warning, is not told."""
     from bench.server_metrics import logged
@@ -180,3 +223,25 @@ def test_each_kind_of_problem_names_a_few_of_its_runs() -> None:
         f"run: {timed_out}": ["run-0000", "run-0001", "run-0002"],
         "run: run_task in flight, retrying (Heartbeat timeout)": ["run-0005"],
     }
+
+
+def test_the_servers_profile_names_its_go_functions_and_who_asked_sqlite() -> None:
+    """The pip package's `temporal` is stripped; its Go function table names each address of a perf sample (given
+    from where the binary is loaded), and the samples inside SQLite are told by the store method that asked."""
+    from bench.server_profile import GoSymbols, call_chains, report
+    from workers.devserver import temporal_binary
+
+    symbols = GoSymbols(Path(temporal_binary()).resolve())
+    upsert = "go.temporal.io/server/common/persistence/visibility/store/sql.(*VisibilityStore).UpsertWorkflowExecution"
+    write = "go.temporal.io/server/common/persistence/sql.(*sqlExecutionStore).UpdateWorkflowExecution"
+    step = "modernc.org/sqlite/lib.Xsqlite3_step"
+    for name in ("runtime.goexit", upsert, write, step):
+        assert symbols.name(symbols.start_of(name) + 1) == name
+    at = {name: f"{symbols.start_of(name) + 5 - symbols.load_address:x}" for name in (upsert, write, step)}
+    samples = [[step, upsert], [step, write], [step, upsert], [write]]  # innermost first, as perf tells them
+    script = "\n\n".join("\n".join(f"\t{at[frame]}" for frame in sample) for sample in samples)
+    chains = call_chains(script.splitlines(), symbols)
+    assert chains[1] == [step, write]
+    lines = report(chains, top=5)
+    assert "inside SQLite: 75.0% of the samples, asked for by:" in lines
+    assert lines[-2:] == ["   66.7%  visibility UpsertWorkflowExecution", "   33.3%  UpdateWorkflowExecution"]
