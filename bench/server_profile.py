@@ -1,6 +1,6 @@
 """Where the dev server spends its CPU, from a `perf record -g` of its process.
 
-`python -m bench.server_profile PERF_DATA [--binary PATH] [--top N]`
+`perf script -F ip -i PERF_DATA | python -m bench.server_profile [--binary PATH] [--top N]`
 
 The `temporal` binary of the pip package is stripped, so perf names none of its functions. A Go binary keeps its
 function table for its own stack traces (`.gopclntab`), and this reads it: each sample's call chain gets Go names.
@@ -8,7 +8,7 @@ It prints the functions that most samples pass through (inclusive), and the time
 for it: the visibility store's writes (`visibility ...`) or the history's own persistence operations.
 
     perf record -F 299 -g -p SERVER_PID -o server.data -- sleep 10
-    python -m bench.server_profile server.data
+    perf script -F ip -i server.data | python -m bench.server_profile
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import bisect
 import collections
 import re
 import struct
-import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -36,7 +36,7 @@ class GoSymbols:
     """Function names by address, from an executable's `.gopclntab`."""
 
     def __init__(self, binary: Path) -> None:
-        sections = _sections(binary)
+        sections, self.load_address = _elf(binary)  # perf tells addresses from the load address
         text, (_, table_offset, table_size) = sections[".text"][0], sections[".gopclntab"]
         with binary.open("rb") as f:
             f.seek(table_offset)
@@ -54,7 +54,6 @@ class GoSymbols:
         entries.sort()
         self._starts = [start for start, _ in entries]
         self._names = [name for _, name in entries]
-        self.load_address = _load_address(binary)  # perf tells addresses from here
 
     def start_of(self, name: str) -> int:
         start: int = self._starts[self._names.index(name)]
@@ -65,39 +64,33 @@ class GoSymbols:
         return self._names[i] if i >= 0 else "?"
 
 
-def _sections(binary: Path) -> dict[str, tuple[int, int, int]]:
-    """Each section's address, file offset and size, from the ELF-64 header of the executable."""
+def _elf(binary: Path) -> tuple[dict[str, tuple[int, int, int]], int]:
+    """From an ELF-64 executable's headers: each section's address, file offset and size, and where its first
+    loaded segment goes (0x400000 for Go's static binaries)."""
     with binary.open("rb") as f:
         header = f.read(64)
         if header[:5] != b"\x7fELF\x02":
             raise ValueError(f"{binary}: not a 64-bit ELF executable")
-        (offset,) = struct.unpack_from("<Q", header, 0x28)
-        size, count, names_index = struct.unpack_from("<HHH", header, 0x3A)
-        f.seek(offset)
-        table = f.read(size * count)
-        headers = [struct.unpack_from("<IIQQQQ", table, i * size) for i in range(count)]
-        _, _, _, _, names_offset, names_size = headers[names_index]
-        f.seek(names_offset)
+        (segments_at,) = struct.unpack_from("<Q", header, 0x20)
+        (sections_at,) = struct.unpack_from("<Q", header, 0x28)
+        segment_size, segment_count, section_size, section_count, names_index = struct.unpack_from(
+            "<HHHHH", header, 0x36
+        )
+        f.seek(segments_at)
+        segments = [struct.unpack_from("<IIQQ", f.read(segment_size)) for _ in range(segment_count)]
+        f.seek(sections_at)
+        sections = [struct.unpack_from("<IIQQQQ", f.read(section_size)) for _ in range(section_count)]
+        _, _, _, _, names_at, names_size = sections[names_index]
+        f.seek(names_at)
         names = f.read(names_size)
-    return {
+    loaded = [address for kind, _, _, address in segments if kind == 1]  # PT_LOAD
+    if not loaded:
+        raise ValueError(f"{binary}: no loaded segment")
+    by_name = {
         names[name : names.index(b"\0", name)].decode(): (address, at, length)
-        for name, _, _, address, at, length in headers
+        for name, _, _, address, at, length in sections
     }
-
-
-def _load_address(binary: Path) -> int:
-    """Where the executable's first loaded segment goes (0x400000 for Go's static binaries)."""
-    with binary.open("rb") as f:
-        header = f.read(64)
-        (offset,) = struct.unpack_from("<Q", header, 0x20)
-        size, count = struct.unpack_from("<HH", header, 0x36)
-        f.seek(offset)
-        table = f.read(size * count)
-    for i in range(count):
-        kind, _, _, address = struct.unpack_from("<IIQQ", table, i * size)
-        if kind == 1:  # PT_LOAD
-            return int(address)
-    raise ValueError(f"{binary}: no loaded segment")
+    return by_name, int(loaded[0])
 
 
 def call_chains(perf_script: Iterable[str], symbols: GoSymbols) -> list[list[str]]:
@@ -142,15 +135,11 @@ def _asker(chain: list[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.server_profile", description=__doc__.splitlines()[0])
-    parser.add_argument("perf_data", type=Path, help="a perf.data of the dev server, recorded with -g")
     parser.add_argument("--binary", type=Path, help="the server's executable (the pip package's temporal)")
     parser.add_argument("--top", type=int, default=30, help="lines in each list (30)")
     args = parser.parse_args(argv)
     symbols = GoSymbols(args.binary or Path(temporal_binary()).resolve())
-    script = subprocess.run(
-        ["perf", "script", "-i", str(args.perf_data), "-F", "ip"], capture_output=True, text=True, check=True
-    ).stdout
-    print("\n".join(report(call_chains(script.splitlines(), symbols), args.top)))
+    print("\n".join(report(call_chains(sys.stdin, symbols), args.top)))
 
 
 if __name__ == "__main__":

@@ -245,3 +245,9 @@ def test_the_servers_profile_names_its_go_functions_and_who_asked_sqlite() -> No
     lines = report(chains, top=5)
     assert "inside SQLite: 75.0% of the samples, asked for by:" in lines
     assert lines[-2:] == ["   66.7%  visibility UpsertWorkflowExecution", "   33.3%  UpdateWorkflowExecution"]
+    # As bench/README.md runs it: `perf script -F ip -i PERF_DATA | python -m bench.server_profile`
+    told = subprocess.run(
+        [sys.executable, "-m", "bench.server_profile"], input=script, cwd=ROOT, capture_output=True, text=True
+    )
+    assert told.returncode == 0, told.stderr
+    assert told.stdout.splitlines() == report(chains, top=30)  # its default --top
