@@ -12,6 +12,7 @@ from temporalio.client import Client
 
 import workers.client
 from workers.client import AstraeusClient
+from workers.connect import connect
 from workers.devserver import free_port
 from workers.embedded import Embedded
 from workflows.domain.spec import JobSpec, job_id, parse_spec
@@ -39,7 +40,7 @@ async def test_submits_beside_the_control_plane_start_eagerly_at_most_eager_star
         names = [f"burst-{i}" for i in range(5)]
         await asyncio.gather(*(client.submit(spec(n)) for n in names))  # two in flight eager, three not
         await client.submit(spec("after"))  # none in flight: eager again
-        async with AstraeusClient(await Client.connect(embedded.server.address)) as apart:  # no worker of its own
+        async with AstraeusClient(await connect(embedded.server.address)) as apart:  # as the CLI connects: no worker
             await apart.submit(spec("apart"))
         eager = {n: await eagerly_started(embedded.client, n) for n in [*names, "after", "apart"]}
         assert eager == {
