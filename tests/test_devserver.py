@@ -25,6 +25,15 @@ from workers.devserver import DevServer, DevServerError, free_port, owns_listene
 from workflows.contracts import STATE_KEY
 
 
+def test_free_ports_are_below_the_ephemeral_range_free_and_not_handed_out_twice() -> None:
+    """A port the kernel could hand to another process's `bind(0)` (another dev server's inner ports) before our
+    server listens is never chosen: CI once saw a dev server's port taken so."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == 200
+    assert all(10_000 <= port < low and port_free(port) for port in ports)
+
+
 def test_a_taken_port_refuses_the_start_before_anything_is_made(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import os
+import random
 import shutil
 import signal
 import socket
@@ -35,10 +37,33 @@ def temporal_binary() -> str:
     return found
 
 
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=256)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port that nothing listens on now, for a server about to start. Chosen below the kernel's ephemeral
+    range: a port from that range can be handed to any other process's `bind(0)` or outgoing connection (another
+    dev server choosing its inner ports, say) between this answer and the server's listen, and was, in CI. Not one
+    of the last ports this process handed out, which may not be listened on yet."""
+    low = _ephemeral_low()
+    if low is None or low <= 10_000:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+    else:
+        port = random.randrange(10_000, low)
+        while port in _HANDED_OUT or not port_free(port):
+            port = random.randrange(10_000, low)
+    _HANDED_OUT.append(port)
+    return port
+
+
+def _ephemeral_low() -> int | None:
+    """The lowest port the kernel hands out for `bind(0)` and outgoing connections; None where it cannot tell."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 # SQLite as the embedded default runs it: a write-ahead log, synced at checkpoints rather than at every commit. A
@@ -245,6 +270,8 @@ def _why_it_exited(log: Path) -> str:
 
 
 def _listening(port: int) -> bool:
+    """A connection to 127.0.0.1:`port` is accepted. Not a connection to itself: with nothing listening, a connect
+    whose own port the kernel picks equal to `port` (one in the ephemeral range) meets itself and succeeds."""
     with socket.socket() as s:
         s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return s.connect_ex(("127.0.0.1", port)) == 0 and s.getsockname() != s.getpeername()

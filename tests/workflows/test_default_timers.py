@@ -98,7 +98,7 @@ async def test_a_silent_worker_is_stale_after_15_s_and_down_after_its_60_s_ttl(
         handle = env.client.get_workflow_handle_for(JobWorkflow.run, job.job_id)
         await until_stale(handle)
         await env.client.test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
-        status = await asyncio.wait_for(run_result(handle), timeout=15)
+        status = await asyncio.wait_for(run_result(handle), timeout=90)  # some 60 watches, each a round trip
         described = await handle.query("describe", result_type=JobDescription)
 
     history = described.tasks[0].history
@@ -108,9 +108,10 @@ async def test_a_silent_worker_is_stale_after_15_s_and_down_after_its_60_s_ttl(
         ("Down", "No heartbeat for the worker's full TTL after going stale"),
     ]
     running, stale, down = (entry.at for entry in history[-3:])
-    # The grace counts from the watch's start, just before it reported the worker running.
-    assert timedelta(seconds=14) < stale - running <= timedelta(seconds=15)
-    assert timedelta(seconds=60) <= down - stale < timedelta(seconds=61)
+    # The grace counts from the watch's start, just before it reported the worker running; each mark is when the
+    # workflow task that saw it started, a little later on a loaded machine (2 s allowed: CI's 2 cores).
+    assert timedelta(seconds=14) < stale - running < timedelta(seconds=17), history
+    assert timedelta(seconds=60) <= down - stale < timedelta(seconds=62), history
     assert agent.watches >= 50  # watched again every second of the TTL, in vain
     assert (status.state, status.reason) == (
         "Failed",
