@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,15 +12,11 @@ from pathlib import Path
 
 import yaml
 
+from workers.devserver import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "activities" / "runtime" / "programs" / "allreduce.py"
 WAIT_SECONDS = 8.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def environment(**variables: str | int | None) -> dict[str, str]:
