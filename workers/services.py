@@ -418,13 +418,15 @@ def _unprocessed(cause: BaseException) -> bool:
 
 LEASE_HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
-# Polls a machine's agent keeps waiting on its queue: as many as the starts a burst sends a machine at once (the
-# scheduler packs runs, so a machine of 8 GPUs gets its 8 one-GPU runs together). With one, its starts were taken
-# one poll round trip at a time: in a burst of 500 on 64 x 8, "Placed" to "Picked up" took a median of 0.68 s
-# and 0.42 s with 8 (bench/README.md). Earlier, when the server's writes took over a second, more pollers lost
-# tasks: the server recorded a task started for a poll that had gone (14 of 200 runs with 5); its writes now take
-# at most 50 ms in such a burst, and none was lost.
-MACHINE_POLLERS = 8
+# Polls a machine's agent keeps waiting on its queue. The scheduler packs a burst, so a machine of 8 GPUs gets its 8
+# one-GPU runs together. A start that meets a waiting poll (a sync match) must be recorded started within 1 s (the
+# server's matching engine); when the server's writes take longer, the write lands but the poll never gets the task,
+# and its run waits out the heartbeat timeout (15 s). A start that waits for the next poll in the queue's backlog has
+# 10 s. With 8 polls every start of a machine met one; with 4, half do. On a slow day (the server's mean wait for its
+# I/O slot 280 to 410 ms), taking turns, 8 polls lost 25 starts in 6 bursts of 500 and 4 polls lost 5, with "Placed"
+# to "Picked up" as quick (a median of 0.8 s); 2 polls lost 6 in 6 but took 1.2 s. With one poll, a machine's starts
+# were taken one poll round trip at a time (bench/README.md).
+MACHINE_POLLERS = 4
 
 
 class Agent:
