@@ -25,6 +25,35 @@ BIN = Path(sys.executable).parent
 REQUIRE_ALL = "REQUIRE_ALL_SUITES"
 
 
+# `make test` runs the suite on two processes (pytest-xdist, `--dist loadgroup`), each taking whole groups of tests.
+# A module is a group, so that its module fixtures start once. The modules below, and those whose tests use a
+# fixture below, use what this machine has only one of; they make one group, whose tests run one after another.
+ONE_PER_MACHINE = {
+    "tests.integration.test_one_cluster": "the default ports 7233, 8233 and 7245, which it checks are free",
+    "tests.integration.test_demo": "`make demo` takes the default ports when they are free",
+    "tests.integration.test_install": "`astraeus dev` from the wheel, with what it does not take a flag for",
+    "tests.integration.test_network_and_capabilities": "network namespaces, veth links and routes named by attempt",
+}
+ONE_PER_MACHINE_FIXTURES = (
+    "docker_engine",  # an engine's networks are bridges of this machine's, its mounts are this machine's
+    "memory_cgroups",  # a worker's cgroup is named by its attempt, under one `astraeus` cgroup for the machine
+)
+MACHINE_GROUP = "one-per-machine"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test's group for pytest-xdist: its module's, or the one-per-machine group's (ONE_PER_MACHINE)."""
+    shared = {_module(item) for item in items if set(getattr(item, "fixturenames", ())) & set(ONE_PER_MACHINE_FIXTURES)}
+    shared |= ONE_PER_MACHINE.keys()
+    for item in items:
+        group = MACHINE_GROUP if _module(item) in shared else _module(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _module(item: pytest.Item) -> str:
+    return item.module.__name__ if isinstance(item, pytest.Function) else item.nodeid.split("::")[0]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
