@@ -31,7 +31,7 @@ REQUIRE_ALL_SUITES ?= 1
 # and timers. tests/conftest.py keeps each module on one process and the tests that share this machine's one-of-a-kind
 # things (default ports, the Docker engine, network namespaces, memory cgroups) on one, one after another.
 TEST_PROCESSES ?= 2
-PARALLEL := -n $(TEST_PROCESSES) --dist loadgroup
+PARALLEL := -n $(TEST_PROCESSES)
 
 test: $(STAMP) lint typecheck engine
 	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q $(PARALLEL)
