@@ -32,8 +32,6 @@ REQUIRE_ALL = "REQUIRE_ALL_SUITES"
 # use what this machine has only one of; they make one group, whose tests run one after another.
 ONE_PER_MACHINE = {
     "tests/integration/test_one_cluster.py": "the default ports 7233, 8233 and 7245, which it checks are free",
-    "tests/integration/test_demo.py": "`make demo` takes the default ports when they are free",
-    "tests/integration/test_install.py": "`astraeus dev` from the wheel, with what it does not take a flag for",
     "tests/integration/test_network_and_capabilities.py": "network namespaces, veth links and routes named by attempt",
     "tests/integration/test_mesh.py": "WireGuard links, iptables rules and network namespaces named by machine",
     # Those that use the fixtures in ONE_PER_MACHINE_FIXTURES (tests/test_parallel_groups.py checks this list):
@@ -60,8 +58,8 @@ def group_of(nodeid: str) -> str:
 
 
 class ByGroup(LoadScopeScheduling):
-    """pytest-xdist's scheduling by scope, a test's scope being its group. (Its own `--dist loadgroup` reads groups
-    into the tests' ids the way pytest 8 kept them, which pytest 9 no longer reads.)"""
+    """pytest-xdist's scheduling by scope, a test's scope being its group. (Its own `--dist loadgroup` writes each
+    test's group into `item._nodeid`, which pytest 9.2 no longer reads: every test was its own scope.)"""
 
     def _split_scope(self, nodeid: str) -> str:
         return group_of(nodeid)
