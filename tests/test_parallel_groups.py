@@ -87,6 +87,8 @@ def test_every_module_whose_tests_use_the_machines_one_of_a_kind_fixtures_is_in_
         text=True,
         timeout=300,
     )
+    # Every module collected (an error in one would hide its fixtures), and no test run: the probe deselected them all.
+    assert collected.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, collected.stdout[-2000:] + collected.stderr
     users: set[str] = set()
     for line in collected.stdout.splitlines():
         if line.startswith("FIXTURES "):
@@ -94,7 +96,7 @@ def test_every_module_whose_tests_use_the_machines_one_of_a_kind_fixtures_is_in_
             if set(fixtures) & set(ONE_PER_MACHINE_FIXTURES):
                 users.add(module)
 
-    assert "tests/activities/test_docker_runtime.py" in users, collected.stdout[-2000:] + collected.stderr[-2000:]
+    assert "tests/activities/test_docker_runtime.py" in users, collected.stdout[-2000:]
     assert sorted(users - ONE_PER_MACHINE.keys()) == []
 
 
