@@ -27,9 +27,14 @@ demo: $(RUN_STAMP)
 # `make test` (what CI runs) and `make integration` allow no skip: a suite that cannot run here (no dockerd,
 # not root) fails, saying why (tests/conftest.py). `make test REQUIRE_ALL_SUITES=0` lets such suites skip.
 REQUIRE_ALL_SUITES ?= 1
+# Two processes (pytest-xdist): CI's machine has two cores, and one process left half of them idle, waiting on servers
+# and timers. tests/conftest.py keeps each module on one process and the tests that share this machine's one-of-a-kind
+# things (default ports, the Docker engine, network namespaces, memory cgroups) on one, one after another.
+TEST_PROCESSES ?= 2
+PARALLEL := -n $(TEST_PROCESSES)
 
 test: $(STAMP) lint typecheck engine
-	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q
+	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q $(PARALLEL)
 
 # The tests start their own Docker engine, build a fake NVML and check deploy/compose.yaml: Debian's docker.io,
 # busybox-static (the rootfs of the test image), gcc and docker-compose, runsc (gVisor, the engine's sandbox runtime:
@@ -57,7 +62,7 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not integration'
 
 integration: $(STAMP) engine
-	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q -m integration
+	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q $(PARALLEL) -m integration
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.runs

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+from xdist.remote import Producer
+from xdist.scheduler import LoadScopeScheduling
 
 from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from tests.docker_engine import DockerEngine
@@ -23,6 +25,49 @@ BIN = Path(sys.executable).parent
 # Set by `make test` and `make integration`: a suite that cannot run here (no dockerd, no gcc, not root) fails
 # loudly instead of skipping. A developer running pytest by hand may still skip what this machine lacks.
 REQUIRE_ALL = "REQUIRE_ALL_SUITES"
+
+
+# `make test` runs the suite on two processes (pytest-xdist, `-n 2`), each taking whole groups of tests (`ByGroup`).
+# A module is a group, so that its module fixtures start once and its tests run in their order. The modules below
+# use what this machine has only one of; they make one group, whose tests run one after another.
+ONE_PER_MACHINE = {
+    "tests/integration/test_one_cluster.py": "the default ports 7233, 8233 and 7245, which it checks are free",
+    "tests/integration/test_network_and_capabilities.py": "network namespaces, veth links and routes named by attempt",
+    "tests/integration/test_mesh.py": "WireGuard links, iptables rules and network namespaces named by machine",
+    # Those that use the fixtures in ONE_PER_MACHINE_FIXTURES (tests/test_parallel_groups.py checks this list):
+    "tests/activities/test_docker_runtime.py": "the Docker engine",
+    "tests/integration/test_docker.py": "the Docker engine",
+    "tests/integration/test_docker_capabilities.py": "the Docker engine",
+    "tests/integration/test_docker_reasons_end_to_end.py": "the Docker engine",
+    "tests/integration/test_node_network.py": "the Docker engine",
+    "tests/activities/test_process_memory.py": "memory cgroups",
+    "tests/integration/test_process_memory.py": "memory cgroups",
+    "tests/integration/test_what_workers_ask.py": "memory cgroups",
+}
+ONE_PER_MACHINE_FIXTURES = (
+    "docker_engine",  # an engine's networks are bridges of this machine's, its mounts are this machine's
+    "memory_cgroups",  # a worker's cgroup is named by its attempt, under one `astraeus` cgroup for the machine
+)
+MACHINE_GROUP = "one-per-machine"
+
+
+def group_of(nodeid: str) -> str:
+    """A test's group: its module's file, or MACHINE_GROUP."""
+    module = nodeid.split("::")[0]
+    return MACHINE_GROUP if module in ONE_PER_MACHINE else module
+
+
+class ByGroup(LoadScopeScheduling):
+    """pytest-xdist's scheduling by scope, a test's scope being its group. (Its own `--dist loadgroup` writes each
+    test's group into `item._nodeid`, which pytest 9.2 no longer reads: every test was its own scope.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return group_of(nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own choice, from --dist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> ByGroup:
+    return ByGroup(config, log)
 
 
 @pytest.hookimpl(wrapper=True)
