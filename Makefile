@@ -30,11 +30,14 @@ REQUIRE_ALL_SUITES ?= 1
 # Two processes (pytest-xdist): CI's machine has two cores, and one process left half of them idle, waiting on servers
 # and timers. tests/conftest.py keeps each module on one process and the tests that share this machine's one-of-a-kind
 # things (default ports, the Docker engine, network namespaces, memory cgroups) on one, one after another.
+# The tests marked `alone` keep both cores busy themselves; they run after the others, on one process, so that no
+# test that waits for a heartbeat or a timer runs beside them.
 TEST_PROCESSES ?= 2
 PARALLEL := -n $(TEST_PROCESSES)
 
 test: $(STAMP) lint typecheck engine
-	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q $(PARALLEL)
+	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q $(PARALLEL) -m 'not alone'
+	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q -m 'alone'
 
 # The tests start their own Docker engine, build a fake NVML and check deploy/compose.yaml: Debian's docker.io,
 # busybox-static (the rootfs of the test image), gcc and docker-compose, runsc (gVisor, the engine's sandbox runtime:
@@ -62,7 +65,8 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q -m 'not integration'
 
 integration: $(STAMP) engine
-	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q $(PARALLEL) -m integration
+	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q $(PARALLEL) -m 'integration and not alone'
+	REQUIRE_ALL_SUITES=$(REQUIRE_ALL_SUITES) $(BIN)/python -m pytest -q -m 'integration and alone'
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.runs

@@ -35,6 +35,7 @@ def test_reasons_group_without_names_times_or_numbers(reason: str, grouped: str)
 
 
 @pytest.mark.integration
+@pytest.mark.alone  # both cores busy: after the others (Makefile)
 def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
     """6 runs on 2 machines x 2 GPUs: 4 Running, 2 waiting with a reason, then a floor of 3 bare workflows; twice,
     each pair's ratio and their median told."""

@@ -191,6 +191,7 @@ def test_a_fault_counts_only_as_what_it_is_named(fault: Fault, named: bool) -> N
 
 
 @pytest.mark.integration
+@pytest.mark.alone  # both cores busy: after the others (Makefile)
 def test_every_fault_in_turn_loses_no_run_starts_no_worker_twice_and_holds_no_gpu_twice(tmp_path: Path) -> None:
     """48 runs on 2 machines x 2 GPUs; kill -9 of the control plane, the scheduler, an agent within its lease, an
     agent past its lease, and the Temporal server, in turn. About 80 s on 2 cores."""

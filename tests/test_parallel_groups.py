@@ -3,7 +3,6 @@ module is a group of its own, but the modules that use what this machine has one
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,11 +100,27 @@ def test_every_module_whose_tests_use_the_machines_one_of_a_kind_fixtures_is_in_
 
 
 @pytest.mark.parametrize(("flags", "processes"), [((), "2"), (("TEST_PROCESSES=1",), "1")])
-@pytest.mark.parametrize("target", ["test", "integration"])
-def test_make_test_runs_on_two_processes(target: str, flags: tuple[str, ...], processes: str) -> None:
+@pytest.mark.parametrize(("target", "marks"), [("test", ""), ("integration", "integration and ")])
+def test_make_test_runs_on_two_processes_then_the_tests_marked_alone_on_one(
+    target: str, marks: str, flags: tuple[str, ...], processes: str
+) -> None:
     command = ["make", "-n", "-C", str(REPO), target, *flags]
     planned = subprocess.run(command, capture_output=True, text=True, check=True)
 
-    pytest_lines = [line for line in planned.stdout.splitlines() if "-m pytest" in line]
-    assert pytest_lines, planned.stdout
-    assert all(re.search(f" -m pytest -q -n {processes}( |$)", line) for line in pytest_lines), pytest_lines
+    pytest_lines = [line.split(" -m pytest ", 1)[1] for line in planned.stdout.splitlines() if "-m pytest" in line]
+    assert pytest_lines == [f"-q -n {processes} -m '{marks}not alone'", f"-q -m '{marks}alone'"], planned.stdout
+
+
+def test_the_tests_that_keep_both_cores_busy_are_marked_alone() -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "--collect-only", "-m", "alone", "tests"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    alone = sorted(line for line in listed.stdout.splitlines() if "::" in line)
+    assert alone == [
+        "tests/test_bench_burst.py::test_a_tiny_burst_prints_its_figures_and_exits_0",
+        "tests/test_chaos.py::test_every_fault_in_turn_loses_no_run_starts_no_worker_twice_and_holds_no_gpu_twice",
+    ], listed.stdout[-2000:]

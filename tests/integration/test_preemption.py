@@ -48,6 +48,9 @@ def test_higher_priority_work_preempts_and_the_victim_runs_again_uncharged(clust
     history = pairs(task["history"])
     assert ("Stopping", "Preempted by higher-priority work (urgent)") in history
     assert ("Pending", "Preempted by urgent; queued again") in history
-    assert [state for state, _ in history].count("Running") == 2  # ran, was preempted, ran again
+    # Ran, was preempted, ran again. A heartbeat late on a loaded machine adds ("Running", "Heartbeat received")
+    # after a Stale, which is no start.
+    starts = [pair for pair in history if pair[0] == "Running" and pair[1] != "Heartbeat received"]
+    assert len(starts) == 2, history
     assert task["restarts"] == 0  # a preempted worker is not charged
     assert urgent["status"]["started_at"] < victim["status"]["finished_at"]

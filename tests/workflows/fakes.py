@@ -65,14 +65,15 @@ class Script:
     # Gang members whose set-up ("w-1", or one attempt "w-1.0") never finishes: each barrier call fails, and is
     # tried again, so virtual time still runs.
     late: set[str] = field(default_factory=set)
-    plans: list[TaskPlan] = field(default_factory=list)
+    plans: list[TaskPlan] = field(default_factory=list)  # plan_group answers, in order (the last repeats)
     stop_seconds: float = 0  # how long a stop takes (real seconds, heartbeating): long enough to be cancelled
     place_apart: bool = False  # load_settings places no worker: the run calls `place` (histories before it did)
     admit_also: str | None = None  # load_settings also asks for this worker, which the run never asks for
     settings_seconds: float = 0  # how long load_settings takes (real seconds): long enough to outlast a workflow task
-    healthy: set[str] = field(
-        default_factory=set
-    )  # these pass their readiness check once running  # plan_group answers, in order (the last repeats)
+    healthy: set[str] = field(default_factory=set)  # these pass their readiness check once running
+    # Workers that end only once another has reported Running: "w-0" -> "w-1" (its report is then in the run's
+    # history before the exit, whatever the machine's load)
+    after: dict[str, str] = field(default_factory=dict)
 
     def holds(self, task_id: str, attempt: int) -> bool:
         return task_id in self.hold or f"{task_id}.{attempt}" in self.hold
@@ -91,6 +92,7 @@ class FakeCluster:
         self.starts: list[StartTaskInput] = []
         self.planned: list[PlanInput] = []  # every start_task call that answered, in order
         self.stops_cancelled: list[str] = []  # stops whose activity was cancelled ("w-0.0")
+        self.reported: dict[str, asyncio.Event] = {}  # workers whose task_running signal the server has
 
     @activity.defn(name="load_settings")
     async def load_settings(self, input: LoadSettingsInput | None = None) -> LoadSettingsResult:
@@ -173,6 +175,7 @@ class FakeCluster:
                 await handle.signal("task_running", report)
             await asyncio.sleep(3600)  # no heartbeat: the workflow's heartbeat timeout ends this call
         await handle.signal("task_running", report)
+        self.reported.setdefault(ref.task_id, asyncio.Event()).set()
         if input.readiness is not None:
             healthy = ref.task_id in self.script.healthy
             health = TaskHealth(task_id=ref.task_id, attempt=ref.attempt, healthy=healthy)
@@ -184,6 +187,8 @@ class FakeCluster:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopped.wait(), 0.2)
             return TaskExit(exit_code=self.script.hold_exit)
+        if ref.task_id in self.script.after:
+            await self.reported.setdefault(self.script.after[ref.task_id], asyncio.Event()).wait()
         codes = self.script.exits.get(ref.task_id, [0])
         return TaskExit(exit_code=codes[min(ref.attempt, len(codes) - 1)], log_tail=self.script.log_tail)
 

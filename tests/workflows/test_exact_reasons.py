@@ -51,7 +51,7 @@ async def test_the_rest_of_a_run_a_failed_worker_ends_are_stopped_with_the_specs
     time_skipping: WorkflowEnvironment,
 ) -> None:
     job = spec(unique("fails"), replicas=2, restart_policy="Never")
-    async with fake_cluster(time_skipping.client, Script(exits={"w-0": [3]}, hold={"w-1"})):
+    async with fake_cluster(time_skipping.client, Script(exits={"w-0": [3]}, hold={"w-1"}, after={"w-0": "w-1"})):
         handle = await start(time_skipping, job)
         status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
