@@ -32,7 +32,9 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
+from bench.burst_checks import GPUS, check
 from bench.burst_report import figures, lines, pair_figures, pair_lines, pair_row
+from bench.chaos_checks import Interval
 from bench.cluster import Cluster, Machines
 from bench.common import HistoryFigures, Pauses, ms, now, read_history, run_and_exit
 from bench.floor import Floor, run_floor
@@ -59,7 +61,13 @@ class Run:
     error: str | None = None
     state: str = "Unknown"
     reason: str = ""
+    code: str = ""
+    worker: str = ""  # its worker's id
+    worker_state: str = ""
     worker_reason: str = ""
+    worker_code: str = ""
+    attempt: int = 0  # its worker's attempt
+    node: str | None = None  # its worker's machine
     created_at: datetime | None = None
     running_at: datetime | None = None  # the first run-history entry in state Running
     steps: list[tuple[str, float]] = field(default_factory=list)  # its worker's `A -> B` state changes, in ms
@@ -95,7 +103,7 @@ class Options:
 
 
 async def submit(client: AstraeusClient, run: Run, sleep: float, gate: asyncio.Semaphore) -> None:
-    spec = spec_for(run.name, 1, sleep, namespace=run.namespace, gpus=1)
+    spec = spec_for(run.name, 1, sleep, namespace=run.namespace, gpus=GPUS)
     async with gate:
         run.submitted = now()
         began = time.monotonic()
@@ -140,11 +148,12 @@ async def read_back(client: AstraeusClient, run: Run, gate: asyncio.Semaphore) -
             return
         history = await handle.fetch_history()
         execution = await handle.describe()
-    run.state, run.reason = described.status.state, described.status.reason
+    run.state, run.reason, run.code = described.status.state, described.status.reason, described.status.code
     run.created_at = described.status.created_at
     run.running_at = next((e.at for e in described.history if e.state == "Running"), None)
     for task in described.tasks:
-        run.worker_reason = task.status.reason
+        run.worker, run.attempt, run.node = task.id, task.attempt, task.node
+        run.worker_state, run.worker_reason, run.worker_code = task.status.state, task.status.reason, task.status.code
         run.reasons_waited = list(dict.fromkeys(e.reason for e in task.history if e.state == "Pending"))
         for before, after in itertools.pairwise(task.history):
             run.steps.append((f"{before.state} -> {after.state}", ms(after.at, before.at) or 0.0))
@@ -210,6 +219,7 @@ class Burst:
     machine_histories: list[HistoryFigures]
     agent_processes: int
     server: ServerOps  # the server's own counters during the burst
+    workers: list[Interval]  # the workers' processes alive after the read-back (bench/burst_checks.py)
     passes: tuple[float, float] = (0.0, 0.0)  # scheduling passes in this process during the burst: count, seconds
     pauses: Pauses = field(default_factory=Pauses)  # the garbage collector's in this process during the burst
     floor: Floor | None = None
@@ -253,6 +263,7 @@ async def measure(options: Options, root: Path) -> Burst:
         print(f"{running} Running; reading back", file=sys.stderr)
         read_gate = asyncio.Semaphore(READ_CONCURRENCY)
         await asyncio.gather(*(read_back(client, r, read_gate) for r in runs))
+        workers = await asyncio.to_thread(cluster.live_workers)  # after the read-back: the runs say where they are
         after_machines = await machine_workflows(client)
         gained = sum(after_machines[k] - before_machines.get(k, 0) for k in after_machines)
         histories = await machine_histories(client, sorted(after_machines))
@@ -274,6 +285,7 @@ async def measure(options: Options, root: Path) -> Burst:
         histories,
         cluster.agent_processes,
         server,
+        workers,
         (passes[0], passes[1]),
         pauses,
     )
@@ -306,7 +318,17 @@ async def bench(options: Options) -> list[str]:
         if options.pairs > 1:
             data["pairs"] = [pair_figures(r) for r in results]
         options.json_path.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    return lines(result) + (pair_lines(results) if options.pairs > 1 else [])
+    out = lines(result) + (pair_lines(results) if options.pairs > 1 else [])
+    broken = [f"pair {i}: {n}" for i, r in enumerate(results, 1) if (n := check(r.runs, r.workers, GPUS).broken)]
+    if broken:  # the figures first, then a failure: `make bench-burst` exits 1
+        print("\n".join(out))
+        sys.stdout.flush()
+        raise InvariantsBroken(f"invariants broken ({', '.join(broken)}): see the table")
+    return out
+
+
+class InvariantsBroken(Exception):
+    """A burst started a worker twice, gave a GPU to two, or lost a run (bench/burst_checks.py)."""
 
 
 async def burst_and_floor(options: Options, data_dir: Path | None) -> Burst:

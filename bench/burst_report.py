@@ -8,6 +8,7 @@ import re
 import statistics
 from typing import TYPE_CHECKING, Any
 
+from bench import burst_checks
 from bench.common import fmt_latency, latency_rows, ms, percentile, span, summary, table
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ def figures(b: Burst) -> dict[str, Any]:
         "per_run_counts": {k: _mean([r.history.counts[k] for r in running if r.history]) for k in COUNTED},
         "machine_workflow_events_per_run": b.machine_events / max(len(submitted), 1),
         "problems": _problems(b),
+        "invariants": _invariants(b),
         "cpu_ms_per_run": cpu_per_run,
         "cpu_seconds": b.cpu,
         "server": b.server.figures(len(submitted)),
@@ -91,7 +93,7 @@ def lines(b: Burst) -> list[str]:
     controls = f"{o.controls} x astraeus control" if o.controls > 1 else "astraeus control"
     where = f"apart ({controls}, astraeus scheduler)" if o.services_apart else "in this process"
     per = f"{o.agents_per_process if o.agents_per_process < o.machines else o.machines} per process"
-    problems = f["problems"]
+    problems, held = f["problems"], f["invariants"]
     rows = [
         ("machines x GPUs", f"{o.machines} x {o.gpus} = {f['gpus']} GPUs"),
         ("agents", f"{o.machines} in {f['agent_processes']} process(es) ({per})"),
@@ -122,6 +124,11 @@ def lines(b: Burst) -> list[str]:
             "activity timeouts+failures: runs / machines",
             f"{problems['runs_activity']} / {problems['machines_activity']}",
         ),
+        (
+            "invariants: worker processes alive; started twice / GPUs held twice / without their GPU",
+            f"{held['workers_alive']}; {held['started_twice']} / {held['gpus_held_twice']} / {held['without_gpu']}",
+        ),
+        ("  runs unaccounted for / worker processes of no run", f"{held['unaccounted']} / {held['strays']}"),
         ("CPU ms per run: ours / dev server", f"{cpu['ours']:.0f} / {cpu['server']:.0f}"),
         ("  ours: this process / agents", f"{cpu['this']:.0f} / {cpu['agents']:.0f}"),
     ]
@@ -160,12 +167,19 @@ def lines(b: Burst) -> list[str]:
         for kind, n in problems["kinds"].items():
             named = problems["examples"].get(kind)
             out.append(f"{n:5d} x {kind}" + (f", e.g. {', '.join(named)}" if named else ""))
+    if held["broken"]:
+        out += ["invariants broken:", *held["cases"]]
     out += [f"error: {e}" for e in f["errors"]]
     if b.floor is not None:
         ratio = f["burst_over_floor"]
         ratio_row = ("burst all-Running / floor all-complete", f"{ratio:.2f}" if ratio is not None else "n/a")
         out += ["", *table([*b.floor.rows(), ratio_row])]
     return out
+
+
+def _invariants(b: Burst) -> dict[str, Any]:
+    found = burst_checks.check(b.runs, b.workers, burst_checks.GPUS)
+    return {**found.counts(), "cases": burst_checks.lines(found)}
 
 
 def _running(b: Burst) -> list[Run]:

@@ -26,7 +26,8 @@ from temporalio.client import Client
 from activities.runtime.process import ProcessRuntime
 from activities.scheduler_link import SchedulerDoor
 from bench.agents import machine_name
-from bench.common import children_of, own_cpu_seconds, pid_cpu_seconds, wait_for_machines
+from bench.chaos_checks import Interval
+from bench.common import children_of, own_cpu_seconds, pid_cpu_seconds, proc_stat, wait_for_machines
 from workers.client import AstraeusClient
 from workers.connect import TEMPORAL_NAMESPACE, connect
 from workers.devserver import DevServer, free_port
@@ -180,6 +181,12 @@ class Cluster:
         seconds = sum(pid_cpu_seconds(pid) for pid in servers) + sum(pid_cpu_seconds(p, children=True) for p in shims)
         return seconds, len(shims)
 
+    def live_workers(self) -> list[Interval]:
+        """The workers' processes alive now (each shim's children), as their environment names them: run,
+        worker, attempt, machine and GPUs (`CUDA_VISIBLE_DEVICES`)."""
+        shims = children_of(set(children_of({p.pid for p in self.agents})))
+        return [worker for pid in children_of(set(shims)) if (worker := read_worker(pid)) is not None]
+
     def logs_tail(self, lines: int = 20) -> str:
         """The end of each process's log, for a failure's report."""
         text = []
@@ -197,6 +204,32 @@ class Cluster:
         await asyncio.gather(*(asyncio.to_thread(end_process, p) for p in self.services.values()))
         await shut_down(self.workers, self._running)
         await asyncio.to_thread(self.server.stop)
+
+
+def read_worker(pid: int) -> Interval | None:
+    """A worker's process as its environment names it, started when the kernel says (open: it lives); None when
+    it is gone or no worker's."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        booted = next(
+            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line[:6] == "btime "
+        )
+    except (OSError, StopIteration):
+        return None
+    env = dict(item.split("=", 1) for item in environ.decode(errors="replace").split("\0") if "=" in item)
+    fields = proc_stat(pid)
+    try:
+        return Interval(
+            run=f"{env['ASTRAEUS_NAMESPACE']}/{env['ASTRAEUS_JOB']}",
+            task=env["ASTRAEUS_TASK"],
+            attempt=int(env["ASTRAEUS_ATTEMPT"]),
+            node=env["ASTRAEUS_NODE"],
+            gpus=tuple(int(i) for i in env["CUDA_VISIBLE_DEVICES"].split(",") if i),
+            pid=pid,
+            start=booted + int(fields[19]) / os.sysconf("SC_CLK_TCK") if fields else 0.0,
+        )
+    except (KeyError, ValueError, IndexError):
+        return None
 
 
 def end_process(process: subprocess.Popen[bytes]) -> None:

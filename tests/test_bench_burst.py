@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from bench.burst import Run
+from bench.burst_checks import check, lines
 from bench.burst_report import pattern
+from bench.chaos_checks import Interval
+from workflows.domain.reasons import R
 
 ROOT = Path(__file__).parent.parent
 
@@ -84,6 +89,17 @@ def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
     assert figures["server"]["served_ms_per_request"]["StartWorkflowExecution"] > 0
     assert figures["server"]["slot_waits_per_run"] > 1  # every write waits its turn, if only for no time
     assert [pair["burst_over_floor"] > 0 for pair in figures["pairs"]] == [True, True]
+    # Read from the kernel: each Running run's one worker process, on its machine, with a GPU of its own.
+    assert "invariants: worker processes alive; started twice / GPUs held twice / without their GPU" in result.stdout
+    assert {k: v for k, v in figures["invariants"].items() if k != "cases"} == {
+        "workers_alive": 4,
+        "started_twice": 0,
+        "gpus_held_twice": 0,
+        "without_gpu": 0,
+        "unaccounted": 0,
+        "strays": 0,
+        "broken": 0,
+    }
     assert sorted(path.name for path in (tmp_path / "c").iterdir()) == ["pair-1", "pair-2"]  # a fresh cluster each
 
 
@@ -252,3 +268,81 @@ def test_the_servers_profile_names_its_go_functions_and_who_asked_sqlite() -> No
     )
     assert told.returncode == 0, told.stderr
     assert told.stdout.splitlines() == report(chains, top=30)  # its default --top
+
+
+def running(name: str, node: str = "m-0000") -> Run:
+    run = Run(name=name, submitted=datetime(2026, 12, 3, tzinfo=UTC), state="Running", worker="w-0", node=node)
+    run.code, run.reason = R.WorkersRunning.code, R.WorkersRunning.fill(running=1, total=1).text
+    run.worker_state, run.worker_code, run.worker_reason = "Running", R.ContainerRunning.code, "Container running"
+    return run
+
+
+def waiting(name: str, behind: str) -> Run:
+    reason = R.QueuedBehind.fill(run=behind)
+    run = Run(name=name, submitted=datetime(2026, 12, 3, tzinfo=UTC), state="Pending", worker="w-0")
+    run.code, run.reason = reason.code, reason.text
+    run.worker_state, run.worker_code, run.worker_reason = "Pending", reason.code, reason.text
+    return run
+
+
+def process(run: str, gpus: tuple[int, ...], node: str = "m-0000", attempt: int = 0, pid: int = 100) -> Interval:
+    return Interval(run=f"burst/{run}", task="w-0", attempt=attempt, node=node, gpus=gpus, pid=pid, start=1.0)
+
+
+def test_a_burst_whose_runs_and_processes_agree_keeps_its_invariants() -> None:
+    runs = [running("run-0000"), running("run-0001", node="m-0001"), waiting("run-0002", "burst/run-0001")]
+    workers = [process("run-0000", (0,)), process("run-0001", (0,), node="m-0001")]
+
+    found = check(runs, workers, gpus=1)
+
+    assert (found.workers, found.broken, lines(found)) == (2, 0, [])
+
+
+def test_each_broken_invariant_is_named_with_its_worker_or_run() -> None:
+    failed = running("run-0004")
+    failed.state, failed.code, failed.reason = (
+        "Failed",
+        R.WorkerFailedRunFails.code,
+        "A worker failed, and the run fails on a failure",
+    )
+    runs = [
+        running("run-0000"),  # two processes of its one attempt
+        running("run-0001"),  # holds GPU 1, as run-0000's second process does
+        running("run-0002"),  # no process
+        waiting("run-0003", "burst/run-0000"),  # waits, yet has a process
+        failed,
+        running("run-0005"),  # its process has no GPU
+    ]
+    workers = [
+        process("run-0000", (0,), pid=1),
+        process("run-0000", (1,), pid=2),
+        process("run-0001", (1,), pid=3),
+        process("run-0003", (2,), pid=4),
+        process("run-0005", (), pid=5),
+        Interval(run="idle/idle-000", task="w-0", attempt=0, node="m-0001", gpus=(0,), pid=6, start=1.0),
+    ]
+
+    found = check(runs, workers, gpus=1)
+
+    assert found.started_twice == ["burst/run-0000/w-0: attempt 0 started 2 times (m-0000, m-0000)"]
+    assert found.gpus_held_twice == ["m-0000 GPU 1: burst.run-0000.w-0.0 and burst.run-0001.w-0.0"]
+    assert found.without_gpu == ["burst.run-0005.w-0.0 on m-0000: GPUs []"]
+    assert found.unaccounted == [
+        "burst/run-0000: Running, with 2 worker processes alive",
+        "burst/run-0002: Running, with 0 worker processes alive",
+        "burst/run-0003: Pending, with 1 worker process alive",
+        "burst/run-0004: Failed: A worker failed, and the run fails on a failure",
+    ]
+    assert found.strays == ["idle.idle-000.w-0.0 on m-0001"]
+    assert found.broken == 8
+    assert lines(found)[0] == (
+        "    1 x workers started twice, e.g. burst/run-0000/w-0: attempt 0 started 2 times (m-0000, m-0000)"
+    )
+
+
+def test_a_run_whose_process_is_elsewhere_than_it_says_is_unaccounted_for() -> None:
+    found = check([running("run-0000", node="m-0001")], [process("run-0000", (0,), attempt=1)], gpus=1)
+
+    assert found.unaccounted == [
+        "burst/run-0000: its process is w-0 attempt 1 on m-0000, its run says w-0 attempt 0 on m-0001"
+    ]
