@@ -207,14 +207,11 @@ class Cluster:
 
 
 def read_worker(pid: int) -> Interval | None:
-    """A worker's process as its environment names it, started when the kernel says (open: it lives); None when
-    it is gone or no worker's."""
+    """A worker's process as its environment names it, open (it lives) since it started (the kernel's clock: seconds
+    since boot); None when it is gone or no worker's."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
-        booted = next(
-            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line[:6] == "btime "
-        )
-    except (OSError, StopIteration):
+    except OSError:
         return None
     env = dict(item.split("=", 1) for item in environ.decode(errors="replace").split("\0") if "=" in item)
     fields = proc_stat(pid)
@@ -226,7 +223,7 @@ def read_worker(pid: int) -> Interval | None:
             node=env["ASTRAEUS_NODE"],
             gpus=tuple(int(i) for i in env["CUDA_VISIBLE_DEVICES"].split(",") if i),
             pid=pid,
-            start=booted + int(fields[19]) / os.sysconf("SC_CLK_TCK") if fields else 0.0,
+            start=int(fields[19]) / os.sysconf("SC_CLK_TCK") if fields else 0.0,
         )
     except (KeyError, ValueError, IndexError):
         return None

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.integration.harness import Cluster, pairs
+from workflows.domain.reasons import R
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +51,7 @@ def test_higher_priority_work_preempts_and_the_victim_runs_again_uncharged(clust
     assert ("Pending", "Preempted by urgent; queued again") in history
     # Ran, was preempted, ran again. A heartbeat late on a loaded machine adds ("Running", "Heartbeat received")
     # after a Stale, which is no start.
-    starts = [pair for pair in history if pair[0] == "Running" and pair[1] != "Heartbeat received"]
+    starts = [pair for pair in history if pair[0] == "Running" and pair[1] != R.HeartbeatReceived.fill().text]
     assert len(starts) == 2, history
     assert task["restarts"] == 0  # a preempted worker is not charged
     assert urgent["status"]["started_at"] < victim["status"]["finished_at"]
