@@ -100,6 +100,7 @@ class Cluster:
         await asyncio.to_thread(self.server.start)
         self.client = await connect(self.server.address, wait=timedelta(seconds=30))
         given = ["--settings", str(self.settings)] if self.settings is not None else []
+        control_build = None  # the build of the control plane's worker in this process, if it runs here
         if self.services_apart:
             door = f"127.0.0.1:{free_port()}"  # the scheduler's, the same after a restart
             controls = ["control", *(f"control-{i}" for i in range(1, self.control_processes))]
@@ -111,7 +112,9 @@ class Cluster:
             if self.settings is not None:
                 raise ValueError("settings from a file need the services apart")
             scheduler_door = SchedulerDoor("127.0.0.1:0")
-            self._run(ControlWorker(self.client, Settings(), scheduler_door))
+            control = ControlWorker(self.client, Settings(), scheduler_door)
+            control_build = control.build_id
+            self._run(control)
             self._run(await scheduler_worker(self.client, scheduler_door))
         for first in range(0, self.machines.count, self.agents_per_process):
             count = min(self.agents_per_process, self.machines.count - first)
@@ -120,7 +123,7 @@ class Cluster:
             flags += ["--cpus", f"{self.machines.cpus:g}", "--memory-bytes", str(self.machines.memory_bytes)]
             flags += given
             self.agents.append(self._spawn(f"agents-{first}", "-m", "bench.agents", *flags))
-        client = AstraeusClient(self.client)
+        client = AstraeusClient(self.client, control_build=control_build)
         await wait_for_poller(self.client, SCHEDULER_TASK_QUEUE, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
         await wait_for_machines(client, self.machines.count, timeout=60 + self.machines.count)
         return client

@@ -165,7 +165,7 @@ async def bench(runs: int, machines: int, workers: int, sleep: float, timeout: f
         started = time.monotonic()
         async with embedded:
             assert embedded.client is not None
-            client = AstraeusClient(embedded.client)
+            client = AstraeusClient(embedded.client, control_build=embedded.control_build)
             await wait_for_machines(client, machines)
             print(f"cluster up in {time.monotonic() - started:.1f} s; submitting {runs} runs", file=sys.stderr)
 

@@ -222,7 +222,7 @@ async def _serve_api(embedded: Any, sock: Any, nodes: int) -> None:
     from workers.api_auth import TokenBook
     from workers.console import SignIn
 
-    client = AstraeusClient(embedded.client)
+    client = AstraeusClient(embedded.client, control_build=embedded.control_build)
     secret, _ = await create_token(client.temporal, None, "astraeus dev")
     sign_in = SignIn()
     host, port = sock.getsockname()[:2]

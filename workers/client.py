@@ -21,7 +21,12 @@ from temporalio.client import (
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -99,6 +104,20 @@ _LET_GO_SECONDS = 0.1  # AstraeusClient.close: time for the SDK's threads to let
 # faster than the server could take what they asked next; its writes then waited over a second, tasks it handed out
 # were lost, and 99 runs' workers were timed out. Capped, the server's dispatch paces the others (bench/README.md).
 EAGER_STARTS = 10
+
+# Temporal's predefined attribute naming the worker builds that took a workflow's tasks. The server adds a build to it
+# as the build completes a task of the run, in a write of the run's listing of its own: for each run, at its first
+# task, a third of the listing's writes a run cost to Running (the visibility store's were two thirds of the dev
+# server's database time per run in a burst, bench/README.md). A client beside the control plane knows the build
+# that takes its runs' tasks (`control_build`): it lists it at the start, in the form the server writes for a
+# worker without versioning (the control plane's has none), and the server finds nothing to add. Should another
+# build take the task (the control plane upgraded meanwhile), the server adds that one, with its own write.
+BUILD_IDS_KEY = SearchAttributeKey.for_keyword_list("BuildIds")
+
+
+def listed_builds(build_id: str) -> list[str]:
+    """What the server lists in BuildIds for a workflow whose tasks a worker of this build without versioning took."""
+    return ["unversioned", f"unversioned:{build_id}"]
 
 
 class AstraeusError(Exception):
@@ -238,10 +257,13 @@ class _Given(NamedTuple):
 
 class AstraeusClient:
     """Astraeus's verbs over a Temporal client. Use it as `async with AstraeusClient(...) as client:` (or call
-    `close`) in a script, so that the process ends cleanly."""
+    `close`) in a script, so that the process ends cleanly. `control_build`: the build of the control plane's worker
+    serving on this client in this process (`Embedded.control_build`), listed on each run at its start
+    (BUILD_IDS_KEY); None elsewhere (the CLI, `astraeus api` apart)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, control_build: str | None = None) -> None:
         self.temporal = client
+        self.control_build = control_build
         self._inputs: dict[tuple[str, str], _Given] = {}  # by workflow and run id
         self._eager = 0  # eager starts in flight (EAGER_STARTS)
 
@@ -291,6 +313,9 @@ class AstraeusClient:
     async def _start(self, spec: JobSpec, reuse: WorkflowIDReusePolicy) -> None:
         eager = self._eager < EAGER_STARTS
         self._eager += eager
+        listed = search_attributes(spec, RunState.PENDING)
+        if self.control_build is not None:
+            listed = listed.updated(SearchAttributePair(BUILD_IDS_KEY, listed_builds(self.control_build)))
         try:
             await self.temporal.start_workflow(
                 JobWorkflow.run,
@@ -298,7 +323,7 @@ class AstraeusClient:
                 id=spec.job_id,
                 task_queue=CONTROL_TASK_QUEUE,
                 id_reuse_policy=reuse,
-                search_attributes=search_attributes(spec, RunState.PENDING),
+                search_attributes=listed,
                 memo=run_memo(spec, datetime.now(UTC)),
                 static_summary=f"run {spec.namespace}/{spec.name}",
                 request_eager_start=eager,

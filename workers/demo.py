@@ -40,7 +40,7 @@ async def demo(spec_path: str) -> int:
             assert embedded.client is not None
             print(f"Temporal UI: {embedded.server.ui_address} (open while the demo runs)")
             print(f"Temporal frontend: {embedded.server.address}")
-            client = AstraeusClient(embedded.client)
+            client = AstraeusClient(embedded.client, control_build=embedded.control_build)
             await client.submit(spec)
             print(f"submitted {spec.namespace}/{spec.name}; its events as they happen:\n")
             async for event in client.follow(spec.namespace, spec.name):

@@ -56,6 +56,7 @@ class Embedded:
         self._running: list[asyncio.Task[None]] = []
         self.client: Client | None = None
         self.scheduler_address: str | None = None  # the scheduler's door, once started
+        self.control_build: str | None = None  # the build of its control plane's worker, once started (AstraeusClient)
 
     async def __aenter__(self) -> Embedded:
         await asyncio.to_thread(self.server.start)
@@ -68,7 +69,9 @@ class Embedded:
             )
             door = SchedulerDoor("127.0.0.1:0")  # any free port: the control plane is told which
             self.scheduler_address = door.address
-            self._run(ControlWorker(self.client, self.settings, door, ca_dir=self.data_dir / "ca"))  # the door: no HTTP
+            control = ControlWorker(self.client, self.settings, door, ca_dir=self.data_dir / "ca")  # the door: no HTTP
+            self.control_build = control.build_id
+            self._run(control)
             self._run(await scheduler_worker(self.client, door))
             for i in range(self.node_count):
                 options = AgentOptions(

@@ -19,6 +19,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, Worker
+from temporalio.worker._worker import load_default_build_id  # the SDK's default build, not exported
 
 from activities.agent import EXPIRED, TAKEN_OVER, AgentActivities
 from activities.capabilities import Services, machine_capabilities
@@ -192,6 +193,9 @@ class ControlWorker:
         self.worker = serving(
             client, control_serves(control, self.link), workflow_runner=WORKFLOW_RUNNER, **WORKFLOW_TASK_OPTIONS
         )
+        # The build the worker names in each task it completes: the SDK's default, a hash of the code this process
+        # loaded, computed once per process (a client beside it lists it on the runs it starts: workers/client.py).
+        self.build_id = load_default_build_id()
 
     async def run(self) -> None:
         try:
