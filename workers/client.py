@@ -105,13 +105,13 @@ _LET_GO_SECONDS = 0.1  # AstraeusClient.close: time for the SDK's threads to let
 # were lost, and 99 runs' workers were timed out. Capped, the server's dispatch paces the others (bench/README.md).
 EAGER_STARTS = 10
 
-# Temporal's predefined attribute naming the worker builds that took a workflow's tasks. The server adds a build to it
-# as the build completes a task of the run, in a write of the run's listing of its own: for each run, at its first
-# task, a third of the listing's writes a run cost to Running (the visibility store's were two thirds of the dev
-# server's database time per run in a burst, bench/README.md). A client beside the control plane knows the build
-# that takes its runs' tasks (`control_build`): it lists it at the start, in the form the server writes for a
-# worker without versioning (the control plane's has none), and the server finds nothing to add. Should another
-# build take the task (the control plane upgraded meanwhile), the server adds that one, with its own write.
+# Temporal's predefined attribute naming the worker builds that took a workflow's tasks. As a build completes its
+# first task of a run, the server adds it and, the list changed, writes the run's listing again: one of the three
+# listing writes a run cost on its way to Running (the visibility store's writes were two thirds of the dev server's
+# database time per run in a burst, bench/README.md). A client beside the control plane knows the build that takes
+# its runs' tasks (`control_build`): it lists it at the start, in the form the server writes for a worker without
+# versioning (the control plane's has none), and the server finds nothing to add. Should another build take the task
+# (the control plane upgraded meanwhile), the server adds that one, with its own write.
 BUILD_IDS_KEY = SearchAttributeKey.for_keyword_list("BuildIds")
 
 
