@@ -14,6 +14,7 @@ from bench.server_metrics import FLUSH_SECONDS, between, scrape
 from workers.client import BUILD_IDS_KEY, AstraeusClient, listed_builds
 from workers.devserver import free_port
 from workers.embedded import Embedded
+from workflows.contracts import SA_STATE
 from workflows.domain.spec import job_id, parse_spec
 
 pytestmark = pytest.mark.integration
@@ -32,12 +33,22 @@ async def to_running(client: AstraeusClient, names: list[str]) -> None:
             await asyncio.sleep(0.1)
 
 
+async def listed_running(client: AstraeusClient, names: list[str]) -> None:
+    """Until the runs' listings say Running: the server's visibility queue wrote their last listing."""
+    ids = " OR ".join(f"WorkflowId = '{job_id('default', n)}'" for n in names)
+    deadline = time.monotonic() + 60
+    while (await client.temporal.count_workflows(f"{SA_STATE} = 'Running' AND ({ids})")).count != len(names):
+        assert time.monotonic() < deadline, f"{names} not listed Running in 60 s"
+        await asyncio.sleep(0.1)
+
+
 async def listing_writes(client: AstraeusClient, port: int, names: list[str]) -> int:
-    """The server's writes of the runs' listings after their starts, from submit to Running (and settled)."""
+    """The server's writes of the runs' listings after their starts, from submit to Running as listed."""
     await asyncio.sleep(FLUSH_SECONDS)
     before = scrape(port)
     await to_running(client, names)
-    await asyncio.sleep(2 * FLUSH_SECONDS)  # the visibility queue's last writes, then their counters published
+    await listed_running(client, names)
+    await asyncio.sleep(FLUSH_SECONDS)  # the counters of those writes published
     return between(before, scrape(port)).visibility[UPSERT]
 
 
