@@ -28,6 +28,10 @@ WRITE = "UpdateWorkflowExecution"  # a workflow's mutable state written: every t
 SHOWN = 6  # operations listed by name; the rest are counted in the total
 SLOT = "ShardInfo"  # the history shard's I/O semaphore (`history.shardIOConcurrency`, 1): every write waits for it
 LOCK = "HistoryCacheGetOrCreate"  # a workflow's lock, held from its load through its write
+# The history's records of a task handed to a worker. One handed to a waiting poll (a sync match) must be recorded
+# within 1 s (the matching engine's recordTaskStartedSyncMatchTimeout): a record that lands later is a task lost.
+RECORDS = ("RecordActivityTaskStarted", "RecordWorkflowTaskStarted")
+SYNC_MATCH_SECONDS = 1.0
 QUIET_ERRORS = ("serviceerror_NotFound",)  # a task queue or record looked up before it exists: normal
 LOGGED = re.compile(r'level=(WARN|ERROR) msg="([^"]*)"(?:.*?error="([^"]{0,60}))?')
 FLUSH_SECONDS = 1.5  # the server publishes its counters about every second: a scrape sees them that late
@@ -89,6 +93,8 @@ class ServerOps:
     served_ms: collections.Counter[str] = field(default_factory=collections.Counter)  # frontend, by operation
     slot: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the shard's I/O slot: ms waited, waits
     lock: list[float] = field(default_factory=lambda: [0.0, 0.0])  # workflows' locks: ms held, holds
+    records: collections.Counter[str] = field(default_factory=collections.Counter)  # RECORDS, by operation
+    late_records: collections.Counter[str] = field(default_factory=collections.Counter)  # over SYNC_MATCH_SECONDS
 
     def figures(self, per: int) -> dict[str, Any]:
         per = max(per, 1)
@@ -104,6 +110,8 @@ class ServerOps:
             "slot_waits_per_run": self.slot[1] / per,
             "slot_wait_ms": _mean(self.slot),
             "lock_held_ms": _mean(self.lock),
+            "records": dict(self.records),
+            "late_records": dict(self.late_records),
         }
 
     def rows(self, title: str, per: int) -> list[tuple[str, str]]:
@@ -126,6 +134,12 @@ class ServerOps:
                 f"{self.slot[1] / per:.1f} / {_mean_ms(self.slot)}; {_mean_ms(self.lock)}",
             ),
         ]
+        rows.append(
+            (
+                f"{title}: tasks recorded started: over {SYNC_MATCH_SECONDS:g} s / all",
+                ", ".join(f"{k} {self.late_records[k]} / {self.records[k]}" for k in RECORDS),
+            )
+        )
         rows += [(f"{title}: logged", f"{n} x {what}") for what, n in self.logged.most_common(SHOWN)]
         return rows
 
@@ -159,6 +173,12 @@ def between(before: Sample, after: Sample) -> ServerOps:
             _add_timer(ops.lock, name, grown)
         elif name == "persistence_latency_bucket" and operation == WRITE:
             buckets[float(label["le"])] += grown
+        elif name == "service_latency_count" and label.get("service_name") == "history" and operation in RECORDS:
+            ops.records[operation] += round(grown)
+            ops.late_records[operation] += round(grown)  # less those within the deadline's bucket, below
+        elif name == "service_latency_bucket" and label.get("service_name") == "history" and operation in RECORDS:
+            within = float(label["le"]) == SYNC_MATCH_SECONDS
+            ops.late_records[operation] -= round(grown) if within else 0
     ops.write_ms = {"p50": _quantile(buckets, 0.5), "p99": _quantile(buckets, 0.99)}
     return ops
 

@@ -202,6 +202,45 @@ def test_the_servers_times_are_told_per_run_per_request_and_per_wait() -> None:
     assert told == pytest.approx((6.0, 50.0, 20.0))
 
 
+def test_the_tasks_the_server_recorded_started_later_than_a_sync_match_may_wait_are_counted() -> None:
+    """The history's records of a task handed to a worker, and those that took over 1 s (the matching engine's
+    deadline for a task handed to a waiting poll): read from the history's latency histogram, by operation."""
+    from bench.server_metrics import between, parse
+
+    def histogram(operation: str, service: str, within: dict[str, int]) -> str:
+        rows = [
+            f'service_latency_bucket{{operation="{operation}",service_name="{service}",le="{le}"}} {n}\n'
+            for le, n in within.items()
+        ]
+        rows.append(f'service_latency_count{{operation="{operation}",service_name="{service}"}} {within["+Inf"]}\n')
+        return "".join(rows)
+
+    def scraped(scale: int) -> str:
+        return "# TYPE service_latency histogram\n" + "".join(
+            [
+                histogram(
+                    "RecordActivityTaskStarted",
+                    "history",
+                    {"0.5": 4 * scale, "1": 6 * scale, "2": 9 * scale, "+Inf": 10 * scale},
+                ),
+                histogram(
+                    "RecordWorkflowTaskStarted", "history", {"0.5": 20 * scale, "1": 20 * scale, "+Inf": 20 * scale}
+                ),
+                histogram("RecordActivityTaskStarted", "matching", {"0.5": 0, "1": 0, "+Inf": 7 * scale}),
+            ]
+        )
+
+    ops = between(parse(scraped(1)), parse(scraped(3)))
+    assert (ops.records, ops.late_records) == (
+        {"RecordActivityTaskStarted": 20, "RecordWorkflowTaskStarted": 40},
+        {"RecordActivityTaskStarted": 8, "RecordWorkflowTaskStarted": 0},
+    )
+    assert (
+        "server: tasks recorded started: over 1 s / all",
+        "RecordActivityTaskStarted 8 / 20, RecordWorkflowTaskStarted 0 / 40",
+    ) in ops.rows("server", 10)
+
+
 def test_the_servers_log_is_counted_from_where_the_window_began(tmp_path: Path) -> None:
     """A write that failed names its error; what came before the window, and what is not a warning, is not told."""
     from bench.server_metrics import logged
