@@ -216,21 +216,26 @@ class AgentActivities:
         # The lease's heartbeat timeout (renewals come three times within it); at least PAUSE_FLOOR_SECONDS, so that
         # a slow look (a pressure read is waited for up to a second) on a loaded machine is not mistaken for a pause.
         ttl = max(3 * input.renew_seconds, PAUSE_FLOOR_SECONDS)
-        # Twice per renewal: a crashed agent's lease expires at least 5/6 of its TTL after its last look.
+        # The loop looks twice per renewal (the GPUs' health, orphans, identities), and renews (heartbeats) at the
+        # look that comes a renewal after the last: a crashed agent's lease expires 2/3 to all of its TTL after the
+        # crash. Each renewal is a write of the machine's workflow: renewing at every look cost the server as many
+        # writes again, 13 a second for 64 machines, a burst or not (bench/README.md).
         period = min(input.renew_seconds / 2, GPU_HEALTH_SECONDS)
         reporting = asyncio.ensure_future(self._keep_reporting(period))
-        last = time.monotonic()
+        renewed = due = time.monotonic()  # the last renewal (at first: the lease's start), and when the next is due
         try:
             while True:
                 now = time.monotonic()
-                if now - last > ttl:
+                if now - renewed > ttl:
                     # Unheard for longer than its lease (this agent was paused): it expired on the server already.
                     # Count it lost now, before any look for orphans acts on what the agent saw before the pause.
                     self.lost_why = EXPIRED
                     self.lost.set()
                     return
-                last = self._lease_seen = now
-                activity.heartbeat()
+                self._lease_seen = now
+                if now >= due - period / 2:
+                    renewed, due = now, now + input.renew_seconds
+                    activity.heartbeat()
                 self._look_for_orphans()
                 self._renew_identities()
                 self._look_at_node_network()

@@ -17,7 +17,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
-from activities.agent import AgentActivities
+from activities.agent import EXPIRED, AgentActivities
 from activities.machine import (
     MachineReadError,
     PressureWatch,
@@ -388,3 +388,38 @@ async def test_an_update_the_machines_workflow_is_slow_to_answer_never_stops_the
     with suppress(BaseException):
         await holding
     assert workflows.updates == [("node/n0", "report_pressure", PressureReported(pressure=["memory"]))]
+
+
+async def test_the_lease_is_renewed_once_per_renewal_though_looked_after_twice(tmp_path: Path) -> None:
+    agent, _ = lease_holder(tmp_path, ScriptedPressure())
+    beats: list[float] = []
+    environment = ActivityEnvironment()
+    environment.on_heartbeat = lambda *_: beats.append(time.monotonic())
+    holding = asyncio.ensure_future(environment.run(agent.hold_lease, LeaseInput(node="n0", renew_seconds=0.2)))
+    await asyncio.sleep(2.1)
+    holding.cancel()
+    with suppress(BaseException):
+        await holding
+    gaps = [later - earlier for earlier, later in itertools.pairwise(beats)]
+    # Looks come every 0.1 s; a renewal at every second one: about 11 in 2.1 s, not 21.
+    assert 8 <= len(beats) <= 12 and min(gaps) > 0.15
+
+
+async def test_a_pause_is_counted_from_the_last_renewal_not_the_last_look(tmp_path: Path) -> None:
+    """Renewals every 2 s (a TTL of 6 s), looks every 1 s. The loop is stopped 5.5 s just after a look that did not
+    renew: 5.5 s unlooked, but 6.5 s unrenewed, past the TTL: the server let the lease expire, and so does the
+    agent, before it acts on anything it saw before the pause."""
+    agent, _ = lease_holder(tmp_path, ScriptedPressure())
+    environment = ActivityEnvironment()
+    paused: list[float] = []
+
+    def pause_after_the_next_look(*_: Any) -> None:
+        if not paused:
+            paused.append(time.monotonic())
+            asyncio.get_running_loop().call_later(1.1, time.sleep, 5.5)  # the whole agent stops, as on SIGSTOP
+
+    environment.on_heartbeat = pause_after_the_next_look
+    async with asyncio.timeout(15):
+        await environment.run(agent.hold_lease, LeaseInput(node="n0", renew_seconds=2.0))
+    assert agent.lost.is_set() and agent.lost_why == EXPIRED
+    assert time.monotonic() - paused[0] >= 6.6
