@@ -454,11 +454,14 @@ class Agent:
             max_concurrent_activities=1000,
             graceful_shutdown_timeout=timedelta(seconds=1),
             activity_task_poller_behavior=PollerBehaviorSimpleMaximum(maximum=MACHINE_POLLERS),
-            # A worker's heartbeats reach the server at least every third of the stale grace. The SDK's default
-            # (0.8 x the timeout: 12 s of 15) left 3 s for a heartbeat to arrive: on a busy server, workers
-            # that ran went Stale (bench/README.md, 1,000 runs).
-            max_heartbeat_throttle_interval=timedelta(seconds=self._settings.stale_grace_seconds / 3),
-            default_heartbeat_throttle_interval=timedelta(seconds=self._settings.stale_grace_seconds / 3),
+            # A worker's heartbeats reach the server every half of the stale grace (7.5 s of 15). The SDK's default
+            # (0.8 x the timeout: 12 s of 15) left 3 s for a heartbeat to arrive: on a busy server, workers that ran
+            # went Stale (bench/README.md, 1,000 runs). Each is a write of the run's workflow: every third of the
+            # grace cost a 1,000-run burst 2 to 3 heartbeats per run, the largest count of any request; every half,
+            # a third fewer, and 7.5 s for one to arrive. A worker's first heartbeat leaves less
+            # (activities/agent.py: FIRST_BEAT_INTERVALS).
+            max_heartbeat_throttle_interval=timedelta(seconds=self._settings.stale_grace_seconds / 2),
+            default_heartbeat_throttle_interval=timedelta(seconds=self._settings.stale_grace_seconds / 2),
         )
         self.lease = serving(
             client,
