@@ -18,7 +18,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import PollerBehaviorAutoscaling, PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, Worker
 from temporalio.worker._worker import load_default_build_id  # the SDK's default build, not exported
 
 from activities.agent import EXPIRED, TAKEN_OVER, AgentActivities
@@ -422,15 +422,15 @@ def _unprocessed(cause: BaseException) -> bool:
 
 LEASE_HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
-# Polls a machine's agent keeps waiting on its queue. The scheduler packs a burst, so a machine of 8 GPUs gets its 8
-# one-GPU runs together. A start that meets a waiting poll (a sync match) must be recorded started within 1 s (the
-# server's matching engine); when the server's writes take longer, the write lands but the poll never gets the task,
-# and its run waits out the heartbeat timeout (15 s). A start that waits for the next poll in the queue's backlog has
-# 10 s. With 8 polls every start of a machine met one; with 4, half do. On a slow day (the server's mean wait for its
-# I/O slot 280 to 410 ms), taking turns, 8 polls lost 25 starts in 6 bursts of 500 and 4 polls lost 5, with "Placed"
-# to "Picked up" as quick (a median of 0.8 s); 2 polls lost 6 in 6 but took 1.2 s. With one poll, a machine's starts
-# were taken one poll round trip at a time (bench/README.md).
-MACHINE_POLLERS = 4
+# Polls a machine's agent keeps on its queue: one waits, and the SDK opens more, up to 8, while the server's answers
+# say tasks wait in the queue's backlog (autoscaling). A start handed to a waiting poll (a sync match) must be
+# recorded started within 1 s (the server's matching engine); when the server's writes take longer, the write lands
+# but the poll never gets the task, and its run waits out the heartbeat timeout (15 s). A start that waits in the
+# backlog for the next poll has 10 s. With 8 polls always waiting, 6 bursts of 500 on a slow day lost 25 starts, with
+# 4 they lost 5; in bursts of 1,000, where the server recorded 40 to 50% of its tasks after more than 1 s, 4 polls lost
+# 3, 23 and 61 starts in three bursts of one hour, one poll and more on demand 0, 0, 0, 8 and 1 in five of the same
+# hours. A machine's starts are picked up a few tenths of a second later in a burst of 500 (bench/README.md).
+MACHINE_POLLERS = PollerBehaviorAutoscaling(minimum=1, maximum=8, initial=1)
 
 
 class Agent:
@@ -453,7 +453,7 @@ class Agent:
             machine_serves(activities),
             max_concurrent_activities=1000,
             graceful_shutdown_timeout=timedelta(seconds=1),
-            activity_task_poller_behavior=PollerBehaviorSimpleMaximum(maximum=MACHINE_POLLERS),
+            activity_task_poller_behavior=MACHINE_POLLERS,
             # A worker's heartbeats reach the server every half of the stale grace (7.5 s of 15). The SDK's default
             # (0.8 x the timeout: 12 s of 15) left 3 s for a heartbeat to arrive: on a busy server, workers that ran
             # went Stale (bench/README.md, 1,000 runs). Each is a write of the run's workflow: every third of the
