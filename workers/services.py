@@ -429,7 +429,9 @@ LEASE_HEARTBEAT_THROTTLE = timedelta(seconds=1)
 # backlog for the next poll has 10 s. With 8 polls always waiting, 6 bursts of 500 on a slow day lost 25 starts, with
 # 4 they lost 5; in bursts of 1,000, where the server recorded 40 to 50% of its tasks after more than 1 s, 4 polls lost
 # 3, 23 and 61 starts in three bursts of one hour, one poll and more on demand 0, 0, 0, 8 and 1 in five of the same
-# hours. A machine's starts are picked up a few tenths of a second later in a burst of 500 (bench/README.md).
+# hours. A machine's starts are picked up a few tenths of a second later in a burst of 500 (bench/README.md). A server
+# older than Temporal 1.28 sends no such answers: there the agent keeps to its one poll, and takes a machine's starts
+# one poll round trip at a time.
 MACHINE_POLLERS = PollerBehaviorAutoscaling(minimum=1, maximum=8, initial=1)
 
 
