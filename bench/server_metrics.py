@@ -176,9 +176,13 @@ def between(before: Sample, after: Sample) -> ServerOps:
         elif name == "service_latency_count" and label.get("service_name") == "history" and operation in RECORDS:
             ops.records[operation] += round(grown)
             ops.late_records[operation] += round(grown)  # less those within the deadline's bucket, below
-        elif name == "service_latency_bucket" and label.get("service_name") == "history" and operation in RECORDS:
-            within = float(label["le"]) == SYNC_MATCH_SECONDS
-            ops.late_records[operation] -= round(grown) if within else 0
+        elif (
+            name == "service_latency_bucket"
+            and label.get("service_name") == "history"
+            and operation in RECORDS
+            and float(label["le"]) == SYNC_MATCH_SECONDS
+        ):
+            ops.late_records[operation] -= round(grown)
     ops.write_ms = {"p50": _quantile(buckets, 0.5), "p99": _quantile(buckets, 0.99)}
     return ops
 

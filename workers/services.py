@@ -450,20 +450,21 @@ class Agent:
         self._client = client
         self._grace = grace_seconds
         self._settings = settings or Settings()
+        # A worker's heartbeats reach the server every half of the stale grace (7.5 s of 15). The SDK's default
+        # (0.8 x the timeout: 12 s of 15) left 3 s for a heartbeat to arrive: on a busy server, workers that ran
+        # went Stale (bench/README.md, 1,000 runs). Each is a write of the run's workflow: every third of the
+        # grace cost a 1,000-run burst 2 to 3 heartbeats per run, the largest count of any request; every half,
+        # a third fewer, and 7.5 s for one to arrive. A worker's first heartbeat leaves less
+        # (activities/agent.py: FIRST_BEAT_INTERVALS).
+        beats = timedelta(seconds=self._settings.stale_grace_seconds / 2)
         self.machine = serving(
             client,
             machine_serves(activities),
             max_concurrent_activities=1000,
             graceful_shutdown_timeout=timedelta(seconds=1),
             activity_task_poller_behavior=MACHINE_POLLERS,
-            # A worker's heartbeats reach the server every half of the stale grace (7.5 s of 15). The SDK's default
-            # (0.8 x the timeout: 12 s of 15) left 3 s for a heartbeat to arrive: on a busy server, workers that ran
-            # went Stale (bench/README.md, 1,000 runs). Each is a write of the run's workflow: every third of the
-            # grace cost a 1,000-run burst 2 to 3 heartbeats per run, the largest count of any request; every half,
-            # a third fewer, and 7.5 s for one to arrive. A worker's first heartbeat leaves less
-            # (activities/agent.py: FIRST_BEAT_INTERVALS).
-            max_heartbeat_throttle_interval=timedelta(seconds=self._settings.stale_grace_seconds / 2),
-            default_heartbeat_throttle_interval=timedelta(seconds=self._settings.stale_grace_seconds / 2),
+            max_heartbeat_throttle_interval=beats,
+            default_heartbeat_throttle_interval=beats,
         )
         self.lease = serving(
             client,
