@@ -17,7 +17,7 @@ import shutil
 import socket
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from activities.capabilities import CapabilitySetup, Services, SetUp
 from activities.identities import Identities
@@ -248,17 +248,18 @@ class Starter:
     async def _admit(self, key: TaskKey, count: int) -> tuple[list[int], bool]:
         """Its GPUs, and whether it already started. New attempts get free, unfaulted GPUs, healthy ones first."""
         async with self._admission:
-            in_use = await asyncio.to_thread(self._runtime.gpus_in_use)
+            # What is set up is read before what runs (`_held_during`): a start that ends during the look is in one.
+            in_use, reserved = await _held_during(self._runtime.gpus_in_use, self._reserved)
             if key.slug in in_use:
                 return in_use[key.slug], True
             if key.slug in self._reserved:
                 return self._reserved[key.slug], False
-            self._preparer.forget(keep=[*in_use, *self._reserved, key.slug])
+            self._preparer.forget(keep=[*in_use, *reserved, key.slug])
             if self._identities is not None:
-                self._identities.forget(keep=[*in_use, *self._reserved, key.slug])
+                self._identities.forget(keep=[*in_use, *reserved, key.slug])
             if self._sessions is not None:
-                self._sessions.forget(keep=[*in_use, *self._reserved, key.slug])
-            taken = {index for indices in [*in_use.values(), *self._reserved.values()] for index in indices}
+                self._sessions.forget(keep=[*in_use, *reserved, key.slug])
+            taken = {index for indices in [*in_use.values(), *reserved.values()] for index in indices}
             usable = [gpu for gpu in self._gpus() if gpu.index not in taken and gpu.fault is None]
             usable.sort(key=lambda gpu: (gpu.at_risk is not None, gpu.index))
             if count > len(usable):
@@ -389,9 +390,9 @@ class Starter:
             if self._port_range is None:
                 error = "external_access needs ports, and this machine's agent has no --external-ports range"
                 raise SetupEnded(R.ContainerStartFailed(error=error))
-            held = await asyncio.to_thread(self._runtime.ports_in_use)
+            held, assigned = await _held_during(self._runtime.ports_in_use, self._ports)
             taken = {port for ports in held.values() for port in ports.values()}
-            taken |= {m.host_port for mappings in self._ports.values() for m in mappings}
+            taken |= {m.host_port for mappings in assigned.values() for m in mappings}
             candidates = (p for p in range(self._port_range.first, self._port_range.last + 1) if p not in taken)
             free = list(itertools.islice((p for p in candidates if bindable(p)), len(group.external_access)))
             if len(free) < len(group.external_access):
@@ -449,3 +450,19 @@ class Starter:
             work.result()
         except RuntimeFailure as failure:
             raise SetupEnded(failure.reason) from None
+
+
+Held = TypeVar("Held")
+SetUpHold = TypeVar("SetUpHold")
+
+
+async def _held_during(
+    running: Callable[[], dict[str, Held]], set_up: dict[str, SetUpHold]
+) -> tuple[dict[str, Held], dict[str, SetUpHold]]:
+    """What attempts that run hold (`running`, read on a thread), and what those being set up hold (`set_up`), each
+    as it was when the look began or since. A start that ends during the look gives its setup's hold back
+    (`Starter._unreserve`) and may have been read as not running yet: with `set_up` read after the look only, it
+    is in neither, and its GPUs or ports go to a second attempt (a burst of 1,000 runs did that once)."""
+    before = dict(set_up)
+    held = await asyncio.to_thread(running)
+    return held, {**before, **set_up}

@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -117,6 +118,44 @@ async def test_a_retried_start_finds_the_attempt_it_started(machine: Machine) ->
 
     assert await machine.start(key(), group(gpus=1)) == first
     assert [k.slug for k in machine.runtime.attempts()] == [key().slug]
+
+
+async def test_a_start_that_ends_while_another_attempt_is_admitted_keeps_its_gpu(
+    machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second attempt's look at the GPUs in use begins before the first's start ends and returns after it: the
+    first was neither running in that look nor still being set up after it. It must still count as holding GPU 0
+    (a burst of 1,000 runs once gave one GPU to two workers)."""
+    runtime_start, gpus_in_use = machine.runtime.start, machine.runtime.gpus_in_use
+    starting, start_may_go, second_look, look_may_end = (threading.Event() for _ in range(4))
+    looks = 0
+
+    def held_start(*args: Any) -> None:
+        starting.set()
+        start_may_go.wait(10)
+        runtime_start(*args)
+
+    def late_look() -> dict[str, list[int]]:
+        nonlocal looks
+        looks += 1
+        held = gpus_in_use()
+        if looks == 2:
+            second_look.set()
+            look_may_end.wait(10)
+        return held
+
+    monkeypatch.setattr(machine.runtime, "start", held_start)
+    monkeypatch.setattr(machine.runtime, "gpus_in_use", late_look)
+    first = asyncio.ensure_future(machine.start(key("a"), group(gpus=1)))
+    await asyncio.to_thread(starting.wait, 10)
+    second = asyncio.ensure_future(machine.start(key("b"), group(gpus=1)))
+    await asyncio.to_thread(second_look.wait, 10)
+    start_may_go.set()
+    assert await first == [0]
+    look_may_end.set()
+
+    assert await second == [3]
+    assert gpus_in_use() == {key("a").slug: [0], key("b").slug: [3]}
 
 
 async def test_a_setup_that_waits_reports_once_and_starts_when_ready(machine: Machine) -> None:
