@@ -105,6 +105,14 @@ _LET_GO_SECONDS = 0.1  # AstraeusClient.close: time for the SDK's threads to let
 # were lost, and 99 runs' workers were timed out. Capped, the server's dispatch paces the others (bench/README.md).
 EAGER_STARTS = 10
 
+# A submit is admitted behind the work of the runs already admitted. Every write of a workflow's state waits for the
+# one I/O slot of its history shard (`history.shardIOConcurrency`), first come first served, except that a caller
+# of type "preemptable" waits until no other caller does (and comes last under the persistence rate limit, too).
+# Temporal marks its own standby tasks and batch jobs so, "to avoid impacting active traffic". A new run's write so
+# marked no longer delays a start handed to a machine, a decision or a heartbeat of a run under way: those wait
+# behind a burst's submits no more. A submit waits longer in a burst, and alone no longer (bench/README.md).
+SUBMIT_METADATA = {"caller-type": "preemptable"}
+
 # Temporal's predefined attribute naming the worker builds that took a workflow's tasks. As a build completes its
 # first task of a run, the server adds it and, the list changed, writes the run's listing again: one of the three
 # listing writes a run cost on its way to Running (the visibility store's writes were two thirds of the dev server's
@@ -327,6 +335,7 @@ class AstraeusClient:
                 memo=run_memo(spec, datetime.now(UTC)),
                 static_summary=f"run {spec.namespace}/{spec.name}",
                 request_eager_start=eager,
+                rpc_metadata=SUBMIT_METADATA,
             )
         finally:
             self._eager -= eager
