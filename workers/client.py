@@ -96,21 +96,16 @@ ASK_AGAIN_SECONDS = 0.1  # between two reads of a run being created, or two wait
 NO_CLOSE_EVENT = "No completion event found"  # what the SDK raises when a wait for the close event ends empty
 _LET_GO_SECONDS = 0.1  # AstraeusClient.close: time for the SDK's threads to let go of a dropped connection
 
-# Eager starts. A submit through a client that a control plane's worker also uses (`astraeus dev`: its HTTP API and
-# console; a script beside `Embedded`) asks the server to start the run's first workflow task at once and hand it
-# back with the start's answer, to that worker: one write of the run's state and its dispatch through the task queue
-# fewer. Elsewhere (`astraeus api` apart, the CLI) the SDK finds no such worker and starts the run as before. At most
-# EAGER_STARTS at a time: in a burst of 500 with every submit eager, the runs' first tasks all came in within 9 s,
-# faster than the server could take what they asked next; its writes then waited over a second, tasks it handed out
-# were lost, and 99 runs' workers were timed out. Capped, the server's dispatch paces the others (bench/README.md).
-EAGER_STARTS = 10
-
 # A submit is admitted behind the work of the runs already admitted. Every write of a workflow's state waits for the
 # one I/O slot of its history shard (`history.shardIOConcurrency`), first come first served, except that a caller
 # of type "preemptable" waits until no other caller does (and comes last under the persistence rate limit, too).
 # Temporal marks its own standby tasks and batch jobs so, "to avoid impacting active traffic". A new run's write so
 # marked no longer delays a start handed to a machine, a decision or a heartbeat of a run under way: those wait
 # behind a burst's submits no more. A submit waits longer in a burst, and alone no longer (bench/README.md).
+# Nor is a start eager (`request_eager_start`: the run's first workflow task started in the start's own write and
+# handed back with its answer, to this process's worker). That saved a write, but an eager run came before the
+# scheduler ahead of runs submitted earlier, whose first tasks waited in the queue: with ten at a time, 4 to 10 of
+# the first 512 runs of a 1,000-run burst waited behind later ones; with one at a time, 1; with none, none.
 SUBMIT_METADATA = {"caller-type": "preemptable"}
 
 # Temporal's predefined attribute naming the worker builds that took a workflow's tasks. As a build completes its
@@ -273,7 +268,6 @@ class AstraeusClient:
         self.temporal = client
         self.control_build = control_build
         self._inputs: dict[tuple[str, str], _Given] = {}  # by workflow and run id
-        self._eager = 0  # eager starts in flight (EAGER_STARTS)
 
     async def __aenter__(self) -> AstraeusClient:
         return self
@@ -319,26 +313,20 @@ class AstraeusClient:
         return spec.job_id
 
     async def _start(self, spec: JobSpec, reuse: WorkflowIDReusePolicy) -> None:
-        eager = self._eager < EAGER_STARTS
-        self._eager += eager
         listed = search_attributes(spec, RunState.PENDING)
         if self.control_build is not None:
             listed = listed.updated(SearchAttributePair(BUILD_IDS_KEY, listed_builds(self.control_build)))
-        try:
-            await self.temporal.start_workflow(
-                JobWorkflow.run,
-                JobInput(spec=spec),
-                id=spec.job_id,
-                task_queue=CONTROL_TASK_QUEUE,
-                id_reuse_policy=reuse,
-                search_attributes=listed,
-                memo=run_memo(spec, datetime.now(UTC)),
-                static_summary=f"run {spec.namespace}/{spec.name}",
-                request_eager_start=eager,
-                rpc_metadata=SUBMIT_METADATA,
-            )
-        finally:
-            self._eager -= eager
+        await self.temporal.start_workflow(
+            JobWorkflow.run,
+            JobInput(spec=spec),
+            id=spec.job_id,
+            task_queue=CONTROL_TASK_QUEUE,
+            id_reuse_policy=reuse,
+            search_attributes=listed,
+            memo=run_memo(spec, datetime.now(UTC)),
+            static_summary=f"run {spec.namespace}/{spec.name}",
+            rpc_metadata=SUBMIT_METADATA,
+        )
 
     async def delete(self, namespace: str, name: str, by: str = "") -> Tombstone:
         """Delete the run: cancel it if it is active (its workers stopped with "Run deleted"), remove its workers'
