@@ -70,8 +70,11 @@ def test_a_terminated_runs_worker_is_stopped_by_its_machine_which_says_why(clust
     temporal(cluster, "workflow", "terminate", "--workflow-id", "job/default/sleepy", "--reason", "stuck")
 
     runtime = ProcessRuntime(cluster.agent_dir("n0") / "tasks")
-    cluster.wait_for(lambda: not alive(pid), "the agent to stop the worker", timeout=BOUND_SECONDS)
-    assert not runtime.observe(key).running
+
+    def stopped() -> bool:  # the worker's process ends first, then its shim, which writes its exit
+        return not alive(pid) and not runtime.observe(key).running
+
+    cluster.wait_for(stopped, "the agent to stop the worker", timeout=BOUND_SECONDS)
     why = "Stopped worker w-0 of run default/sleepy: its run is no longer open (terminated)"
     node = cluster.wait_for(
         lambda: next((n for n in cluster.json("nodes") if why in [e["reason"] for e in n["history"]]), None),
