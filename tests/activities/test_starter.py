@@ -389,6 +389,50 @@ async def test_external_access_gets_ports_of_the_range_that_no_live_worker_holds
             runtime.stop(key(task), grace_seconds=0)
 
 
+async def test_a_start_that_ends_while_another_attempt_takes_ports_keeps_its_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As with GPUs: the second attempt's look at the ports in use spans the first's start, which then holds its
+    port as a running worker, no longer as one being set up. The second must still not be given it."""
+    ports = free_range(2)
+    runtime = ProcessRuntime(tmp_path / "tasks")
+    starter, _ = ported(tmp_path, ports, runtime)
+    runtime_start, ports_in_use = runtime.start, runtime.ports_in_use
+    starting, start_may_go, second_look, look_may_end = (threading.Event() for _ in range(4))
+    looks = 0
+
+    def held_start(*args: Any) -> None:
+        starting.set()
+        start_may_go.wait(10)
+        runtime_start(*args)
+
+    def late_look() -> dict[str, dict[str, int]]:
+        nonlocal looks
+        looks += 1
+        held = ports_in_use()
+        if looks == 2:
+            second_look.set()
+            look_may_end.wait(10)
+        return held
+
+    monkeypatch.setattr(runtime, "start", held_start)
+    monkeypatch.setattr(runtime, "ports_in_use", late_look)
+    try:
+        first = asyncio.ensure_future(starter.start(key("a"), serving("web:8080"), {}, lambda _: None))
+        await asyncio.to_thread(starting.wait, 10)
+        second = asyncio.ensure_future(starter.start(key("b"), serving("web:8080"), {}, lambda _: None))
+        await asyncio.to_thread(second_look.wait, 10)
+        start_may_go.set()
+        await first
+        look_may_end.set()
+        await second
+
+        assert ports_in_use() == {key("a").slug: {"web": ports.first}, key("b").slug: {"web": ports.last}}
+    finally:
+        for task in ("a", "b"):
+            runtime.stop(key(task), grace_seconds=0)
+
+
 async def test_a_worker_waits_for_its_port_until_one_is_free_and_an_agent_that_restarts_keeps_them(
     tmp_path: Path,
 ) -> None:
