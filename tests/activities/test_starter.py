@@ -9,10 +9,10 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -24,6 +24,8 @@ from activities.starter import SetupEnded, Starter, bindable
 from workflows.domain.nodes import GpuInfo, PortRange
 from workflows.domain.reasons import Reason
 from workflows.domain.spec import GroupSpec
+
+T = TypeVar("T")
 
 
 def key(task: str = "w-0", attempt: int = 1) -> TaskKey:
@@ -120,13 +122,12 @@ async def test_a_retried_start_finds_the_attempt_it_started(machine: Machine) ->
     assert [k.slug for k in machine.runtime.attempts()] == [key().slug]
 
 
-async def test_a_start_that_ends_while_another_attempt_is_admitted_keeps_its_gpu(
-    machine: Machine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The second attempt's look at the GPUs in use begins before the first's start ends and returns after it: the
-    first was neither running in that look nor still being set up after it. It must still count as holding GPU 0
-    (a burst of 1,000 runs once gave one GPU to two workers)."""
-    runtime_start, gpus_in_use = machine.runtime.start, machine.runtime.gpus_in_use
+async def started_across_a_look(
+    runtime: ProcessRuntime, look: str, monkeypatch: pytest.MonkeyPatch, start: Callable[[TaskKey], Awaitable[T]]
+) -> tuple[T, T]:
+    """Start attempts a and b, b's look at what runs (the runtime's method `look`) beginning before a's start ends
+    and returning after it: a is neither running in that look nor still being set up after it."""
+    runtime_start, looked = runtime.start, getattr(runtime, look)
     starting, start_may_go, second_look, look_may_end = (threading.Event() for _ in range(4))
     looks = 0
 
@@ -135,26 +136,36 @@ async def test_a_start_that_ends_while_another_attempt_is_admitted_keeps_its_gpu
         start_may_go.wait(10)
         runtime_start(*args)
 
-    def late_look() -> dict[str, list[int]]:
+    def late_look() -> Any:
         nonlocal looks
         looks += 1
-        held = gpus_in_use()
+        held = looked()
         if looks == 2:
             second_look.set()
             look_may_end.wait(10)
         return held
 
-    monkeypatch.setattr(machine.runtime, "start", held_start)
-    monkeypatch.setattr(machine.runtime, "gpus_in_use", late_look)
-    first = asyncio.ensure_future(machine.start(key("a"), group(gpus=1)))
+    monkeypatch.setattr(runtime, "start", held_start)
+    monkeypatch.setattr(runtime, look, late_look)
+    first = asyncio.ensure_future(start(key("a")))
     await asyncio.to_thread(starting.wait, 10)
-    second = asyncio.ensure_future(machine.start(key("b"), group(gpus=1)))
+    second = asyncio.ensure_future(start(key("b")))
     await asyncio.to_thread(second_look.wait, 10)
     start_may_go.set()
-    assert await first == [0]
+    a = await first
     look_may_end.set()
+    return a, await second
 
-    assert await second == [3]
+
+async def test_a_start_that_ends_while_another_attempt_is_admitted_keeps_its_gpu(
+    machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It must still count as holding GPU 0 (a burst of 1,000 runs once gave one GPU to two workers)."""
+    gpus_in_use = machine.runtime.gpus_in_use
+
+    assert await started_across_a_look(
+        machine.runtime, "gpus_in_use", monkeypatch, lambda k: machine.start(k, group(gpus=1))
+    ) == ([0], [3])
     assert gpus_in_use() == {key("a").slug: [0], key("b").slug: [3]}
 
 
@@ -392,40 +403,15 @@ async def test_external_access_gets_ports_of_the_range_that_no_live_worker_holds
 async def test_a_start_that_ends_while_another_attempt_takes_ports_keeps_its_port(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As with GPUs: the second attempt's look at the ports in use spans the first's start, which then holds its
-    port as a running worker, no longer as one being set up. The second must still not be given it."""
+    """As with GPUs: the first, running, holds its port; the second must not be given it."""
     ports = free_range(2)
     runtime = ProcessRuntime(tmp_path / "tasks")
     starter, _ = ported(tmp_path, ports, runtime)
-    runtime_start, ports_in_use = runtime.start, runtime.ports_in_use
-    starting, start_may_go, second_look, look_may_end = (threading.Event() for _ in range(4))
-    looks = 0
-
-    def held_start(*args: Any) -> None:
-        starting.set()
-        start_may_go.wait(10)
-        runtime_start(*args)
-
-    def late_look() -> dict[str, dict[str, int]]:
-        nonlocal looks
-        looks += 1
-        held = ports_in_use()
-        if looks == 2:
-            second_look.set()
-            look_may_end.wait(10)
-        return held
-
-    monkeypatch.setattr(runtime, "start", held_start)
-    monkeypatch.setattr(runtime, "ports_in_use", late_look)
+    ports_in_use = runtime.ports_in_use
     try:
-        first = asyncio.ensure_future(starter.start(key("a"), serving("web:8080"), {}, lambda _: None))
-        await asyncio.to_thread(starting.wait, 10)
-        second = asyncio.ensure_future(starter.start(key("b"), serving("web:8080"), {}, lambda _: None))
-        await asyncio.to_thread(second_look.wait, 10)
-        start_may_go.set()
-        await first
-        look_may_end.set()
-        await second
+        await started_across_a_look(
+            runtime, "ports_in_use", monkeypatch, lambda k: starter.start(k, serving("web:8080"), {}, lambda _: None)
+        )
 
         assert ports_in_use() == {key("a").slug: {"web": ports.first}, key("b").slug: {"web": ports.last}}
     finally:
