@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -18,13 +19,27 @@ import httpx
 import yaml
 
 from activities.runtime.process import ProcessRuntime
+from workers.client import AstraeusClient
 from workers.devserver import DevServer, free_port
+from workflows.domain.spec import parse_spec
 
 BIN = Path(sys.executable).parent
 ASTRAEUS = str(BIN / "astraeus")
 
 # Shrunk timers, so that restarts and leases happen within a test's patience.
 SETTINGS = {"backoff_base_seconds": 1, "backoff_cap_seconds": 2, "stop_grace_seconds": 1, "node_lease_ttl_seconds": 5}
+
+
+async def to_running(client: AstraeusClient, names: list[str]) -> None:
+    """Submit a run of one `sleep 300` worker under each name, and wait (60 s at most) until each is Running."""
+    await asyncio.gather(
+        *(client.submit(parse_spec({"name": n, "groups": [{"name": "w", "command": ["sleep", "300"]}]})) for n in names)
+    )
+    deadline = time.monotonic() + 60
+    for name in names:
+        while (await client.status("default", name)).state != "Running":
+            assert time.monotonic() < deadline, f"{name} was not Running in 60 s"
+            await asyncio.sleep(0.1)
 
 
 def pairs(entries: list[dict[str, str]]) -> list[tuple[str, str]]:

@@ -11,26 +11,16 @@ from pathlib import Path
 import pytest
 
 from bench.server_metrics import FLUSH_SECONDS, between, scrape
+from tests.integration.harness import to_running
 from workers.client import BUILD_IDS_KEY, AstraeusClient, listed_builds
 from workers.devserver import free_port
 from workers.embedded import Embedded
 from workflows.contracts import SA_STATE
-from workflows.domain.spec import job_id, parse_spec
+from workflows.domain.spec import job_id
 
 pytestmark = pytest.mark.integration
 
 UPSERT = "UpsertWorkflowExecution"  # a write of a run's listing after its start
-
-
-async def to_running(client: AstraeusClient, names: list[str]) -> None:
-    await asyncio.gather(
-        *(client.submit(parse_spec({"name": n, "groups": [{"name": "w", "command": ["sleep", "300"]}]})) for n in names)
-    )
-    deadline = time.monotonic() + 60
-    for name in names:
-        while (await client.status("default", name)).state != "Running":
-            assert time.monotonic() < deadline, f"{name} was not Running in 60 s"
-            await asyncio.sleep(0.1)
 
 
 async def listed_running(client: AstraeusClient, names: list[str]) -> None:

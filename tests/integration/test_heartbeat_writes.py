@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from bench.server_metrics import between, scrape
+from tests.integration.harness import to_running
 from workers.client import AstraeusClient
 from workers.devserver import free_port
 from workers.embedded import Embedded
 from workflows.domain.settings import Settings
-from workflows.domain.spec import parse_spec
 
 pytestmark = pytest.mark.integration
 
@@ -29,11 +29,7 @@ async def test_a_running_workers_heartbeats_reach_the_server_every_half_of_the_s
     async with embedded:
         assert embedded.client is not None
         client = AstraeusClient(embedded.client)
-        await client.submit(parse_spec({"name": "beats", "groups": [{"name": "w", "command": ["sleep", "300"]}]}))
-        deadline = time.monotonic() + 60
-        while (await client.status("default", "beats")).state != "Running":
-            assert time.monotonic() < deadline, "beats was not Running in 60 s"
-            await asyncio.sleep(0.1)
+        await to_running(client, ["beats"])
         await asyncio.sleep(2 * GRACE)  # past its first heartbeat (FIRST_BEAT_INTERVALS), to the steady pace
         port = embedded.server.metrics_port
         before, began = scrape(port), time.monotonic()  # each scrape sees what was counted until FLUSH_SECONDS ago

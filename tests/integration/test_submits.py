@@ -6,13 +6,13 @@ before it (workers/client.py: SUBMIT_METADATA). Counted by the server, and read 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
 from bench.server_metrics import FLUSH_SECONDS, SLOT, Sample, scrape
+from tests.integration.harness import to_running
 from workers.client import AstraeusClient
 from workers.devserver import free_port
 from workers.embedded import Embedded
@@ -40,11 +40,7 @@ async def test_a_submits_write_waits_behind_runs_under_way_and_its_run_s_later_w
         port = embedded.server.metrics_port
         await asyncio.sleep(FLUSH_SECONDS)
         before = scrape(port)
-        await client.submit(parse_spec({"name": "sweep-0", "groups": [{"name": "w", "command": ["sleep", "300"]}]}))
-        deadline = time.monotonic() + 60
-        while (await client.status("default", "sweep-0")).state != "Running":
-            assert time.monotonic() < deadline, "sweep-0 was not Running in 60 s"
-            await asyncio.sleep(0.1)
+        await to_running(client, ["sweep-0"])
         await asyncio.sleep(FLUSH_SECONDS)
         after = scrape(port)
     submits = slot_waits(after, LOW) - slot_waits(before, LOW)
