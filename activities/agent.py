@@ -35,7 +35,7 @@ from activities.machine import PressureWatch
 from activities.mesh import Mesh
 from activities.node_network import NodeNetwork
 from activities.prepare import Preparer
-from activities.runtime.base import Observed, Runtime, TaskKey, readable
+from activities.runtime.base import Observed, Runtime, readable
 from activities.sessions import SessionRefused, Sessions
 from activities.starter import SetupEnded, Starter
 from workflows import contracts
@@ -44,6 +44,7 @@ from workflows.domain.events import ExitedWhileLost, TaskHealth, TaskProgress, T
 from workflows.domain.node import GpusReported, OrphanStopped, PressureReported
 from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
 from workflows.domain.reasons import R, Reason
+from workflows.domain.refs import TaskRef
 from workflows.domain.settings import Settings
 from workflows.domain.spec import Readiness, job_id
 from workflows.messages import (
@@ -64,7 +65,6 @@ from workflows.messages import (
     StopTaskInput,
     SuperviseInput,
     TaskExit,
-    TaskRef,
 )
 
 log = logging.getLogger(__name__)
@@ -86,10 +86,6 @@ RETURNED_KEPT_SECONDS = 600.0  # a pressure read still going after this is colle
 # A worker whose setting up takes longer than this is told to its run as picked up (Preparing) while it lasts; a
 # quicker one is told once, started and running, with when it was picked up and started (no signal more).
 PICK_UP_REPORT_SECONDS = 1.0
-
-
-def task_key(ref: TaskRef) -> TaskKey:
-    return TaskKey(namespace=ref.namespace, job=ref.job, task=ref.task_id, attempt=ref.attempt)
 
 
 class AgentActivities:
@@ -114,7 +110,7 @@ class AgentActivities:
         self.instance = instance  # this agent process ("host:pid:token"), as its machine's lease names it
         self.lost = asyncio.Event()  # set once its lease is lost: the agent then stops its workers and exits
         self.lost_why = ""
-        self._attempts: set[TaskKey] = set()  # attempts this agent started or watched: its workers
+        self._attempts: set[TaskRef] = set()  # attempts this agent started or watched: its workers
         self._runtime = runtime
         self._gpus = list(inventory.gpus)  # with their health as last reported to the machine's workflow
         self._gpu_watch = gpu_watch
@@ -150,11 +146,11 @@ class AgentActivities:
         self.registrations = 0  # how often this agent registered: a start begun before the latest one is fenced
         self._lease_seen = time.monotonic()  # when hold_lease last ran here
         self._leases = 0  # hold_lease activities begun here: a newer one carries the lease of a run continued as new
-        self._live: dict[TaskKey, int] = {}  # attempts an activity of this agent starts or watches now
-        self._unwatched: set[TaskKey] = set()  # attempts whose watch ended before they did (their run lost them?)
-        self._returned: dict[TaskKey, float] = {}  # attempts whose watch returned their exit lately, and when
-        self._picked_up: dict[TaskKey, datetime] = {}  # attempts being set up, and when this agent picked them up
-        self._told_setting_up: set[TaskKey] = set()  # of those, the ones whose run was told something already
+        self._live: dict[TaskRef, int] = {}  # attempts an activity of this agent starts or watches now
+        self._unwatched: set[TaskRef] = set()  # attempts whose watch ended before they did (their run lost them?)
+        self._returned: dict[TaskRef, float] = {}  # attempts whose watch returned their exit lately, and when
+        self._picked_up: dict[TaskRef, datetime] = {}  # attempts being set up, and when this agent picked them up
+        self._told_setting_up: set[TaskRef] = set()  # of those, the ones whose run was told something already
 
     async def adopt_attempts(self) -> int:
         """At the start of an agent process: the attempts its machine holds (an earlier process's) are watched by
@@ -309,15 +305,15 @@ class AgentActivities:
         _, _, picked_up, _ = await self._start(input.start, input.settings)
         ref = input.start.ref
         started_at = datetime.now(UTC)
-        external = await self._external(task_key(ref)) if input.start.group.external_access else {}
-        address = await self.node_network.address_of(task_key(ref)) if input.start.group.on_mesh else None
+        external = await self._external(ref) if input.start.group.external_access else {}
+        address = await self.node_network.address_of(ref) if input.start.group.on_mesh else None
         report = TaskRunning(
             **ref.ids(), started=True, picked_up_at=picked_up, started_at=started_at, external=external,
             node_address=address,
         )  # fmt: skip
         return await self._watch(ref, input.settings, input.readiness, report)
 
-    async def _external(self, key: TaskKey) -> dict[str, str]:
+    async def _external(self, key: TaskRef) -> dict[str, str]:
         """Where people reach the attempt's external access: this machine's address and the ports it holds."""
         held = await asyncio.to_thread(self._runtime.ports_in_use)
         return {name: f"{self._inventory.address}:{port}" for name, port in sorted(held.get(key.slug, {}).items())}
@@ -328,7 +324,7 @@ class AgentActivities:
         """Its GPUs, whether it started, when this agent picked it up, and at the barrier the address held for it on
         the node network. A setup that takes longer than PICK_UP_REPORT_SECONDS with nothing else told is told to
         the run as picked up while it lasts."""
-        key = task_key(input.ref)
+        key = input.ref
         _beat_later(settings or self._settings)
         picked_up = datetime.now(UTC)
         self._picked_up[key] = picked_up
@@ -341,7 +337,7 @@ class AgentActivities:
             self._told_setting_up.discard(key)
         return gpus, started, picked_up, held
 
-    async def _tell_picked_up(self, key: TaskKey) -> None:
+    async def _tell_picked_up(self, key: TaskRef) -> None:
         await asyncio.sleep(PICK_UP_REPORT_SECONDS)
         if key in self._told_setting_up:
             return  # a wait or a pull was told: the run shows it picked up already
@@ -350,7 +346,7 @@ class AgentActivities:
         except Exception as err:  # the report of its start says it later
             log.warning("%s: could not tell its run it was picked up: %s", key.slug, err)
 
-    async def _admit_and_start(self, input: StartTaskInput, key: TaskKey) -> tuple[list[int], bool, str | None]:
+    async def _admit_and_start(self, input: StartTaskInput, key: TaskRef) -> tuple[list[int], bool, str | None]:
         began, registrations = time.monotonic(), self.registrations
         details = activity.info().heartbeat_details
         _beat(str(details[0]) if details else "starting")  # a start that queues is not a dead agent
@@ -366,7 +362,7 @@ class AgentActivities:
             return await self._set_up_and_start(input, key, fence)
 
     async def _set_up_and_start(
-        self, input: StartTaskInput, key: TaskKey, fence: Callable[[], Awaitable[None]]
+        self, input: StartTaskInput, key: TaskRef, fence: Callable[[], Awaitable[None]]
     ) -> tuple[list[int], bool, str | None]:
         self._attempts.add(key)
         env = {
@@ -397,7 +393,7 @@ class AgentActivities:
     async def _watch(
         self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskRunning
     ) -> TaskExit:
-        key = task_key(ref)
+        key = ref
         self._unwatched.discard(key)
         registrations = self.registrations
         with self._live_attempt(key):
@@ -420,7 +416,7 @@ class AgentActivities:
         self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskRunning
     ) -> tuple[TaskExit, float]:
         """Its exit, and the longest this agent went unheard while watching it (paused, say)."""
-        key = task_key(ref)
+        key = ref
         self._attempts.add(key)
         ended = self._runtime.ended_fd(key)  # a worker whose end wakes this watch needs no polling
         checking = None
@@ -464,7 +460,7 @@ class AgentActivities:
     async def stop_task(self, input: StopTaskInput) -> None:
         """The stop signal, the grace period, then a kill; returns once the worker has ended. A worker still
         being set up stops there."""
-        key = task_key(input.ref)
+        key = input.ref
         await _heartbeating(self._starter.stop(key, input.grace_seconds))
 
     async def stop_own_tasks(self, grace_seconds: float) -> int:
@@ -520,7 +516,7 @@ class AgentActivities:
                             job, err)  # fmt: skip
         return removed
 
-    async def _deleted_attempts(self, namespace: str, job: str, deleted: set[str]) -> Callable[[TaskKey], bool]:
+    async def _deleted_attempts(self, namespace: str, job: str, deleted: set[str]) -> Callable[[TaskRef], bool]:
         """Which attempts of a run named so are a deleted run's: all of them while its workflow is gone or is a
         deleted one; none while it is a later run that ended; those it does not have here while it is open."""
         try:
@@ -534,12 +530,12 @@ class AgentActivities:
         if described.status != WorkflowExecutionStatus.RUNNING:
             return lambda key: False
         answer = await self._attempts_of(namespace, job)
-        return lambda key: _stale(answer, key.task, key.attempt) is not None
+        return lambda key: _stale(answer, key.task_id, key.attempt) is not None
 
     @implements(contracts.read_log)
     async def read_log(self, input: ReadLogInput) -> LogText:
         """An attempt's output (stdout and stderr), the last `max_bytes` of it, for `astraeus logs`."""
-        key = task_key(input.ref)
+        key = input.ref
         text = await asyncio.to_thread(self._runtime.log_tail, key, input.lines, input.max_bytes)
         return LogText(text=text)
 
@@ -549,7 +545,7 @@ class AgentActivities:
         sessions = self._hosting_sessions()
         try:
             expires = await asyncio.to_thread(
-                sessions.grant, task_key(input.ref), input.public_key, input.ttl_seconds, datetime.now(UTC)
+                sessions.grant, input.ref, input.public_key, input.ttl_seconds, datetime.now(UTC)
             )
         except SessionRefused as err:
             raise ApplicationError(str(err), type="SessionRefused", non_retryable=True) from None
@@ -560,7 +556,7 @@ class AgentActivities:
         """Run a person's command in a running attempt here, for a request signed by a token granted for it."""
         sessions = self._hosting_sessions()
         try:
-            return await asyncio.to_thread(sessions.attach, task_key(input.ref), input, datetime.now(UTC))
+            return await asyncio.to_thread(sessions.attach, input.ref, input, datetime.now(UTC))
         except SessionRefused as err:
             raise ApplicationError(str(err), type="SessionRefused", non_retryable=True) from None
 
@@ -573,7 +569,7 @@ class AgentActivities:
     async def _check_health(self, ref: TaskRef, readiness: Readiness) -> None:
         """Every period, run the readiness check on a thread (a slow check never delays a heartbeat) and signal
         `task_health` when its outcome changes; the first outcome is always told. Runs until cancelled."""
-        key = task_key(ref)
+        key = ref
         told: bool | None = None
         while True:
             began = time.monotonic()
@@ -605,12 +601,12 @@ class AgentActivities:
                     raise
         await contracts.signal(self._client.get_workflow_handle(workflow_id), signal, report)
 
-    async def _report_progress(self, key: TaskKey, reason: Reason) -> None:
+    async def _report_progress(self, key: TaskRef, reason: Reason) -> None:
         """Tell the run what its worker waits for while it is set up, or that its image is being pulled, or that
         it was picked up (and when: the run shows it Preparing since then)."""
         self._told_setting_up.add(key)
         report = TaskProgress(
-            task_id=key.task,
+            task_id=key.task_id,
             attempt=key.attempt,
             pulling=reason.code == R.Pulling.code,
             reason=reason,
@@ -708,7 +704,7 @@ class AgentActivities:
         return answer
 
     @contextlib.contextmanager
-    def _live_attempt(self, key: TaskKey) -> Iterator[None]:
+    def _live_attempt(self, key: TaskRef) -> Iterator[None]:
         """While an activity starts or watches the attempt, its run has it: the look for stale attempts skips it."""
         self._live[key] = self._live.get(key, 0) + 1
         try:
@@ -794,7 +790,7 @@ class AgentActivities:
             if observed.running:
                 continue
             if observed.exit_code == 0 and not observed.oom:
-                report = ExitedWhileLost(task_id=key.task, attempt=key.attempt, node=self.node_name)
+                report = ExitedWhileLost(task_id=key.task_id, attempt=key.attempt, node=self.node_name)
                 try:
                     run = self._client.get_workflow_handle(job_id(key.namespace, key.job))
                     await contracts.signal(run, contracts.TASK_EXITED_WHILE_LOST, report)
@@ -807,21 +803,21 @@ class AgentActivities:
                     log.warning("%s: %s exited 0 while its run had lost it: told its run", self.node_name, key.slug)
             self._unwatched.discard(key)
 
-    async def _not_the_runs(self, namespace: str, job: str, keys: list[TaskKey]) -> list[tuple[TaskKey, OrphanStopped]]:
+    async def _not_the_runs(self, namespace: str, job: str, keys: list[TaskRef]) -> list[tuple[TaskRef, OrphanStopped]]:
         """The attempts of one run running here that it no longer has: all of them when its workflow is no longer
         open; else those no activity of this agent watches whose attempt the run does not have here (one query)."""
         run = f"{namespace}/{job}"
         status = await self._closed_run(namespace, job)
         if status is not None:
-            return [(key, OrphanStopped(task=key.task, run=run, status=status)) for key in keys]
+            return [(key, OrphanStopped(task=key.task_id, run=run, status=status)) for key in keys]
         unwatched = [key for key in keys if key not in self._live]
         if not unwatched:
             return []
         answer = await self._attempts_of(namespace, job)
         return [
-            (key, OrphanStopped(task=key.task, run=run, status=why, attempt=key.attempt))
+            (key, OrphanStopped(task=key.task_id, run=run, status=why, attempt=key.attempt))
             for key in unwatched
-            if (why := _stale(answer, key.task, key.attempt)) is not None
+            if (why := _stale(answer, key.task_id, key.attempt)) is not None
         ]
 
     async def _closed_run(self, namespace: str, job: str) -> str | None:

@@ -17,12 +17,13 @@ from temporalio.exceptions import TimeoutError as TemporalTimeout
 from temporalio.service import RPCError
 
 from activities.identity import AttemptIdentity, spiffe_id
-from activities.runtime.base import Mount, TaskKey, forget_attempts
+from activities.runtime.base import Mount, forget_attempts
 from workflows import contracts
 from workflows.contracts import CONTROL_TASK_QUEUE
 from workflows.domain.reasons import R, Reason, error_text
+from workflows.domain.refs import TaskRef
 from workflows.identity import IdentityWorkflow
-from workflows.messages import IssueIdentityInput, TaskRef
+from workflows.messages import IssueIdentityInput
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,10 @@ class Identities:
         self._node = node
         self._answer_within = answer_within
 
-    def directory(self, key: TaskKey) -> Path:
+    def directory(self, key: TaskRef) -> Path:
         return self.root / key.slug
 
-    async def ensure(self, key: TaskKey) -> Reason | None:
+    async def ensure(self, key: TaskRef) -> Reason | None:
         """None once the attempt holds a certificate that does not need renewing yet; else it is asked for, and
         while none is held, why the worker waits ("Waiting for the worker's identity: <why>")."""
         attempt = AttemptIdentity(self.directory(key))
@@ -59,13 +60,13 @@ class Identities:
         """Whether any attempt here has an identity (else there is nothing to renew, and no need to look)."""
         return self.root.is_dir() and any(self.root.iterdir())
 
-    async def renew(self, running: Iterable[TaskKey]) -> None:
+    async def renew(self, running: Iterable[TaskRef]) -> None:
         """Renew the certificates of the running attempts that have one and are past half its life."""
         for key in running:
             if self.directory(key).is_dir():
                 await self.ensure(key)
 
-    def files(self, key: TaskKey, in_container: bool) -> tuple[dict[str, str], list[Mount]]:
+    def files(self, key: TaskRef, in_container: bool) -> tuple[dict[str, str], list[Mount]]:
         """What the launch gets: the variables naming the files, and, in a container, the directory mounted
         read-only (a process reads them where they are)."""
         attempt = AttemptIdentity(self.directory(key))
@@ -78,21 +79,21 @@ class Identities:
         """Remove the identities of every attempt but those in `keep` (slugs)."""
         forget_attempts(self.root, keep)
 
-    async def _issue(self, key: TaskKey, attempt: AttemptIdentity) -> str | None:
+    async def _issue(self, key: TaskRef, attempt: AttemptIdentity) -> str | None:
         """Ask the cluster CA for the attempt's certificate and keep it; None once kept, else why not."""
-        identity = spiffe_id(key.namespace, key.job, key.task, key.attempt)
+        identity = spiffe_id(key.namespace, key.job, key.task_id, key.attempt)
         try:
             csr = await asyncio.to_thread(attempt.request, identity)
         except OSError as error:
             return f"cannot write its key on this machine: {error_text(error)}"
-        ref = TaskRef(namespace=key.namespace, job=key.job, task_id=key.task, attempt=key.attempt)
+        ref = TaskRef(namespace=key.namespace, job=key.job, task_id=key.task_id, attempt=key.attempt)
         request = IssueIdentityInput(ref=ref, node=self._node, csr_pem=csr.decode())
         serial = uuid.uuid4().hex[:12]
         try:
             issued = await self._client.execute_workflow(
                 IdentityWorkflow.run,
                 request,
-                id=contracts.identity_id(key.namespace, key.job, key.task, key.attempt, serial),
+                id=contracts.identity_id(key.namespace, key.job, key.task_id, key.attempt, serial),
                 task_queue=CONTROL_TASK_QUEUE,
                 execution_timeout=self._answer_within,
             )

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from temporalio.client import Client
 
 from activities.mesh import Mesh
-from activities.runtime.base import NetworkNotUp, Runtime, TaskKey
+from activities.runtime.base import NetworkNotUp, Runtime
 from activities.wireguard import MeshDown
 from workflows import contracts
 from workflows.contracts import SUBNETS_WORKFLOW_ID
+from workflows.domain.refs import TaskRef
 from workflows.messages import SubnetRequest, SubnetsInput
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class NodeNetwork:
         self.up = None
         self._subnet = None
 
-    async def address_of(self, key: TaskKey) -> str | None:
+    async def address_of(self, key: TaskRef) -> str | None:
         """A started attempt's address on the node network (the docker runtime's), None without one."""
         of = getattr(self._runtime, "node_address", None)
         return None if of is None else await asyncio.to_thread(of, key)

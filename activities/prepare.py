@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from activities.drives import DriveStore
-from activities.runtime.base import Mount, RegistryAuth, RuntimeFailure, TaskKey, forget_attempts
+from activities.runtime.base import Mount, RegistryAuth, RuntimeFailure, forget_attempts
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import source_path
 from workflows.domain.reasons import R, Reason
+from workflows.domain.refs import TaskRef
 from workflows.domain.spec import DriveSpec, GroupSpec, SecretSpec
 
 # Host paths no worker may mount, whatever the machine allows: the system's own, and the agent's (its secrets).
@@ -61,7 +62,7 @@ class Preparer:
         self._mounts = mounts
 
     def prepare(
-        self, key: TaskKey, group: GroupSpec, catalogue: Mapping[str, Drive] | None = None
+        self, key: TaskRef, group: GroupSpec, catalogue: Mapping[str, Drive] | None = None
     ) -> Prepared | Waiting:
         """Every step in the spec's order: drives, then secrets, then the registry credential; then the files.
         `catalogue` holds the cluster's drives that the group mounts."""
@@ -163,7 +164,7 @@ class Preparer:
         text = (username.decode("utf-8", errors="replace").strip(), password.decode("utf-8", errors="replace"))
         return RegistryAuth(username=text[0], password=text[1].rstrip("\n"))
 
-    def _write_files(self, key: TaskKey, files: list[tuple[SecretSpec, bytes]]) -> list[Mount]:
+    def _write_files(self, key: TaskRef, files: list[tuple[SecretSpec, bytes]]) -> list[Mount]:
         """Copy each file secret into the attempt's config directory; mount it read-only where it was asked."""
         mounts = []
         directory = self.config_root / key.slug

@@ -16,10 +16,11 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from activities.runtime.base import ExecRefused, Executed, Runtime, RuntimeFailure, TaskKey, forget_attempts
+from activities.runtime.base import ExecRefused, Executed, Runtime, RuntimeFailure, forget_attempts
 from activities.runtime.shim import write_atomically
 from activities.session_token import verify
 from workflows.domain.reasons import R
+from workflows.domain.refs import TaskRef
 from workflows.messages import SESSION_OUTPUT_MAX_BYTES, Attached, AttachInput
 
 NO_SESSIONS = "this machine hosts no interactive sessions (its agent was started with --no-interactive-sessions)"
@@ -43,10 +44,10 @@ class Sessions:
         self._lock = threading.Lock()  # grants.json and the nonces seen are read and written whole
         self._seen: dict[str, datetime] = {}  # nonces of requests run, with when they were signed
 
-    def directory(self, key: TaskKey) -> Path:
+    def directory(self, key: TaskRef) -> Path:
         return self.root / key.slug
 
-    def set_up(self, key: TaskKey) -> None:
+    def set_up(self, key: TaskRef) -> None:
         """Make the attempt ready for sessions before it starts, or fail it with "Interactive token: <why>"."""
         if not self.hosts:
             raise RuntimeFailure(R.InteractiveTokenFailed(why=NO_SESSIONS))
@@ -63,7 +64,7 @@ class Sessions:
         """Remove the grants of every attempt but those in `keep` (slugs): an ended attempt's tokens end with it."""
         forget_attempts(self.root, keep)
 
-    def grant(self, key: TaskKey, public_key: str, ttl_seconds: int, now: datetime) -> datetime:
+    def grant(self, key: TaskRef, public_key: str, ttl_seconds: int, now: datetime) -> datetime:
         """Let the holder of the token with this public key attach until it expires; returns when."""
         self._grants(key)
         self._running(key)
@@ -74,36 +75,38 @@ class Sessions:
             write_atomically(self.directory(key) / "grants.json", json.dumps(grants))
         return expires
 
-    def attach(self, key: TaskKey, request: AttachInput, now: datetime) -> Attached:
+    def attach(self, key: TaskRef, request: AttachInput, now: datetime) -> Attached:
         """Run the request's command in the attempt, once its token and signature are checked."""
         self._check(key, request, now)
         self._running(key)
         try:
             done = self._runtime.exec(key, request.argv, request.stdin.encode(), request.timeout_seconds)
         except ExecRefused as err:
-            raise SessionRefused(f"cannot run {request.argv[0]} in worker {key.task} on {self._node}: {err}") from None
+            raise SessionRefused(
+                f"cannot run {request.argv[0]} in worker {key.task_id} on {self._node}: {err}"
+            ) from None
         return _attached(done)
 
     # ---- checks -------------------------------------------------------------------------------------------------
 
-    def _grants(self, key: TaskKey) -> dict[str, str]:
+    def _grants(self, key: TaskRef) -> dict[str, str]:
         try:
             grants: dict[str, str] = json.loads((self.directory(key) / "grants.json").read_text())
         except FileNotFoundError:
             raise SessionRefused(
-                f"worker {key.task} (attempt {key.attempt}) on {self._node} hosts no interactive sessions "
+                f"worker {key.task_id} (attempt {key.attempt}) on {self._node} hosts no interactive sessions "
                 "(its group does not ask capabilities.interactive_token, or this attempt was not set up here)"
             ) from None
         return grants
 
-    def _running(self, key: TaskKey) -> None:
+    def _running(self, key: TaskRef) -> None:
         if not self._runtime.observe(key).running:
-            raise SessionRefused(f"worker {key.task} (attempt {key.attempt}) is not running on {self._node}")
+            raise SessionRefused(f"worker {key.task_id} (attempt {key.attempt}) is not running on {self._node}")
 
-    def _check(self, key: TaskKey, request: AttachInput, now: datetime) -> None:
+    def _check(self, key: TaskRef, request: AttachInput, now: datetime) -> None:
         expires = self._grants(key).get(request.public_key)
         if expires is None:
-            raise SessionRefused(f"token refused: it was not issued for worker {key.task} (attempt {key.attempt})")
+            raise SessionRefused(f"token refused: it was not issued for worker {key.task_id} (attempt {key.attempt})")
         if now >= datetime.fromisoformat(expires):
             raise SessionRefused(f"token refused: it expired at {_utc(datetime.fromisoformat(expires))}")
         if not verify(request):

@@ -23,21 +23,13 @@ from activities.capabilities import CapabilitySetup, Services, SetUp
 from activities.identities import Identities
 from activities.node_network import NodeNetworkUp, network_missing
 from activities.prepare import Prepared, Preparer, Waiting
-from activities.runtime.base import (
-    Launch,
-    Mount,
-    NetworkNotUp,
-    OnProgress,
-    PortMapping,
-    Runtime,
-    RuntimeFailure,
-    TaskKey,
-)
+from activities.runtime.base import Launch, Mount, NetworkNotUp, OnProgress, PortMapping, Runtime, RuntimeFailure
 from activities.runtime.shim import write_atomically
 from activities.sessions import Sessions
 from workflows.domain.constraints import Drive
 from workflows.domain.nodes import GpuInfo, PortRange
 from workflows.domain.reasons import R, Reason
+from workflows.domain.refs import TaskRef
 from workflows.domain.requests import placed_drives
 from workflows.domain.spec import GroupSpec
 
@@ -46,7 +38,7 @@ NODE_ADDRESS_FILE = "node-address"  # with an attempt's files: the address held 
 log = logging.getLogger(__name__)
 
 # Tells the run what its worker waits for, or that its image is being pulled (signal `task_progress`).
-Report = Callable[[TaskKey, Reason], Coroutine[Any, Any, None]]
+Report = Callable[[TaskRef, Reason], Coroutine[Any, Any, None]]
 # Heartbeats the activity with what it does now, so a retry knows what was already reported.
 Beat = Callable[[str], None]
 # The cluster's catalogue of drives (the drives workflow's query), read when a worker mounts some.
@@ -75,9 +67,9 @@ def bindable(port: int) -> bool:
     return True
 
 
-def node_hostname(key: TaskKey) -> str:
+def node_hostname(key: TaskRef) -> str:
     """A worker's name on its machine's node network: `<worker>.<run>.<workspace>`, the same for every attempt."""
-    return f"{key.task}.{key.job}.{key.namespace}"
+    return f"{key.task_id}.{key.job}.{key.namespace}"
 
 
 class SetupEnded(Exception):
@@ -130,7 +122,7 @@ class Starter:
 
     async def start(
         self,
-        key: TaskKey,
+        key: TaskRef,
         group: GroupSpec,
         env: dict[str, str],
         beat: Beat,
@@ -158,7 +150,7 @@ class Starter:
         return gpus
 
     async def ready(
-        self, key: TaskKey, group: GroupSpec, env: dict[str, str], beat: Beat, reported: str | None = None
+        self, key: TaskRef, group: GroupSpec, env: dict[str, str], beat: Beat, reported: str | None = None
     ) -> tuple[list[int], bool, str | None]:
         """Set the attempt up to the gang barrier without starting it: admit, prepare, pull. Its GPUs stay
         reserved until a later `start` starts it or a `stop` ends it. Returns its GPUs, whether it already
@@ -170,7 +162,7 @@ class Starter:
         held = await asyncio.to_thread(self._hold_node_address, key) if launch.network is not None else None
         return gpus, False, held
 
-    async def stop(self, key: TaskKey, grace_seconds: float) -> None:
+    async def stop(self, key: TaskRef, grace_seconds: float) -> None:
         """Stop the attempt: end its setup, let a start already in the runtime finish, then stop what runs. One
         set up at the barrier and never started gives its GPUs back."""
         self._stops.add(key.slug)
@@ -182,7 +174,7 @@ class Starter:
             self._pulled.discard(key.slug)
         await asyncio.to_thread(self._runtime.stop, key, grace_seconds)
 
-    async def delete(self, key: TaskKey, grace_seconds: float) -> None:
+    async def delete(self, key: TaskRef, grace_seconds: float) -> None:
         """Stop the attempt if it runs, then remove it from the machine: its directory or container, its log, and
         the files it was given (its run was deleted)."""
         if (await asyncio.to_thread(self._runtime.observe, key)).running:
@@ -198,7 +190,7 @@ class Starter:
 
     async def _set_up(
         self,
-        key: TaskKey,
+        key: TaskRef,
         group: GroupSpec,
         env: dict[str, str],
         beat: Beat,
@@ -241,11 +233,11 @@ class Starter:
             launch = dataclasses.replace(launch, pull_policy="IfNotPresent")
         return gpus, launch
 
-    def _not_stopped(self, key: TaskKey) -> None:
+    def _not_stopped(self, key: TaskRef) -> None:
         if key.slug in self._stops:
             raise SetupEnded(R.StoppedOnRequest())
 
-    async def _admit(self, key: TaskKey, count: int) -> tuple[list[int], bool]:
+    async def _admit(self, key: TaskRef, count: int) -> tuple[list[int], bool]:
         """Its GPUs, and whether it already started. New attempts get free, unfaulted GPUs, healthy ones first."""
         async with self._admission:
             # What is set up is read before what runs (`_held_during`): a start that ends during the look is in one.
@@ -270,7 +262,7 @@ class Starter:
             return gpus, False
 
     async def _prepare(
-        self, key: TaskKey, group: GroupSpec, env: dict[str, str], gpus: list[int], beat: Beat, reported: str | None
+        self, key: TaskRef, group: GroupSpec, env: dict[str, str], gpus: list[int], beat: Beat, reported: str | None
     ) -> Launch:
         """Prepare until every step is ready, reporting each new wait to the run once."""
         while True:
@@ -334,12 +326,12 @@ class Starter:
             ports=ports or [],
         )
 
-    def _set_up_sessions(self, key: TaskKey) -> None:
+    def _set_up_sessions(self, key: TaskRef) -> None:
         if self._sessions is None:
             raise RuntimeFailure(R.InteractiveTokenFailed(why="this machine's agent hosts no interactive sessions"))
         self._sessions.set_up(key)
 
-    def _hold_node_address(self, key: TaskKey) -> str:
+    def _hold_node_address(self, key: TaskRef) -> str:
         """The attempt's address on the node network, held for it (kept with its files, so that a restarted agent
         holds the same one): asked of the runtime once, clear of the addresses held for the others."""
         held = self._held_node_address(key)
@@ -357,7 +349,7 @@ class Starter:
         write_atomically(directory / NODE_ADDRESS_FILE, address)
         return address
 
-    def _held_node_address(self, key: TaskKey) -> str | None:
+    def _held_node_address(self, key: TaskRef) -> str | None:
         try:
             return (self._preparer.config_root / key.slug / NODE_ADDRESS_FILE).read_text()
         except FileNotFoundError:
@@ -373,13 +365,13 @@ class Starter:
             raise SetupEnded(R.ContainerStartFailed(error=f"network.mesh: {missing}"))
         return self._node_network()
 
-    async def _identity(self, key: TaskKey) -> Reason | None:
+    async def _identity(self, key: TaskRef) -> Reason | None:
         """Why the attempt still waits for its certificate, or None once it holds one."""
         if self._identities is None:
             raise SetupEnded(R.ContainerStartFailed(error="identity: this machine's agent issues no identities"))
         return await self._identities.ensure(key)
 
-    async def _assign_ports(self, key: TaskKey, group: GroupSpec) -> list[PortMapping] | None:
+    async def _assign_ports(self, key: TaskRef, group: GroupSpec) -> list[PortMapping] | None:
         """The machine's ports for the attempt's external access, each from the range, held by no attempt that
         runs or is being set up, and free on the machine now; None while not enough are (it waits)."""
         if not group.external_access:
@@ -401,7 +393,7 @@ class Starter:
             self._ports[key.slug] = mappings
             return mappings
 
-    async def _run_start(self, key: TaskKey, launch: Launch, beat: Beat) -> None:
+    async def _run_start(self, key: TaskRef, launch: Launch, beat: Beat) -> None:
         """Hand the start to the runtime. It is not interrupted: if this activity is cancelled, the start still
         finishes (and a stop waits for it); its GPUs stay reserved until the runtime holds them."""
         starting = self._starting.get(key.slug)
@@ -421,7 +413,7 @@ class Starter:
         if key.slug in self._stops:  # stopped while it started: the stop that waited for it ends it
             raise SetupEnded(R.StoppedOnRequest())
 
-    async def _call(self, key: TaskKey, work: Callable[[OnProgress], None], reported: str | None = None) -> None:
+    async def _call(self, key: TaskRef, work: Callable[[OnProgress], None], reported: str | None = None) -> None:
         """`work` on a thread; what it says it does (R.Pulling) is reported to the run unless already reported."""
         loop = asyncio.get_running_loop()
         self._doing[key.slug] = reported or "starting"
@@ -440,7 +432,7 @@ class Starter:
         finally:
             self._doing.pop(key.slug, None)
 
-    async def _beat_until_done(self, key: TaskKey, work: asyncio.Future[None], beat: Beat) -> None:
+    async def _beat_until_done(self, key: TaskRef, work: asyncio.Future[None], beat: Beat) -> None:
         """Heartbeat with what `work` does until it ends, never cancelling it (a cancelled activity leaves it to
         finish); its RuntimeFailure ends the setup with the runtime's reason."""
         while not work.done():

@@ -15,10 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from activities.runtime.base import Launch, TaskKey
+from activities.runtime.base import Launch
 from activities.runtime.docker import DockerRuntime
 from activities.runtime.process import ProcessRuntime
 from tests.docker_engine import IMAGE, DockerEngine, missing
+from workflows.domain.refs import TaskRef
 
 
 def measure_docker(runtime: DockerRuntime, count: int) -> dict[str, list[float]]:
@@ -26,7 +27,7 @@ def measure_docker(runtime: DockerRuntime, count: int) -> dict[str, list[float]]
     figures: dict[str, list[float]] = {"start returns": [], "start to Running": []}
     keys = []
     for attempt in range(1, count + 1):
-        key = TaskKey(namespace="bench", job=f"latency-{time.time_ns()}", task="w-0", attempt=attempt)
+        key = TaskRef(namespace="bench", job=f"latency-{time.time_ns()}", task_id="w-0", attempt=attempt)
         began = time.perf_counter()
         runtime.start(key, Launch(command=["sleep", "30"], image=IMAGE, memory_bytes=64 << 20, cpu=0.5))
         figures["start returns"].append(time.perf_counter() - began)
@@ -44,7 +45,7 @@ def measure_process(root: Path, count: int) -> dict[str, list[float]]:
     runtime = ProcessRuntime(root)
     figures: dict[str, list[float]] = {"start returns": []}
     for attempt in range(1, count + 1):
-        key = TaskKey(namespace="bench", job="latency", task="w-0", attempt=attempt)
+        key = TaskRef(namespace="bench", job="latency", task_id="w-0", attempt=attempt)
         began = time.perf_counter()
         runtime.start(key, Launch(command=["sleep", "30"]))
         figures["start returns"].append(time.perf_counter() - began)

@@ -53,6 +53,7 @@ from workflows.contracts import (
 from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.constraints import Drive
 from workflows.domain.nodes import NodeView
+from workflows.domain.refs import TaskRef
 from workflows.domain.requests import Allocation
 from workflows.domain.spec import JobSpec, job_id
 from workflows.domain.status import TASK_ENDED, Folded, JobRecord, RunState, Status
@@ -87,7 +88,6 @@ from workflows.messages import (
     SessionInput,
     SessionOutput,
     StopTaskRequest,
-    TaskRef,
 )
 from workflows.sessions import SessionWorkflow
 

@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.domain.job import FirstPlacement, decide, fail_undecided, is_settled
     from workflows.domain.reasons import R, Reason, error_text
+    from workflows.domain.refs import TaskRef
     from workflows.domain.spec import JobSpec
     from workflows.domain.status import (
         RUN_TERMINAL,
@@ -46,26 +47,25 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.domain.tasks import allocation, group_of, new_job, nodes_in_use, task_request
     from workflows.domain.views import Event, JobDescription, describe, events
-    from workflows.messages import (
-        RUN_FAILED,
-        AttemptsOnNode,
-        AttemptsQuery,
-        CancelRunInput,
-        JobInput,
-        LoadSettingsInput,
-        PlaceInput,
-        PlaceResult,
-        PlanInput,
-        ReleaseInput,
-        RunTaskInput,
-        SchedulerView,
-        StartTaskInput,
-        StopTaskInput,
-        StopTaskRequest,
-        SuperviseInput,
-        TaskExit,
-        TaskRef,
-    )
+from workflows.messages import (
+    RUN_FAILED,
+    AttemptsOnNode,
+    AttemptsQuery,
+    CancelRunInput,
+    JobInput,
+    LoadSettingsInput,
+    PlaceInput,
+    PlaceResult,
+    PlanInput,
+    ReleaseInput,
+    RunTaskInput,
+    SchedulerView,
+    StartTaskInput,
+    StopTaskInput,
+    StopTaskRequest,
+    SuperviseInput,
+    TaskExit,
+)
 
 # The scheduler and agents come back after a crash: keep retrying calls to them, gently.
 PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))

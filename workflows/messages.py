@@ -16,6 +16,7 @@ from workflows.domain.mesh import MeshMember
 from workflows.domain.nodes import NodeView
 from workflows.domain.placement import Allocation, TaskRequest
 from workflows.domain.quotas import Quota
+from workflows.domain.refs import TaskRef
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec, Readiness
 from workflows.domain.status import JobRecord
@@ -284,19 +285,6 @@ class TombstonesQuery(_Msg):
 
 
 # ---- Node agent activities --------------------------------------------------------------------------------------
-
-
-class TaskRef(_Msg):
-    """One attempt of one worker: how an agent names it."""
-
-    namespace: str
-    job: str
-    task_id: str
-    attempt: int
-
-    def ids(self) -> dict[str, Any]:
-        """The fields that name the attempt in a report to its run."""
-        return {"task_id": self.task_id, "attempt": self.attempt}
 
 
 class StartTaskInput(_Msg):

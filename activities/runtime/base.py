@@ -10,21 +10,8 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from workflows.domain.reasons import Reason
+from workflows.domain.refs import TaskRef
 from workflows.domain.spec import Readiness
-
-
-@dataclass(frozen=True)
-class TaskKey:
-    """Names one attempt of one worker on a machine; a retried start finds its own container by it."""
-
-    namespace: str
-    job: str
-    task: str
-    attempt: int
-
-    @property
-    def slug(self) -> str:
-        return f"{self.namespace}.{self.job}.{self.task}.{self.attempt}"
 
 
 @dataclass(frozen=True)
@@ -159,7 +146,7 @@ class Runtime(Protocol):
     # only checks the launch, and is called at once.
     pulls_images: bool
 
-    def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
+    def start(self, key: TaskRef, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Start the attempt unless it already exists (running or ended); never start one twice.
         Reports R.Pulling through `on_progress` before pulling an image. Raises RuntimeFailure."""
 
@@ -167,24 +154,24 @@ class Runtime(Protocol):
         """Make the launch's image present under its pull policy, starting nothing (a gang member at the barrier).
         Reports R.Pulling through `on_progress` before pulling. Raises RuntimeFailure."""
 
-    def observe(self, key: TaskKey) -> Observed:
+    def observe(self, key: TaskRef) -> Observed:
         """Running, exited with a code, or not found on this machine."""
 
-    def ended_fd(self, key: TaskKey) -> int | None:
+    def ended_fd(self, key: TaskRef) -> int | None:
         """A new file descriptor that becomes readable once the attempt has ended, for the caller to wait on and
         close; None when this runtime cannot tell (the caller polls `observe`)."""
 
-    def probe(self, key: TaskKey, readiness: Readiness) -> tuple[bool, str]:
+    def probe(self, key: TaskRef, readiness: Readiness) -> tuple[bool, str]:
         """Run the readiness check once against the running attempt, within its timeout: whether it passed, and
         a short detail ("exited with code 1", "HTTP 503", "connection refused", "timed out after 2s")."""
 
-    def stop(self, key: TaskKey, grace_seconds: float) -> None:
+    def stop(self, key: TaskRef, grace_seconds: float) -> None:
         """Send the stop signal, wait up to the grace period, then kill. Returns once it has ended."""
 
-    def log_tail(self, key: TaskKey, lines: int, max_bytes: int) -> str:
+    def log_tail(self, key: TaskRef, lines: int, max_bytes: int) -> str:
         """The last `lines` lines of its output, at most `max_bytes` bytes."""
 
-    def exec(self, key: TaskKey, argv: list[str], stdin: bytes, timeout_seconds: float) -> Executed:
+    def exec(self, key: TaskRef, argv: list[str], stdin: bytes, timeout_seconds: float) -> Executed:
         """Run `argv` inside the running attempt (as it runs: its environment, its directory, its network), with
         `stdin` as its input, and wait for it up to its timeout. Raises ExecRefused when it cannot be run there."""
 
@@ -195,13 +182,13 @@ class Runtime(Protocol):
         """The machine's ports held by attempts that still run for their external access, by attempt slug: name
         -> port. Kept with the attempt (its files, its container), so an agent that restarts finds them."""
 
-    def attempts(self) -> list[TaskKey]:
+    def attempts(self) -> list[TaskRef]:
         """Every attempt this machine knows, running or ended: what an agent that restarts finds."""
 
-    def running(self) -> list[TaskKey]:
+    def running(self) -> list[TaskRef]:
         """The attempts that run now: what the agent checks against their runs' workflows (orphans)."""
 
-    def delete(self, key: TaskKey) -> None:
+    def delete(self, key: TaskRef) -> None:
         """Remove an ended attempt and its logs."""
 
 

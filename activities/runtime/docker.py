@@ -42,13 +42,13 @@ from activities.runtime.base import (
     PortMapping,
     RuntimeFailure,
     RuntimeUnavailable,
-    TaskKey,
     ignore_progress,
     port_environment,
     ran_too_long,
 )
 from activities.runtime.probes import exited, http_get, timed_out
 from workflows.domain.reasons import R, Reason, Template
+from workflows.domain.refs import TaskRef
 from workflows.domain.spec import Readiness
 from workflows.domain.subnets import gateway, highest_free
 
@@ -69,7 +69,7 @@ def node_network_name(node: str) -> str:
     return f"astraeus-node-{node}"
 
 
-def container_name(key: TaskKey) -> str:
+def container_name(key: TaskRef) -> str:
     """The attempt's container: the engine keeps names unique, so a retried start finds its own."""
     return f"astraeus.{key.slug}"
 
@@ -97,7 +97,7 @@ class DockerRuntime:
 
     # ---- the port ---------------------------------------------------------------------------------------------
 
-    def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
+    def start(self, key: TaskRef, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Pull the image under the launch's policy, create the container and start it, unless it exists.
         Returns once the container runs (or already ended); a container that ever started is left alone."""
         if not launch.command:
@@ -173,7 +173,7 @@ class DockerRuntime:
         except (DockerException, requests.RequestException) as err:
             raise NetworkNotUp(str(_unavailable(err))) from err
 
-    def node_address(self, key: TaskKey) -> str | None:
+    def node_address(self, key: TaskRef) -> str | None:
         """The attempt's address on the machine's node network, None when it is not on it (or gone)."""
         container = self._find(key)
         networks = ((container.attrs.get("NetworkSettings") or {}).get("Networks") or {}) if container else {}
@@ -186,7 +186,7 @@ class DockerRuntime:
             raise RuntimeFailure(R.InvalidTask(error="no image: the docker runtime runs a container image"))
         self._ensure_image(launch.image, launch, on_progress)
 
-    def probe(self, key: TaskKey, readiness: Readiness) -> tuple[bool, str]:
+    def probe(self, key: TaskRef, readiness: Readiness) -> tuple[bool, str]:
         """The command `exec`'d in the container, or an HTTP GET to the container's address (127.0.0.1 when it
         shares the machine's network), from this machine."""
         container = self._find(key)
@@ -200,11 +200,11 @@ class DockerRuntime:
         assert readiness.command is not None
         return self._exec(container, readiness.command, readiness.timeout_seconds)
 
-    def ended_fd(self, key: TaskKey) -> int | None:
+    def ended_fd(self, key: TaskRef) -> int | None:
         """None: the engine's events are not watched per container; the agent polls `observe`."""
         return None
 
-    def observe(self, key: TaskKey) -> Observed:
+    def observe(self, key: TaskRef) -> Observed:
         """Running while the engine says so; exited with its code and whether the kernel killed it for memory;
         not found when there is no container, or one that never started."""
         container = self._find(key)
@@ -217,7 +217,7 @@ class DockerRuntime:
         oom = self._oom_killed(container)
         return Observed(running=False, exit_code=int(state["ExitCode"]), oom=oom, ended_at=ended)
 
-    def stop(self, key: TaskKey, grace_seconds: float) -> None:
+    def stop(self, key: TaskRef, grace_seconds: float) -> None:
         """SIGTERM (or the image's stop signal), the grace period, then SIGKILL; returns once it has ended."""
         container = self._find(key)
         if container is None or container.attrs["State"]["Status"] not in _RUNNING_STATES:
@@ -228,7 +228,7 @@ class DockerRuntime:
             except NotFound:
                 return  # removed meanwhile: it has ended
 
-    def log_tail(self, key: TaskKey, lines: int, max_bytes: int) -> str:
+    def log_tail(self, key: TaskRef, lines: int, max_bytes: int) -> str:
         """The last `lines` lines of its stdout and stderr (interleaved as written), at most `max_bytes`."""
         if lines <= 0 or max_bytes <= 0:
             return ""
@@ -264,17 +264,17 @@ class DockerRuntime:
                 held[key.slug] = {name: int(port) for name, _, port in pairs}
         return held
 
-    def attempts(self) -> list[TaskKey]:
+    def attempts(self) -> list[TaskRef]:
         """Every attempt this machine has a container for, running or ended."""
         keys = (_key_of(container.labels) for container in self._containers())
         return sorted((key for key in keys if key is not None), key=lambda key: key.slug)
 
-    def running(self) -> list[TaskKey]:
+    def running(self) -> list[TaskRef]:
         """The attempts whose container the engine says runs (or is paused, or restarting), from their labels."""
         keys = (_key_of(container.labels) for container in self._containers(status=_RUNNING_STATES))
         return sorted((key for key in keys if key is not None), key=lambda key: key.slug)
 
-    def delete(self, key: TaskKey) -> None:
+    def delete(self, key: TaskRef) -> None:
         """Remove an ended attempt's container, and its logs with it. Deleting a missing one does nothing."""
         container = self._find(key)
         if container is None:
@@ -305,7 +305,7 @@ class DockerRuntime:
         with _mapped(R.ErrImagePull):
             self._client.images.pull(repository, tag=tag or "latest", auth_config=auth_config)
 
-    def _create(self, key: TaskKey, launch: Launch) -> Container:
+    def _create(self, key: TaskRef, launch: Launch) -> Container:
         """Create the attempt's container; one created meanwhile by another start of it is the one."""
         assert launch.image is not None
         options: dict[str, Any] = {
@@ -352,7 +352,7 @@ class DockerRuntime:
         except (DockerException, requests.RequestException) as err:
             raise _unavailable(err) from err
 
-    def exec(self, key: TaskKey, argv: list[str], stdin: bytes, timeout_seconds: float) -> Executed:
+    def exec(self, key: TaskRef, argv: list[str], stdin: bytes, timeout_seconds: float) -> Executed:
         """`exec` in the running container, its input written to the exec's stream and its output read back apart
         (stdout, stderr). The engine cannot end an exec: one past its timeout is left to finish on its own (as the
         kubelet does), and what it wrote until then is kept."""
@@ -416,7 +416,7 @@ class DockerRuntime:
 
     # ---- the engine -------------------------------------------------------------------------------------------
 
-    def _find(self, key: TaskKey) -> Container | None:
+    def _find(self, key: TaskRef) -> Container | None:
         with _engine():
             try:
                 return self._client.containers.get(container_name(key))
@@ -459,7 +459,7 @@ class DockerRuntime:
         return containers
 
     @contextmanager
-    def _attempt_lock(self, key: TaskKey) -> Iterator[None]:
+    def _attempt_lock(self, key: TaskRef) -> Iterator[None]:
         """Two starts of one attempt at once (a retried activity) create and start one container."""
         with self._locks_guard:
             lock = self._locks.setdefault(key.slug, threading.Lock())
@@ -552,36 +552,36 @@ def container_address(container: Container) -> str | None:
     return next((address for address in addresses if address), None)
 
 
-def _labels(key: TaskKey, node: str, gpus: list[int], ports: list[PortMapping]) -> dict[str, str]:
+def _labels(key: TaskRef, node: str, gpus: list[int], ports: list[PortMapping]) -> dict[str, str]:
     return {
         # Its external access, name=machine's port: what an agent that restarts reads as held (ports_in_use).
         LABEL_PREFIX + "ports": ",".join(f"{p.name}={p.host_port}" for p in ports),
         LABEL_PREFIX + "namespace": key.namespace,
         LABEL_PREFIX + "job": key.job,
-        LABEL_PREFIX + "task": key.task,
+        LABEL_PREFIX + "task": key.task_id,
         LABEL_PREFIX + "attempt": str(key.attempt),
         LABEL_PREFIX + "node": node,
         LABEL_PREFIX + "gpus": ",".join(str(index) for index in gpus),
     }
 
 
-def _key_of(labels: dict[str, str]) -> TaskKey | None:
+def _key_of(labels: dict[str, str]) -> TaskRef | None:
     try:
-        return TaskKey(
+        return TaskRef(
             namespace=labels[LABEL_PREFIX + "namespace"],
             job=labels[LABEL_PREFIX + "job"],
-            task=labels[LABEL_PREFIX + "task"],
+            task_id=labels[LABEL_PREFIX + "task"],
             attempt=int(labels[LABEL_PREFIX + "attempt"]),
         )
     except (KeyError, ValueError):
         return None
 
 
-def _environment(key: TaskKey, launch: Launch) -> dict[str, str]:
+def _environment(key: TaskRef, launch: Launch) -> dict[str, str]:
     """The launch's environment, then ours. GPUs are the NVIDIA runtime's to number inside the container."""
     return {
         **launch.env,
-        "ASTRAEUS_TASK": key.task,
+        "ASTRAEUS_TASK": key.task_id,
         "ASTRAEUS_JOB": key.job,
         "ASTRAEUS_NAMESPACE": key.namespace,
         "ASTRAEUS_ATTEMPT": str(key.attempt),

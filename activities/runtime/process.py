@@ -30,7 +30,6 @@ from activities.runtime.base import (
     Observed,
     OnProgress,
     RuntimeFailure,
-    TaskKey,
     ignore_progress,
     port_environment,
     ran_too_long,
@@ -41,6 +40,7 @@ from activities.runtime.forkserver import ForkServer, ForkServerError
 from activities.runtime.probes import exited, http_get, timed_out
 from activities.runtime.shim import end_cgroup, write_atomically
 from workflows.domain.reasons import R
+from workflows.domain.refs import TaskRef
 from workflows.domain.spec import Readiness
 
 # Programs workers may run with `python3 -m NAME` (the gang example's all-reduce): only this directory goes on their
@@ -72,7 +72,7 @@ class ProcessRuntime:
         """Start the shims' fork server before the first worker needs it (the agent does, when it starts)."""
         self._forkserver.start()
 
-    def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
+    def start(self, key: TaskRef, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         """Start the attempt unless it already exists; returns once its worker started (or already ended).
         A process has no image to pull, and nothing can be mounted into it: mounts are refused."""
         _refuse_what_cannot_run(launch)
@@ -102,7 +102,7 @@ class ProcessRuntime:
         member fails at set-up rather than after the barrier opened."""
         _refuse_what_cannot_run(launch)
 
-    def observe(self, key: TaskKey) -> Observed:
+    def observe(self, key: TaskRef) -> Observed:
         """Exited with a code, running while its shim lives, else not found (no directory, or a dead shim)."""
         if self._spawned_alive(key):  # one this instance spawned: a poll of its pidfd, no file read
             return Observed(running=True)
@@ -122,7 +122,7 @@ class ProcessRuntime:
             return Observed(running=False, exit_code=code, oom=oom, ended_at=(directory / "exit").stat().st_mtime)
         return Observed(running=False, exit_code=code, oom=oom)
 
-    def ended_fd(self, key: TaskKey) -> int | None:
+    def ended_fd(self, key: TaskRef) -> int | None:
         """A pidfd of the attempt's shim, readable once it exited (its worker ended and the exit file is written);
         None for a shim this instance did not spawn (an agent that restarted polls those) or one already gone."""
         with self._spawned_lock:
@@ -130,7 +130,7 @@ class ProcessRuntime:
                 return None
             return os.dup(self._spawned[key.slug])
 
-    def probe(self, key: TaskKey, readiness: Readiness) -> tuple[bool, str]:
+    def probe(self, key: TaskRef, readiness: Readiness) -> tuple[bool, str]:
         """An HTTP GET to 127.0.0.1 (the worker shares the machine's network), or the command run as the worker
         runs: the same user, its working directory and the environment it was started with."""
         if readiness.http_get is not None:
@@ -142,7 +142,7 @@ class ProcessRuntime:
             return False, "the worker is not running"
         return _run_check(readiness.command, directory, env, readiness.timeout_seconds)
 
-    def stop(self, key: TaskKey, grace_seconds: float) -> None:
+    def stop(self, key: TaskRef, grace_seconds: float) -> None:
         """SIGTERM the worker's process group, SIGKILL it after the grace period; returns once it ended."""
         if not self.observe(key).running:
             return
@@ -156,7 +156,7 @@ class ProcessRuntime:
         if not self._wait_until_ended(key, _KILL_WAIT_SECONDS):
             raise TimeoutError(f"attempt {key.slug} still runs {_KILL_WAIT_SECONDS:g} s after SIGKILL")
 
-    def exec(self, key: TaskKey, argv: list[str], stdin: bytes, timeout_seconds: float) -> Executed:
+    def exec(self, key: TaskRef, argv: list[str], stdin: bytes, timeout_seconds: float) -> Executed:
         """Run `argv` as the worker runs: the same user, its working directory, the environment it was started
         with, and its network namespace when it has one (an outbound policy's); killed, group and all, past its
         timeout."""
@@ -168,7 +168,7 @@ class ProcessRuntime:
             argv = ["ip", "netns", "exec", (directory / "netns").read_text().strip(), *argv]
         return _run_session(argv, directory, env, stdin, timeout_seconds)
 
-    def log_tail(self, key: TaskKey, lines: int, max_bytes: int) -> str:
+    def log_tail(self, key: TaskRef, lines: int, max_bytes: int) -> str:
         """The last `lines` lines of its output, then at most the last `max_bytes` bytes of those."""
         if lines <= 0 or max_bytes <= 0:
             return ""
@@ -198,7 +198,7 @@ class ProcessRuntime:
                     held[key.slug] = ports
         return held
 
-    def delete(self, key: TaskKey) -> None:
+    def delete(self, key: TaskRef) -> None:
         """Remove an ended attempt's directory, its log included. Deleting a missing attempt does nothing."""
         if self.observe(key).running:
             raise ValueError(f"attempt {key.slug} still runs: stop it before deleting it")
@@ -208,21 +208,21 @@ class ProcessRuntime:
         with suppress(FileNotFoundError):
             shutil.rmtree(self._dir(key))
 
-    def attempts(self) -> list[TaskKey]:
+    def attempts(self) -> list[TaskRef]:
         """Every attempt this machine has a directory for, running or ended."""
         if not self.root.is_dir():
             return []
         keys = (_parse_slug(entry.name) for entry in self.root.iterdir() if entry.is_dir())
         return sorted((key for key in keys if key is not None), key=lambda key: key.slug)
 
-    def running(self) -> list[TaskKey]:
+    def running(self) -> list[TaskRef]:
         """The attempts whose shim still lives."""
         return [key for key in self.attempts() if self.observe(key).running]
 
-    def _dir(self, key: TaskKey) -> Path:
+    def _dir(self, key: TaskRef) -> Path:
         return self.root / key.slug
 
-    def _limit_memory(self, key: TaskKey, launch: Launch, directory: Path) -> Path | None:
+    def _limit_memory(self, key: TaskRef, launch: Launch, directory: Path) -> Path | None:
         """The attempt's memory cgroup, made with its limit, for a launch that asks `memory_bytes`. Where none can
         be made the worker runs unlimited, and its log says so first."""
         if launch.memory_bytes <= 0:
@@ -239,7 +239,7 @@ class ProcessRuntime:
         write_atomically(directory / "cgroup", str(cgroup))
         return cgroup
 
-    def _spawn_shim(self, key: TaskKey, launch: Launch, directory: Path, cgroup: Path | None) -> int:
+    def _spawn_shim(self, key: TaskRef, launch: Launch, directory: Path, cgroup: Path | None) -> int:
         """Have the fork server fork the attempt's shim; returns the read end of the pipe the shim closes once its
         worker started (or could not start)."""
         env = _environment(key, launch)
@@ -257,7 +257,7 @@ class ProcessRuntime:
             self._spawned[key.slug] = os.pidfd_open(pid)
         return ready
 
-    def _wait_until_started(self, key: TaskKey, directory: Path, ready: int) -> None:
+    def _wait_until_started(self, key: TaskRef, directory: Path, ready: int) -> None:
         """Wait until the shim started the worker (or recorded that it could not); fail if the shim died. The shim
         closes its end of `ready` then, or when it dies: no polling."""
         try:
@@ -270,12 +270,12 @@ class ProcessRuntime:
             raise RuntimeFailure(R.ContainerStartFailed(error="the shim ended before starting the command"))
         # Still starting after the wait (a loaded machine): observe reports it running while its shim lives.
 
-    def _spawned_alive(self, key: TaskKey) -> bool:
+    def _spawned_alive(self, key: TaskRef) -> bool:
         """Whether the shim this instance spawned for `key` still lives (its pidfd not readable yet)."""
         with self._spawned_lock:
             return self._spawned_alive_locked(key)
 
-    def _spawned_alive_locked(self, key: TaskKey) -> bool:
+    def _spawned_alive_locked(self, key: TaskRef) -> bool:
         pidfd = self._spawned.get(key.slug)
         if pidfd is None:
             return False
@@ -285,7 +285,7 @@ class ProcessRuntime:
         os.close(pidfd)
         return False
 
-    def _wait_until_ended(self, key: TaskKey, seconds: float) -> bool:
+    def _wait_until_ended(self, key: TaskRef, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
         while self.observe(key).running:
             if time.monotonic() >= deadline:
@@ -294,14 +294,14 @@ class ProcessRuntime:
         return True
 
 
-def _environment(key: TaskKey, launch: Launch) -> dict[str, str]:
+def _environment(key: TaskRef, launch: Launch) -> dict[str, str]:
     """The agent's environment, the launch's, then ours: a worker never sees a GPU it was not given."""
     env = {**os.environ, **launch.env}
     env.update(
         CUDA_VISIBLE_DEVICES=",".join(str(index) for index in launch.gpu_indices),
         # Our indices are NVML's, in PCI bus order; CUDA numbers devices fastest first unless told otherwise.
         CUDA_DEVICE_ORDER="PCI_BUS_ID",
-        ASTRAEUS_TASK=key.task,
+        ASTRAEUS_TASK=key.task_id,
         ASTRAEUS_JOB=key.job,
         ASTRAEUS_NAMESPACE=key.namespace,
         ASTRAEUS_ATTEMPT=str(key.attempt),
@@ -480,13 +480,13 @@ def _last_lines(data: bytes, lines: int) -> bytes:
     return data[start + 1 :]
 
 
-def _parse_slug(slug: str) -> TaskKey | None:
+def _parse_slug(slug: str) -> TaskRef | None:
     """The key of an attempt directory `namespace.job.task.attempt`; None for anything else."""
     parts = slug.rsplit(".", 3)
     if len(parts) != 4 or not parts[3].isdigit():
         return None
     namespace, job, task, attempt = parts
-    return TaskKey(namespace=namespace, job=job, task=task, attempt=int(attempt))
+    return TaskRef(namespace=namespace, job=job, task_id=task, attempt=int(attempt))
 
 
 @contextmanager

@@ -9,11 +9,12 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
-from activities.runtime.base import Observed, Runtime, TaskKey
+from activities.runtime.base import Observed, Runtime
+from workflows.domain.refs import TaskRef
 from workflows.domain.spec import Readiness
 
 
-def wait_until_ended(runtime: Runtime, task_key: TaskKey, seconds: float = 20.0) -> Observed:
+def wait_until_ended(runtime: Runtime, task_key: TaskRef, seconds: float = 20.0) -> Observed:
     deadline = time.monotonic() + seconds
     while (observed := runtime.observe(task_key)).running:
         assert time.monotonic() < deadline, f"{task_key.slug} still runs after {seconds} s"
@@ -35,7 +36,7 @@ def check(command: list[str] | None = None, timeout: float = 2, **http_get: obje
     )
 
 
-def probe_until(runtime: Runtime, task_key: TaskKey, readiness: Readiness, seconds: float = 10.0) -> str:
+def probe_until(runtime: Runtime, task_key: TaskRef, readiness: Readiness, seconds: float = 10.0) -> str:
     """Probe until the check passes (a server needs a moment to listen); its detail."""
     deadline = time.monotonic() + seconds
     while not (result := runtime.probe(task_key, readiness))[0]:

@@ -22,15 +22,16 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 
-from activities.agent import AgentActivities, task_key
+from activities.agent import AgentActivities
 from activities.prepare import Preparer
 from activities.runtime.base import Observed
 from activities.runtime.process import ProcessRuntime
 from workflows.domain.events import TaskHealth, TaskRunning
 from workflows.domain.nodes import GpuInfo, NodeInventory
+from workflows.domain.refs import TaskRef
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, Readiness, job_id
-from workflows.messages import StartTaskInput, StartTaskResult, StopTaskInput, SuperviseInput, TaskExit, TaskRef
+from workflows.messages import StartTaskInput, StartTaskResult, StopTaskInput, SuperviseInput, TaskExit
 
 
 class Runs:
@@ -123,11 +124,11 @@ async def test_a_barrier_start_sets_up_without_starting_then_the_start_runs_it_w
     run_env = {"MASTER_ADDR": "10.0.0.5", "RANK": "3", "ASTRAEUS_NODE": "not-this-one"}
 
     assert await start(machine, spec, barrier=True, env=run_env) == StartTaskResult(gpu_indices=[0], started=False)
-    assert machine.runtime.observe(task_key(ref())) == Observed(running=False, not_found=True)
+    assert machine.runtime.observe(ref()) == Observed(running=False, not_found=True)
 
     assert await start(machine, spec, env=run_env) == StartTaskResult(gpu_indices=[0], started=True)
-    await until(lambda: machine.runtime.observe(task_key(ref())).exit_code == 0)
-    assert machine.runtime.log_tail(task_key(ref()), 5, 1024) == "7b 10.0.0.5 3 n0 w\n"
+    await until(lambda: machine.runtime.observe(ref()).exit_code == 0)
+    assert machine.runtime.log_tail(ref(), 5, 1024) == "7b 10.0.0.5 3 n0 w\n"
 
 
 async def test_the_gpus_held_at_the_barrier_are_given_back_by_a_stop(machine: Machine) -> None:
@@ -149,7 +150,7 @@ async def test_the_gpus_held_at_the_barrier_are_given_back_by_a_stop(machine: Ma
 
 async def test_health_is_told_first_and_then_only_when_it_changes(machine: Machine) -> None:
     await start(machine, group())
-    ready = machine.runtime.root / task_key(ref()).slug / "ready"
+    ready = machine.runtime.root / ref().slug / "ready"
     supervising = supervise(machine, ready_file_check())
 
     await until(lambda: len(machine.runs.health()) == 1)
@@ -176,7 +177,7 @@ async def test_health_is_told_first_and_then_only_when_it_changes(machine: Machi
 
 async def test_a_supervisor_that_reattaches_tells_the_health_again(machine: Machine) -> None:
     await start(machine, group())
-    (machine.runtime.root / task_key(ref()).slug / "ready").touch()
+    (machine.runtime.root / ref().slug / "ready").touch()
     first = supervise(machine, ready_file_check())
     await until(lambda: len(machine.runs.health()) == 1)
     first.cancel()
@@ -330,7 +331,7 @@ def test_the_process_runtime_hands_a_descriptor_readable_once_the_attempt_ended(
     from activities.runtime.base import Launch
 
     runtime = machine.runtime
-    key = task_key(ref())
+    key = ref()
     assert runtime.ended_fd(key) is None  # never started here
     runtime.start(key, Launch(command=["sleep", "30"]))
     fd = runtime.ended_fd(key)

@@ -17,9 +17,10 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.agent import AgentActivities
 from activities.prepare import Preparer
-from activities.runtime.base import Launch, TaskKey
+from activities.runtime.base import Launch
 from activities.runtime.process import ProcessRuntime
 from workflows.domain.nodes import NodeInventory
+from workflows.domain.refs import TaskRef
 from workflows.domain.settings import Settings
 from workflows.domain.tombstones import Tombstone
 from workflows.messages import AttemptsOnNode, DeletedFiles, DeleteRunFilesInput, TombstonesQuery
@@ -62,8 +63,8 @@ def tombstone(name: str, run_id: str) -> Tombstone:
                      last_state="Cancelled")  # fmt: skip
 
 
-def key(job: str, task: str = "w-0", attempt: int = 0) -> TaskKey:
-    return TaskKey(namespace="default", job=job, task=task, attempt=attempt)
+def key(job: str, task: str = "w-0", attempt: int = 0) -> TaskRef:
+    return TaskRef(namespace="default", job=job, task_id=task, attempt=attempt)
 
 
 @pytest.fixture

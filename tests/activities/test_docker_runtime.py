@@ -32,7 +32,6 @@ from activities.runtime.base import (
     PortMapping,
     RuntimeFailure,
     RuntimeUnavailable,
-    TaskKey,
 )
 from activities.runtime.docker import DockerRuntime, container_address, container_name
 from activities.starter import SetupEnded, Starter
@@ -41,21 +40,22 @@ from tests.docker_engine import IMAGE, DockerEngine
 from workers.devserver import free_port
 from workflows.domain.constraints import Drive
 from workflows.domain.reasons import Reason
+from workflows.domain.refs import TaskRef
 from workflows.domain.spec import DriveSpec, GroupSpec
 
 _attempts = itertools.count(1)
 
 
-def key(task: str = "w-0") -> TaskKey:
+def key(task: str = "w-0") -> TaskRef:
     """A new attempt each time: the engine is shared by every test of the session."""
-    return TaskKey(namespace="team-a", job="unit", task=task, attempt=next(_attempts))
+    return TaskRef(namespace="team-a", job="unit", task_id=task, attempt=next(_attempts))
 
 
 def sh(script: str, **fields: object) -> Launch:
     return Launch(command=["sh", "-c", script], **{"image": IMAGE, **fields})  # type: ignore[arg-type]
 
 
-def inspect(engine: DockerEngine, task_key: TaskKey) -> dict[str, object]:
+def inspect(engine: DockerEngine, task_key: TaskRef) -> dict[str, object]:
     return json.loads(engine.docker("inspect", container_name(task_key)))[0]  # type: ignore[no-any-return]
 
 
@@ -97,7 +97,7 @@ class LateOomEvent(DockerRuntime):
     """The engine as dockerd 20.10 leaves it when a container's out-of-memory event reaches it after the exit
     (seen under load in CI): `OOMKilled` false, the kill only in its events."""
 
-    def _find(self, key: TaskKey) -> Container | None:
+    def _find(self, key: TaskRef) -> Container | None:
         container = super()._find(key)
         if container is not None:
             container.attrs["State"]["OOMKilled"] = False
@@ -345,7 +345,7 @@ async def test_a_barrier_setup_pulls_then_the_start_runs_it_without_pulling_agai
 ) -> None:
     reported: list[str] = []
 
-    async def report(_: TaskKey, reason: Reason) -> None:
+    async def report(_: TaskRef, reason: Reason) -> None:
         reported.append(reason.text)
 
     starter = Starter(runtime, Preparer(tmp_path), lambda: [], report, retry_seconds=0.05)
@@ -465,7 +465,7 @@ async def test_a_placed_drive_is_filled_then_bind_mounted_read_only_where_the_wo
     drive = Drive(name="imagenet", size_bytes=2**20, node="elsewhere", source=str(tmp_path / "imagenet"))
     reported: list[str] = []
 
-    async def report(_: TaskKey, reason: Reason) -> None:
+    async def report(_: TaskRef, reason: Reason) -> None:
         reported.append(reason.text)
 
     async def catalogue() -> dict[str, Drive]:
@@ -516,7 +516,7 @@ def test_a_workers_identity_is_mounted_read_only_and_named_by_its_variables(
     identities = Identities(cast(Client, None), tmp_path, "unit-node")  # no issue here: the files are made below
     ca = ClusterCA(tmp_path / "ca")
     attempt = AttemptIdentity(identities.directory(k))
-    identity = spiffe_id(k.namespace, k.job, k.task, k.attempt)
+    identity = spiffe_id(k.namespace, k.job, k.task_id, k.attempt)
     attempt.keep(ca.sign(attempt.request(identity), identity, timedelta(hours=1), datetime.now(UTC)), b"bundle\n")
     env, mounts = identities.files(k, in_container=True)
     script = 'cat "$ASTRAEUS_IDENTITY_BUNDLE"; head -1 "$ASTRAEUS_IDENTITY_KEY"; echo x > "$ASTRAEUS_IDENTITY_CERT"'

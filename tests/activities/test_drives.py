@@ -12,13 +12,14 @@ import pytest
 from activities.drives import COPIES, DriveStore
 from activities.machine import MachineReadError
 from activities.prepare import Prepared, Preparer, Waiting
-from activities.runtime.base import Mount, TaskKey
+from activities.runtime.base import Mount
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import DriveReport
 from workflows.domain.reasons import Reason
+from workflows.domain.refs import TaskRef
 from workflows.domain.spec import DriveSpec, GroupSpec
 
-KEY = TaskKey(namespace="default", job="run", task="w-0", attempt=1)
+KEY = TaskRef(namespace="default", job="run", task_id="w-0", attempt=1)
 
 
 def source(tmp_path: Path, text: str = "cat\ndog\n") -> Path:

@@ -16,15 +16,16 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 
-from activities.agent import AgentActivities, task_key
+from activities.agent import AgentActivities
 from activities.prepare import Preparer
 from activities.runtime.base import Observed
 from activities.runtime.process import ProcessRuntime
 from tests.activities.runtimes import kill_attempts
 from workflows.domain.nodes import NodeInventory, NodeState, NodeView
+from workflows.domain.refs import TaskRef
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec
-from workflows.messages import AttemptsOnNode, AttemptsQuery, RunTaskInput, StartTaskInput, TaskRef
+from workflows.messages import AttemptsOnNode, AttemptsQuery, RunTaskInput, StartTaskInput
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -89,7 +90,7 @@ def environment(attempt: int = 1, scheduled: datetime = NOW, started: datetime =
 
 
 def nothing_started(machine: Machine, attempt: int = 3) -> bool:
-    return machine.runtime.observe(task_key(ref(attempt))) == Observed(running=False, not_found=True)
+    return machine.runtime.observe(ref(attempt)) == Observed(running=False, not_found=True)
 
 
 @pytest.mark.parametrize(
@@ -140,7 +141,7 @@ async def test_a_start_that_waited_in_its_queue_longer_than_a_lease_is_asked_abo
 async def test_a_doubtful_start_its_run_still_has_starts(root: Path) -> None:
     machine = Machine(root, Runs({"job/default/train": AttemptsOnNode(open=True, attempts={"w-0": 3})}))
     await environment(attempt=2).run(machine.agent.start_task, start_input())
-    assert machine.runtime.observe(task_key(ref())).running
+    assert machine.runtime.observe(ref()).running
     assert len(machine.runs.queries) == 1
 
 
@@ -148,7 +149,7 @@ async def test_a_fresh_first_start_asks_its_run_nothing(root: Path) -> None:
     machine = Machine(root, Runs({}))  # a query would refuse it: the run does not exist
     machine.agent.registered(NodeView(name="n0", state=NodeState.READY, since=NOW - timedelta(seconds=5)))
     await environment().run(machine.agent.start_task, start_input())
-    assert machine.runtime.observe(task_key(ref())).running
+    assert machine.runtime.observe(ref()).running
     assert machine.runs.queries == []
 
 

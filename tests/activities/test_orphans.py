@@ -21,13 +21,14 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.agent import AgentActivities
 from activities.prepare import Preparer
-from activities.runtime.base import Launch, TaskKey
+from activities.runtime.base import Launch
 from activities.runtime.process import ProcessRuntime
 from workflows.domain.events import ExitedWhileLost
 from workflows.domain.node import OrphanStopped
 from workflows.domain.nodes import NodeInventory
+from workflows.domain.refs import TaskRef
 from workflows.domain.settings import Settings
-from workflows.messages import AttemptsOnNode, AttemptsQuery, LeaseInput, SuperviseInput, TaskRef
+from workflows.messages import AttemptsOnNode, AttemptsQuery, LeaseInput, SuperviseInput
 
 
 class Temporal:
@@ -99,11 +100,11 @@ class Machine:
         self.beats: list[float] = []
         self._holding: asyncio.Future[None] | None = None
 
-    def run(self, key: TaskKey, command: list[str] | None = None) -> TaskKey:
+    def run(self, key: TaskRef, command: list[str] | None = None) -> TaskRef:
         self.runtime.start(key, Launch(command=command or ["sleep", "60"]))
         return key
 
-    def runs(self, key: TaskKey) -> bool:
+    def runs(self, key: TaskRef) -> bool:
         return self.runtime.observe(key).running
 
     def hold_lease(self) -> None:
@@ -135,8 +136,8 @@ async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def key(job: str, task: str = "w-0", attempt: int = 0, namespace: str = "default") -> TaskKey:
-    return TaskKey(namespace=namespace, job=job, task=task, attempt=attempt)
+def key(job: str, task: str = "w-0", attempt: int = 0, namespace: str = "default") -> TaskRef:
+    return TaskRef(namespace=namespace, job=job, task_id=task, attempt=attempt)
 
 
 async def test_the_lease_holder_stops_workers_of_runs_no_longer_open_and_writes_why_in_the_machines_history(
@@ -286,11 +287,11 @@ async def test_a_worker_whose_watch_ended_before_it_did_and_that_exited_0_is_tol
     for worker, code in ((done, 0), (failed, 3)):
         machine.run(worker, ["sh", "-c", f"sleep 0.5; exit {code}"])
         watch = ActivityEnvironment()
-        ref = TaskRef(namespace="default", job="train", task_id=worker.task, attempt=worker.attempt)
+        ref = worker
         watching = asyncio.ensure_future(
             watch.run(machine.agent.supervise_task, SuperviseInput(ref=ref, settings=Settings()))
         )
-        await until(lambda w=worker: any(s[2].task_id == w.task for s in temporal.signals))  # type: ignore[misc]
+        await until(lambda w=worker: any(s[2].task_id == w.task_id for s in temporal.signals))  # type: ignore[misc]
         watch.cancel()  # the run lost it with the machine
         with suppress(BaseException):
             await watching

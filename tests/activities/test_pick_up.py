@@ -14,12 +14,13 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.agent import PICK_UP_REPORT_SECONDS, AgentActivities
 from activities.prepare import Preparer
-from activities.runtime.base import Launch, OnProgress, TaskKey
+from activities.runtime.base import Launch, OnProgress
 from activities.runtime.process import ProcessRuntime
 from tests.activities.test_agent import Machine, group, ref
 from workflows.domain.events import TaskProgress, TaskRunning
 from workflows.domain.nodes import NodeInventory
 from workflows.domain.reasons import Reason
+from workflows.domain.refs import TaskRef
 from workflows.domain.settings import Settings
 from workflows.messages import RunTaskInput, StartTaskInput
 
@@ -27,7 +28,7 @@ from workflows.messages import RunTaskInput, StartTaskInput
 class SlowStart(ProcessRuntime):
     """A runtime whose start takes longer than PICK_UP_REPORT_SECONDS (an engine under load, a big image)."""
 
-    def start(self, key: TaskKey, launch: Launch, progress: OnProgress) -> None:
+    def start(self, key: TaskRef, launch: Launch, progress: OnProgress) -> None:
         time.sleep(PICK_UP_REPORT_SECONDS + 0.5)
         super().start(key, launch, progress)
 

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from activities.prepare import Prepared, Preparer, Waiting
-from activities.runtime.base import Mount, RegistryAuth, RuntimeFailure, TaskKey
+from activities.runtime.base import Mount, RegistryAuth, RuntimeFailure
 from workflows.domain.reasons import Reason
+from workflows.domain.refs import TaskRef
 from workflows.domain.spec import GroupSpec
 
-KEY = TaskKey(namespace="team-a", job="llm", task="train-0", attempt=2)
+KEY = TaskRef(namespace="team-a", job="llm", task_id="train-0", attempt=2)
 
 
 def group(**fields: Any) -> GroupSpec:
@@ -194,7 +195,7 @@ def test_steps_wait_in_the_spec_order_drives_first(preparer: Preparer, data_dir:
 def test_forget_removes_the_files_of_attempts_that_ended(preparer: Preparer, data_dir: Path) -> None:
     put_secret(data_dir, "db", "password", "x")
     spec = group(secrets=[{"name": "db", "key": "password", "path": "/run/secrets/db"}])
-    other = TaskKey(namespace="team-a", job="llm", task="train-1", attempt=1)
+    other = TaskRef(namespace="team-a", job="llm", task_id="train-1", attempt=1)
     preparer.prepare(KEY, spec)
     preparer.prepare(other, spec)
 

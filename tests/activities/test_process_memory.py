@@ -14,17 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey
+from activities.runtime.base import Launch, Observed, RuntimeFailure
 from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from activities.runtime.process import ProcessRuntime
 from tests.activities.runtimes import has_ended, kill_attempts, wait_until_ended
+from workflows.domain.refs import TaskRef
 
 MIB = 1 << 20
 GREEDY = [sys.executable, "-c", "b = bytearray(256 << 20); print('survived')"]  # 256 MiB, touched
 
 
-def key(attempt: int = 0) -> TaskKey:
-    return TaskKey(namespace="team-a", job="mem", task="w-0", attempt=attempt)
+def key(attempt: int = 0) -> TaskRef:
+    return TaskRef(namespace="team-a", job="mem", task_id="w-0", attempt=attempt)
 
 
 def limit_of(cgroup: Path) -> int:

@@ -16,16 +16,17 @@ from pathlib import Path
 import pytest
 
 from activities.runtime import process
-from activities.runtime.base import Launch, Observed, RuntimeFailure, TaskKey, readable
+from activities.runtime.base import Launch, Observed, RuntimeFailure, readable
 from activities.runtime.forkserver import ForkServer
 from activities.runtime.process import ProcessRuntime
 from tests.activities.runtimes import check, has_ended, kill_attempts, probe_until, wait_until_ended
 from workers.devserver import free_port
 from workers.services import AgentOptions, make_runtime
+from workflows.domain.refs import TaskRef
 
 
-def key(task: str = "train-0", attempt: int = 1) -> TaskKey:
-    return TaskKey(namespace="team-a", job="llm-7b", task=task, attempt=attempt)
+def key(task: str = "train-0", attempt: int = 1) -> TaskRef:
+    return TaskRef(namespace="team-a", job="llm-7b", task_id=task, attempt=attempt)
 
 
 def wait_for_text(path: Path, seconds: float = 5.0) -> str:

@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 from activities import session_token
-from activities.runtime.base import Launch, RuntimeFailure, TaskKey
+from activities.runtime.base import Launch, RuntimeFailure
 from activities.runtime.process import ProcessRuntime
 from activities.sessions import NO_SESSIONS, SessionRefused, Sessions
 from tests.activities.runtimes import kill_attempts
-from workflows.messages import AttachInput, TaskRef
+from workflows.domain.refs import TaskRef
+from workflows.messages import AttachInput
 
 NOW = datetime(2026, 12, 1, 20, 0, tzinfo=UTC)
-KEY = TaskKey("default", "shell", "w-0", 0)
+KEY = TaskRef(namespace="default", job="shell", task_id="w-0", attempt=0)
 
 
 @pytest.fixture
@@ -35,8 +36,8 @@ def running(tmp_path: Path) -> Iterator[tuple[ProcessRuntime, Sessions]]:
         kill_attempts(tmp_path / "attempts")
 
 
-def request(token: str, argv: list[str], stdin: str = "", signed_at: datetime = NOW, key: TaskKey = KEY) -> AttachInput:
-    ref = TaskRef(namespace=key.namespace, job=key.job, task_id=key.task, attempt=key.attempt)
+def request(token: str, argv: list[str], stdin: str = "", signed_at: datetime = NOW, key: TaskRef = KEY) -> AttachInput:
+    ref = TaskRef(namespace=key.namespace, job=key.job, task_id=key.task_id, attempt=key.attempt)
     unsigned = AttachInput(ref=ref, argv=argv, stdin=stdin, nonce=uuid.uuid4().hex, signed_at=signed_at)
     return session_token.sign(token, unsigned)
 
@@ -75,7 +76,7 @@ def test_what_is_not_a_granted_token_s_fresh_request_is_refused(running: tuple[P
     once = request(token, ["true"])
     assert sessions.attach(KEY, once, NOW).exit_code == 0
     assert refused(once) == "token refused: this request was run already (each is run once)"
-    elsewhere = TaskKey("default", "shell", "w-0", 1)
+    elsewhere = TaskRef(namespace="default", job="shell", task_id="w-0", attempt=1)
     with pytest.raises(SessionRefused) as raised:
         sessions.attach(elsewhere, request(token, ["true"], key=elsewhere), NOW)
     assert str(raised.value) == (

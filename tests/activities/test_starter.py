@@ -18,18 +18,19 @@ import pytest
 
 from activities.node_network import NodeNetworkUp
 from activities.prepare import Preparer
-from activities.runtime.base import Launch, Observed, OnProgress, TaskKey, ignore_progress
+from activities.runtime.base import Launch, Observed, OnProgress, ignore_progress
 from activities.runtime.process import ProcessRuntime
 from activities.starter import SetupEnded, Starter, bindable
 from workflows.domain.nodes import GpuInfo, PortRange
 from workflows.domain.reasons import Reason
+from workflows.domain.refs import TaskRef
 from workflows.domain.spec import GroupSpec
 
 T = TypeVar("T")
 
 
-def key(task: str = "w-0", attempt: int = 1) -> TaskKey:
-    return TaskKey(namespace="team-a", job="llm", task=task, attempt=attempt)
+def key(task: str = "w-0", attempt: int = 1) -> TaskRef:
+    return TaskRef(namespace="team-a", job="llm", task_id=task, attempt=attempt)
 
 
 def group(**fields: Any) -> GroupSpec:
@@ -51,10 +52,10 @@ class Machine:
         self.beats: list[str] = []
         self.starter = Starter(self.runtime, Preparer(root), lambda: self.gpus, self.report, retry_seconds=0.05)
 
-    async def report(self, task_key: TaskKey, reason: Reason) -> None:
-        self.reported.append((task_key.task, reason.text))
+    async def report(self, task_key: TaskRef, reason: Reason) -> None:
+        self.reported.append((task_key.task_id, reason.text))
 
-    async def start(self, task_key: TaskKey, spec: GroupSpec) -> list[int]:
+    async def start(self, task_key: TaskRef, spec: GroupSpec) -> list[int]:
         return await self.starter.start(task_key, spec, {}, self.beats.append)
 
 
@@ -123,7 +124,7 @@ async def test_a_retried_start_finds_the_attempt_it_started(machine: Machine) ->
 
 
 async def started_across_a_look(
-    runtime: ProcessRuntime, look: str, monkeypatch: pytest.MonkeyPatch, start: Callable[[TaskKey], Awaitable[T]]
+    runtime: ProcessRuntime, look: str, monkeypatch: pytest.MonkeyPatch, start: Callable[[TaskRef], Awaitable[T]]
 ) -> tuple[T, T]:
     """Start attempts a and b, b's look at what runs (the runtime's method `look`) beginning before a's start ends
     and returning after it: a is neither running in that look nor still being set up after it."""
@@ -329,7 +330,7 @@ class Recording(ProcessRuntime):
 
     launches: list[Launch]
 
-    def start(self, key: TaskKey, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
+    def start(self, key: TaskRef, launch: Launch, on_progress: OnProgress = ignore_progress) -> None:
         self.launches = [*getattr(self, "launches", []), launch]
         super().start(key, launch, on_progress)
 
@@ -337,7 +338,7 @@ class Recording(ProcessRuntime):
 async def test_a_worker_with_memory_per_gpu_is_launched_with_its_gpus_times_it(tmp_path: Path) -> None:
     runtime = Recording(tmp_path / "tasks")
 
-    async def report(task_key: TaskKey, reason: Reason) -> None:
+    async def report(task_key: TaskRef, reason: Reason) -> None:
         pass
 
     starter = Starter(runtime, Preparer(tmp_path), lambda: [gpu(0), gpu(1), gpu(3)], report, retry_seconds=0.05)
@@ -365,14 +366,14 @@ def free_range(size: int) -> PortRange:
 def ported(root: Path, ports: PortRange, runtime: ProcessRuntime | None = None) -> tuple[Starter, list[str]]:
     reported: list[str] = []
 
-    async def report(task_key: TaskKey, reason: Reason) -> None:
-        reported.append(f"{task_key.task}: {reason.text}")
+    async def report(task_key: TaskRef, reason: Reason) -> None:
+        reported.append(f"{task_key.task_id}: {reason.text}")
 
     runtime = runtime or ProcessRuntime(root / "tasks")
     return Starter(runtime, Preparer(root), lambda: [], report, retry_seconds=0.05, ports=ports), reported
 
 
-def environment(runtime: ProcessRuntime, task_key: TaskKey) -> dict[str, str]:
+def environment(runtime: ProcessRuntime, task_key: TaskRef) -> dict[str, str]:
     variables = Path(f"/proc/{(runtime.root / task_key.slug / 'pid').read_text().strip()}/environ").read_bytes()
     pairs = (item.partition("=") for item in variables.decode().split("\0") if item)
     return {k: v for k, _, v in pairs if k.startswith("ASTRAEUS_") and "PORT" in k}
@@ -457,7 +458,7 @@ async def test_a_port_another_program_holds_is_never_assigned(tmp_path: Path) ->
 async def test_external_access_on_a_machine_without_a_range_cannot_start(tmp_path: Path) -> None:
     runtime = ProcessRuntime(tmp_path / "tasks")
 
-    async def report(task_key: TaskKey, reason: Reason) -> None:
+    async def report(task_key: TaskRef, reason: Reason) -> None:
         pass
 
     starter = Starter(runtime, Preparer(tmp_path), lambda: [], report, retry_seconds=0.05)
@@ -480,7 +481,7 @@ async def test_a_mesh_worker_waits_for_the_node_network_then_joins_it_under_its_
     reported: list[str] = []
     network: list[NodeNetworkUp] = []
 
-    async def report(task_key: TaskKey, reason: Reason) -> None:
+    async def report(task_key: TaskRef, reason: Reason) -> None:
         reported.append(reason.text)
 
     starter = Starter(
@@ -515,7 +516,7 @@ async def test_a_mesh_worker_waits_for_the_node_network_then_joins_it_under_its_
 
 
 async def test_a_mesh_worker_on_a_machine_without_the_node_network_cannot_start(tmp_path: Path) -> None:
-    async def report(task_key: TaskKey, reason: Reason) -> None:
+    async def report(task_key: TaskRef, reason: Reason) -> None:
         pass
 
     starter = Starter(ProcessRuntime(tmp_path / "tasks"), Preparer(tmp_path), lambda: [], report, retry_seconds=0.05)

@@ -18,10 +18,10 @@ import httpx
 import pytest
 import yaml
 
-from activities.runtime.base import TaskKey
 from activities.runtime.process import ProcessRuntime
 from tests.integration.harness import ASTRAEUS, SETTINGS, Cluster, answers, end_group
 from workers.devserver import free_port, port_free
+from workflows.domain.refs import TaskRef
 
 pytestmark = pytest.mark.integration
 
@@ -328,7 +328,7 @@ def test_an_agent_back_after_losing_its_lease_stops_its_workers_and_exits(cluste
         in log
     ), log
     runtime = ProcessRuntime(cluster.agent_dir("x") / "tasks")
-    assert not runtime.observe(TaskKey(namespace="default", job="sleepy", task="w-0", attempt=0)).running
+    assert not runtime.observe(TaskRef(namespace="default", job="sleepy", task_id="w-0", attempt=0)).running
     assert node(cluster, "x")["holder"] == new["holder"]
 
 
@@ -358,7 +358,7 @@ def test_an_agent_back_after_its_lease_expired_registers_again_and_stops_the_wor
         timeout=60,
     )
     runtime = ProcessRuntime(cluster.agent_dir("x") / "tasks")
-    lost = TaskKey(namespace="default", job="sleepy", task="w-0", attempt=0)
+    lost = TaskRef(namespace="default", job="sleepy", task_id="w-0", attempt=0)
     cluster.wait_for(lambda: not runtime.observe(lost).running, "the lost attempt to be stopped", timeout=30)
     assert (task["node"], agent.poll(), node(cluster, "x")["holder"]) == ("x", None, holder)
     assert [key.attempt for key in runtime.running()] == [1]
@@ -390,7 +390,7 @@ def test_a_worker_that_exited_0_while_its_machine_was_lost_completes_when_the_ma
     agent = cluster.processes["x"]
     agent.send_signal(signal.SIGSTOP)  # away for longer than its lease, while its worker ends
     runtime = ProcessRuntime(cluster.agent_dir("x") / "tasks")
-    key = TaskKey(namespace="default", job="short", task="w-0", attempt=0)
+    key = TaskRef(namespace="default", job="short", task_id="w-0", attempt=0)
     try:
         cluster.wait_for(lambda: node(cluster, "x")["state"] == "Down", "x to go Down", timeout=60)
         cluster.wait_for(lambda: runtime.observe(key).exit_code == 0, "the worker to exit 0", timeout=30)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from activities.runtime.base import TaskKey
 from activities.runtime.process import ProcessRuntime
 from tests.integration.harness import BIN, Cluster, pairs
+from workflows.domain.refs import TaskRef
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c.stop()
 
 
-def submit_sleeper(cluster: Cluster, tmp_path: Path, name: str) -> TaskKey:
+def submit_sleeper(cluster: Cluster, tmp_path: Path, name: str) -> TaskRef:
     """A run of one worker that sleeps; returns its attempt once it runs."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(
@@ -43,7 +43,7 @@ def submit_sleeper(cluster: Cluster, tmp_path: Path, name: str) -> TaskKey:
     )
     cluster.cli("submit", str(path))
     cluster.wait_state(name, "Running")
-    return TaskKey(namespace="default", job=name, task="w-0", attempt=0)
+    return TaskRef(namespace="default", job=name, task_id="w-0", attempt=0)
 
 
 def temporal(cluster: Cluster, *args: str) -> None:
@@ -51,7 +51,7 @@ def temporal(cluster: Cluster, *args: str) -> None:
     subprocess.run([str(BIN / "temporal"), *args, "--address", cluster.address], check=True, capture_output=True)
 
 
-def worker_pid(cluster: Cluster, key: TaskKey) -> int:
+def worker_pid(cluster: Cluster, key: TaskRef) -> int:
     return int((cluster.agent_dir("n0") / "tasks" / key.slug / "pid").read_text())
 
 
