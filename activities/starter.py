@@ -23,10 +23,11 @@ from activities.capabilities import CapabilitySetup, Services, SetUp
 from activities.identities import Identities
 from activities.node_network import NodeNetworkUp, network_missing
 from activities.prepare import Prepared, Preparer, Waiting
-from activities.runtime.base import Launch, Mount, NetworkNotUp, OnProgress, PortMapping, Runtime, RuntimeFailure
+from activities.runtime.base import Launch, Mount, NetworkNotUp, OnProgress, Runtime, RuntimeFailure
 from activities.runtime.shim import write_atomically
 from activities.sessions import Sessions
 from workflows.domain.constraints import Drive
+from workflows.domain.machine.attempts import PortMapping
 from workflows.domain.nodes import GpuInfo, PortRange
 from workflows.domain.reasons import R, Reason
 from workflows.domain.refs import TaskRef

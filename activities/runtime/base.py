@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from workflows.domain.machine.attempts import PortMapping
 from workflows.domain.reasons import Reason
 from workflows.domain.refs import TaskRef
 from workflows.domain.spec import Readiness
@@ -33,20 +34,6 @@ class RegistryAuth:
 
 
 PullPolicy = Literal["Always", "IfNotPresent", "None"]
-
-
-@dataclass(frozen=True)
-class PortMapping:
-    """One external access of an attempt: the worker listens on `port` (in its container), people reach it at
-    `host_port` of its machine (assigned by the agent from its --external-ports range)."""
-
-    name: str
-    port: int
-    host_port: int
-
-    @property
-    def variable(self) -> str:
-        return self.name.upper().replace("-", "_")
 
 
 def port_environment(ports: list[PortMapping], mapped: bool) -> dict[str, str]:

@@ -39,7 +39,6 @@ from activities.runtime.base import (
     NetworkNotUp,
     Observed,
     OnProgress,
-    PortMapping,
     RuntimeFailure,
     RuntimeUnavailable,
     ignore_progress,
@@ -47,6 +46,7 @@ from activities.runtime.base import (
     ran_too_long,
 )
 from activities.runtime.probes import exited, http_get, timed_out
+from workflows.domain.machine.attempts import PortMapping
 from workflows.domain.reasons import R, Reason, Template
 from workflows.domain.refs import TaskRef
 from workflows.domain.spec import Readiness

@@ -29,7 +29,6 @@ from activities.runtime.base import (
     Mount,
     NetworkNotUp,
     Observed,
-    PortMapping,
     RuntimeFailure,
     RuntimeUnavailable,
 )
@@ -39,6 +38,7 @@ from tests.activities.runtimes import check, probe_until, wait_until_ended
 from tests.docker_engine import IMAGE, DockerEngine
 from workers.devserver import free_port
 from workflows.domain.constraints import Drive
+from workflows.domain.machine.attempts import PortMapping
 from workflows.domain.reasons import Reason
 from workflows.domain.refs import TaskRef
 from workflows.domain.spec import DriveSpec, GroupSpec
