@@ -41,6 +41,7 @@ from activities.starter import SetupEnded, Starter
 from workflows import contracts
 from workflows.contracts import implements, node_id
 from workflows.domain.events import ExitedWhileLost, TaskHealth, TaskProgress, TaskRunning
+from workflows.domain.machine.attempts import Attempts
 from workflows.domain.node import GpusReported, OrphanStopped, PressureReported
 from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
 from workflows.domain.reasons import R, Reason
@@ -110,7 +111,7 @@ class AgentActivities:
         self.instance = instance  # this agent process ("host:pid:token"), as its machine's lease names it
         self.lost = asyncio.Event()  # set once its lease is lost: the agent then stops its workers and exits
         self.lost_why = ""
-        self._attempts: set[TaskRef] = set()  # attempts this agent started or watched: its workers
+        self._attempts = Attempts()  # every attempt this machine holds, one record each (its starter's too)
         self._runtime = runtime
         self._gpus = list(inventory.gpus)  # with their health as last reported to the machine's workflow
         self._gpu_watch = gpu_watch
@@ -136,6 +137,7 @@ class AgentActivities:
             capabilities=capabilities,
             sessions=sessions,
             node_network=lambda: self.node_network.up,
+            attempts=self._attempts,
         )
         self._sessions = sessions
         self._settings = settings or Settings()
@@ -146,11 +148,6 @@ class AgentActivities:
         self.registrations = 0  # how often this agent registered: a start begun before the latest one is fenced
         self._lease_seen = time.monotonic()  # when hold_lease last ran here
         self._leases = 0  # hold_lease activities begun here: a newer one carries the lease of a run continued as new
-        self._live: dict[TaskRef, int] = {}  # attempts an activity of this agent starts or watches now
-        self._unwatched: set[TaskRef] = set()  # attempts whose watch ended before they did (their run lost them?)
-        self._returned: dict[TaskRef, float] = {}  # attempts whose watch returned their exit lately, and when
-        self._picked_up: dict[TaskRef, datetime] = {}  # attempts being set up, and when this agent picked them up
-        self._told_setting_up: set[TaskRef] = set()  # of those, the ones whose run was told something already
 
     async def adopt_attempts(self) -> int:
         """At the start of an agent process: the attempts its machine holds (an earlier process's) are watched by
@@ -168,7 +165,8 @@ class AgentActivities:
             if seen.running
             or (seen.exit_code == 0 and seen.ended_at is not None and now - seen.ended_at < RETURNED_KEPT_SECONDS)
         ]
-        self._unwatched.update(adopted)
+        for key in adopted:
+            self._attempts.unwatched(key)
         await self.remove_deleted_runs()
         await self._stop_orphans(tell=False)  # told at the first look once registered: that waits for nothing
         return len(adopted)
@@ -182,9 +180,7 @@ class AgentActivities:
         if self.registrations:
             # Its lease had expired: an exit returned lately may never have reached its run (the activity had
             # timed out, or its run had given up on it when the machine was lost): tell the run again.
-            now = time.monotonic()
-            self._unwatched.update(key for key, at in self._returned.items() if now - at < RETURNED_KEPT_SECONDS)
-            self._returned.clear()
+            self._attempts.registered_again(time.monotonic(), RETURNED_KEPT_SECONDS)
         self.registrations += 1
         self.lost_why = ""
         self.lost.clear()
@@ -327,19 +323,19 @@ class AgentActivities:
         key = input.ref
         _beat_later(settings or self._settings)
         picked_up = datetime.now(UTC)
-        self._picked_up[key] = picked_up
+        self._attempts.picked_up(key, picked_up)
         teller = asyncio.ensure_future(self._tell_picked_up(key))
         try:
             gpus, started, held = await self._admit_and_start(input, key)
         finally:
             teller.cancel()
-            self._picked_up.pop(key, None)
-            self._told_setting_up.discard(key)
+            self._attempts.setup_over(key)
         return gpus, started, picked_up, held
 
     async def _tell_picked_up(self, key: TaskRef) -> None:
         await asyncio.sleep(PICK_UP_REPORT_SECONDS)
-        if key in self._told_setting_up:
+        attempt = self._attempts.get(key)
+        if attempt is not None and attempt.told_setting_up:
             return  # a wait or a pull was told: the run shows it picked up already
         try:
             await self._report_progress(key, R.PickedUp(node=self.node_name))
@@ -364,7 +360,7 @@ class AgentActivities:
     async def _set_up_and_start(
         self, input: StartTaskInput, key: TaskRef, fence: Callable[[], Awaitable[None]]
     ) -> tuple[list[int], bool, str | None]:
-        self._attempts.add(key)
+        self._attempts.ours(key)
         env = {
             **input.group.env,
             **input.env,
@@ -394,7 +390,7 @@ class AgentActivities:
         self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskRunning
     ) -> TaskExit:
         key = ref
-        self._unwatched.discard(key)
+        self._attempts.watch_began(key)
         registrations = self.registrations
         with self._live_attempt(key):
             try:
@@ -402,14 +398,12 @@ class AgentActivities:
             except BaseException:
                 # Cancelled (its run lost it with the machine, say) or failed: should it exit 0 on its own, its run
                 # is told at a later look for orphans, so finished work is not run again.
-                self._unwatched.add(key)
+                self._attempts.unwatched(key)
                 raise
         if paused > self._settings.node_lease_ttl_seconds or self._lease_changed(time.monotonic(), registrations):
-            self._unwatched.add(key)  # this result may reach no one: its run is told again at a later look
+            self._attempts.unwatched(key)  # this result may reach no one: its run is told again at a later look
         else:
-            now = time.monotonic()
-            self._returned = {k: at for k, at in self._returned.items() if now - at < RETURNED_KEPT_SECONDS}
-            self._returned[key] = now
+            self._attempts.returned(key, time.monotonic(), RETURNED_KEPT_SECONDS)
         return ended
 
     async def _watch_attempt(
@@ -417,7 +411,7 @@ class AgentActivities:
     ) -> tuple[TaskExit, float]:
         """Its exit, and the longest this agent went unheard while watching it (paused, say)."""
         key = ref
-        self._attempts.add(key)
+        self._attempts.watch_began(key)
         ended = self._runtime.ended_fd(key)  # a worker whose end wakes this watch needs no polling
         checking = None
         try:
@@ -466,7 +460,7 @@ class AgentActivities:
     async def stop_own_tasks(self, grace_seconds: float) -> int:
         """Stop every attempt this agent started or watched that still runs (its lease is lost: the runs count
         them lost and start them again elsewhere); returns how many it stopped."""
-        keys = sorted(self._attempts, key=lambda k: k.slug)
+        keys = self._attempts.ours_all()
         observed = await asyncio.gather(*(asyncio.to_thread(self._runtime.observe, key) for key in keys))
         running = [key for key, seen in zip(keys, observed, strict=True) if seen.running]
         results = await asyncio.gather(
@@ -486,8 +480,7 @@ class AgentActivities:
         for key in mine:
             activity.heartbeat(key.slug)
             await self._starter.delete(key, self._settings.stop_grace_seconds)
-            self._attempts.discard(key)
-            self._unwatched.discard(key)
+            self._attempts.forget(key)
         return DeletedFiles(attempts=len(mine))
 
     async def remove_deleted_runs(self) -> int:
@@ -604,13 +597,14 @@ class AgentActivities:
     async def _report_progress(self, key: TaskRef, reason: Reason) -> None:
         """Tell the run what its worker waits for while it is set up, or that its image is being pulled, or that
         it was picked up (and when: the run shows it Preparing since then)."""
-        self._told_setting_up.add(key)
+        self._attempts.told_setting_up(key)
+        attempt = self._attempts.get(key)
         report = TaskProgress(
             task_id=key.task_id,
             attempt=key.attempt,
             pulling=reason.code == R.Pulling.code,
             reason=reason,
-            picked_up_at=self._picked_up.get(key),
+            picked_up_at=attempt.picked_up_at if attempt is not None else None,
         )
         await self._tell_run(key.namespace, key.job, contracts.TASK_PROGRESS, report)
 
@@ -706,13 +700,11 @@ class AgentActivities:
     @contextlib.contextmanager
     def _live_attempt(self, key: TaskRef) -> Iterator[None]:
         """While an activity starts or watches the attempt, its run has it: the look for stale attempts skips it."""
-        self._live[key] = self._live.get(key, 0) + 1
+        self._attempts.activity_began(key)
         try:
             yield
         finally:
-            self._live[key] -= 1
-            if not self._live[key]:
-                del self._live[key]
+            self._attempts.activity_ended(key)
 
     # ---- orphans: workers whose run's workflow is no longer open ------------------------------------------------
 
@@ -759,7 +751,7 @@ class AgentActivities:
         # wanting it, the server answers the heartbeat "not found" or "cancelled", the watch ends, and the attempt
         # is looked at next time. Asking about every run (a visibility query per machine each look) cost a busy
         # server a slow read every 5 s per machine, which held up its writes (bench/README.md).
-        runs = sorted({(key.namespace, key.job) for key in running if key not in self._live})
+        runs = sorted({(key.namespace, key.job) for key in running if not self._attempts.watched(key)})
         for namespace, job in runs:
             keys = [key for key in running if (key.namespace, key.job) == (namespace, job)]
             try:
@@ -782,9 +774,9 @@ class AgentActivities:
         """Tell each run whose worker's watch ended before the worker did, and which then exited 0, that it did
         (signal `task_exited_while_lost`): a run that lost it with the machine and has not run it again yet counts
         it completed. What cannot be told now is told at the next look; other ends are forgotten."""
-        for key in sorted(self._unwatched, key=lambda k: k.slug):
-            if key in self._live:  # watched again: its watch reports its end
-                self._unwatched.discard(key)
+        for key in self._attempts.unwatched_all():
+            if self._attempts.watched(key):  # watched again: its watch reports its end
+                self._attempts.told(key)
                 continue
             observed = await asyncio.to_thread(self._runtime.observe, key)
             if observed.running:
@@ -801,7 +793,7 @@ class AgentActivities:
                         continue
                 else:
                     log.warning("%s: %s exited 0 while its run had lost it: told its run", self.node_name, key.slug)
-            self._unwatched.discard(key)
+            self._attempts.told(key)
 
     async def _not_the_runs(self, namespace: str, job: str, keys: list[TaskRef]) -> list[tuple[TaskRef, OrphanStopped]]:
         """The attempts of one run running here that it no longer has: all of them when its workflow is no longer
@@ -810,7 +802,7 @@ class AgentActivities:
         status = await self._closed_run(namespace, job)
         if status is not None:
             return [(key, OrphanStopped(task=key.task_id, run=run, status=status)) for key in keys]
-        unwatched = [key for key in keys if key not in self._live]
+        unwatched = [key for key in keys if not self._attempts.watched(key)]
         if not unwatched:
             return []
         answer = await self._attempts_of(namespace, job)

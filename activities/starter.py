@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import logging
 import shutil
 import socket
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from activities.capabilities import CapabilitySetup, Services, SetUp
 from activities.identities import Identities
@@ -27,7 +26,7 @@ from activities.runtime.base import Launch, Mount, NetworkNotUp, OnProgress, Run
 from activities.runtime.shim import write_atomically
 from activities.sessions import Sessions
 from workflows.domain.constraints import Drive
-from workflows.domain.machine.attempts import PortMapping
+from workflows.domain.machine.attempts import Attempts, PortMapping, Refused, admit_gpus, assign_ports
 from workflows.domain.nodes import GpuInfo, PortRange
 from workflows.domain.reasons import R, Reason
 from workflows.domain.refs import TaskRef
@@ -95,8 +94,10 @@ class Starter:
         capabilities: CapabilitySetup | None = None,
         sessions: Sessions | None = None,
         node_network: NodeNetworkState | None = None,
+        attempts: Attempts | None = None,
     ) -> None:
         self._runtime = runtime
+        self.attempts = attempts or Attempts()  # every attempt this machine holds: shared with its agent
         self._sessions = sessions  # where attempts' interactive sessions are granted; None: it hosts none
         self._node_network = node_network or (lambda: None)
         self._catalogue = catalogue
@@ -107,19 +108,10 @@ class Starter:
         self._gpus = gpus
         self._report = report
         self._admission = asyncio.Lock()  # GPUs are chosen and taken in one step
-        self._reserved: dict[str, list[int]] = {}  # GPUs of attempts being set up, by slug
-        self._starting: dict[str, asyncio.Future[None]] = {}  # starts handed to the runtime, by slug
-        self._stops: set[str] = set()  # attempts asked to stop
-        self._pulled: set[str] = set()  # attempts whose image is ready (set up at the barrier), by slug
-        self._doing: dict[str, str] = {}  # what the runtime does for an attempt now (a pull), by slug
+        # The runtime's starts under way, to be awaited (by a stop, a repeated start); the attempt's phase says so.
+        self._starts: dict[TaskRef, asyncio.Future[None]] = {}
         self._port_range = ports  # the machine's ports for external access (--external-ports); None: none
         self._identities = identities  # where attempts' certificates are asked for and kept
-        self._ports: dict[str, list[PortMapping]] = {}  # ports of attempts being set up, by slug
-
-    def _unreserve(self, slug: str) -> None:
-        """What an attempt being set up held goes back: its GPUs and its ports (a started one's are its own)."""
-        self._reserved.pop(slug, None)
-        self._ports.pop(slug, None)
 
     async def start(
         self,
@@ -138,14 +130,12 @@ class Starter:
         gpus, launch = await self._set_up(key, group, env, beat, reported, host_network)
         if launch is None:
             return gpus
-        if fence is not None and key.slug not in self._starting:
+        if fence is not None and not self.attempts.starting(key):
             try:
                 await fence()
                 self._not_stopped(key)  # a stop may have come while the run was asked
             except BaseException:
-                if key.slug not in self._starting:
-                    self._unreserve(key.slug)
-                    self._pulled.discard(key.slug)
+                self.attempts.let_go(key)
                 raise
         await self._run_start(key, launch, beat)
         return gpus
@@ -166,13 +156,12 @@ class Starter:
     async def stop(self, key: TaskRef, grace_seconds: float) -> None:
         """Stop the attempt: end its setup, let a start already in the runtime finish, then stop what runs. One
         set up at the barrier and never started gives its GPUs back."""
-        self._stops.add(key.slug)
-        starting = self._starting.get(key.slug)
+        self.attempts.stop_asked(key)
+        starting = self._starts.get(key)
         if starting is not None:
             await asyncio.wait([starting])
         else:
-            self._unreserve(key.slug)  # a setup still in flight ends at its next step
-            self._pulled.discard(key.slug)
+            self.attempts.let_go(key)  # a setup still in flight ends at its next step
         await asyncio.to_thread(self._runtime.stop, key, grace_seconds)
 
     async def delete(self, key: TaskRef, grace_seconds: float) -> None:
@@ -210,7 +199,8 @@ class Starter:
             # it at the barrier, if it was.
             held = await asyncio.to_thread(self._held_node_address, key) if launch.network is not None else None
             launch = dataclasses.replace(launch, host_network=host_network and launch.network is None, network_ip=held)
-            if key.slug not in self._pulled and key.slug not in self._starting:
+            attempt = self.attempts.get(key)
+            if attempt is None or not attempt.pulled:
                 self._not_stopped(key)
                 if self._runtime.pulls_images:
                     pulling = asyncio.ensure_future(
@@ -222,12 +212,10 @@ class Starter:
                         self._runtime.ensure_image(launch)
                     except RuntimeFailure as failure:
                         raise SetupEnded(failure.reason) from None
-                self._pulled.add(key.slug)
+                self.attempts.pulled(key)
             self._not_stopped(key)  # nothing is awaited from here to the start
         except BaseException:
-            if key.slug not in self._starting:
-                self._unreserve(key.slug)
-                self._pulled.discard(key.slug)
+            self.attempts.let_go(key)
             raise
         # The image is ready: Always was honoured by that pull, and the start need not pull it again.
         if launch.pull_policy == "Always":
@@ -235,32 +223,30 @@ class Starter:
         return gpus, launch
 
     def _not_stopped(self, key: TaskRef) -> None:
-        if key.slug in self._stops:
+        if self.attempts.stopping(key):
             raise SetupEnded(R.StoppedOnRequest())
 
     async def _admit(self, key: TaskRef, count: int) -> tuple[list[int], bool]:
         """Its GPUs, and whether it already started. New attempts get free, unfaulted GPUs, healthy ones first."""
         async with self._admission:
-            # What is set up is read before what runs (`_held_during`): a start that ends during the look is in one.
-            in_use, reserved = await _held_during(self._runtime.gpus_in_use, self._reserved)
-            if key.slug in in_use:
-                return in_use[key.slug], True
-            if key.slug in self._reserved:
-                return self._reserved[key.slug], False
-            self._preparer.forget(keep=[*in_use, *reserved, key.slug])
+            # What is held is read before the runtime is asked what runs, and again after: a start that ends during
+            # the look is in one of them (`admit_gpus`).
+            before = self.attempts.gpus_held()
+            in_use = await asyncio.to_thread(self._runtime.gpus_in_use)
+            after = self.attempts.gpus_held()
+            admission = admit_gpus(key, count, self._gpus(), in_use, before, after)
+            if isinstance(admission, Refused):
+                raise SetupEnded(R.ContainerStartFailed(error=admission.error))
+            if admission.started or key.slug in after:
+                return admission.gpus, admission.started
+            keep = [*in_use, *before, *after, key.slug]
+            self._preparer.forget(keep=keep)
             if self._identities is not None:
-                self._identities.forget(keep=[*in_use, *reserved, key.slug])
+                self._identities.forget(keep=keep)
             if self._sessions is not None:
-                self._sessions.forget(keep=[*in_use, *reserved, key.slug])
-            taken = {index for indices in [*in_use.values(), *reserved.values()] for index in indices}
-            usable = [gpu for gpu in self._gpus() if gpu.index not in taken and gpu.fault is None]
-            usable.sort(key=lambda gpu: (gpu.at_risk is not None, gpu.index))
-            if count > len(usable):
-                error = f"needs {count} GPUs, {len(usable)} free on this machine"
-                raise SetupEnded(R.ContainerStartFailed(error=error))
-            gpus = sorted(gpu.index for gpu in usable[:count])
-            self._reserved[key.slug] = gpus
-            return gpus, False
+                self._sessions.forget(keep=keep)
+            self.attempts.admitted(key, admission.gpus)
+            return admission.gpus, False
 
     async def _prepare(
         self, key: TaskRef, group: GroupSpec, env: dict[str, str], gpus: list[int], beat: Beat, reported: str | None
@@ -378,49 +364,46 @@ class Starter:
         if not group.external_access:
             return []
         async with self._admission:  # chosen and taken in one step, as GPUs are
-            if key.slug in self._ports:
-                return self._ports[key.slug]
-            if self._port_range is None:
-                error = "external_access needs ports, and this machine's agent has no --external-ports range"
-                raise SetupEnded(R.ContainerStartFailed(error=error))
-            held, assigned = await _held_during(self._runtime.ports_in_use, self._ports)
-            taken = {port for ports in held.values() for port in ports.values()}
-            taken |= {m.host_port for mappings in assigned.values() for m in mappings}
-            candidates = (p for p in range(self._port_range.first, self._port_range.last + 1) if p not in taken)
-            free = list(itertools.islice((p for p in candidates if bindable(p)), len(group.external_access)))
-            if len(free) < len(group.external_access):
-                return None
-            mappings = [PortMapping(a.name, a.port, p) for a, p in zip(group.external_access, free, strict=True)]
-            self._ports[key.slug] = mappings
-            return mappings
+            attempt = self.attempts.get(key)
+            if attempt is not None and attempt.holding and attempt.ports is not None:
+                return list(attempt.ports)
+            before = self.attempts.ports_held()
+            running = await asyncio.to_thread(self._runtime.ports_in_use) if self._port_range is not None else {}
+            after = self.attempts.ports_held()
+            assigned = assign_ports(group.external_access, self._port_range, running, before, after, bindable)
+            if isinstance(assigned, Refused):
+                raise SetupEnded(R.ContainerStartFailed(error=assigned.error))
+            if assigned is not None:
+                self.attempts.ports_assigned(key, assigned)
+            return assigned
 
     async def _run_start(self, key: TaskRef, launch: Launch, beat: Beat) -> None:
         """Hand the start to the runtime. It is not interrupted: if this activity is cancelled, the start still
         finishes (and a stop waits for it); its GPUs stay reserved until the runtime holds them."""
-        starting = self._starting.get(key.slug)
+        starting = self._starts.get(key)
         if starting is None:
+            self.attempts.handed_to_runtime(key)
             starting = asyncio.ensure_future(
                 self._call(key, lambda progress: self._runtime.start(key, launch, progress))
             )
-            self._starting[key.slug] = starting
+            self._starts[key] = starting
 
-            def done(_: asyncio.Future[None]) -> None:
-                self._starting.pop(key.slug, None)
-                self._unreserve(key.slug)
-                self._pulled.discard(key.slug)
+            def done(ended: asyncio.Future[None]) -> None:
+                self._starts.pop(key, None)
+                self.attempts.start_ended(key, started=not ended.cancelled() and ended.exception() is None)
 
             starting.add_done_callback(done)
         await self._beat_until_done(key, starting, beat)
-        if key.slug in self._stops:  # stopped while it started: the stop that waited for it ends it
+        if self.attempts.stopping(key):  # stopped while it started: the stop that waited for it ends it
             raise SetupEnded(R.StoppedOnRequest())
 
     async def _call(self, key: TaskRef, work: Callable[[OnProgress], None], reported: str | None = None) -> None:
         """`work` on a thread; what it says it does (R.Pulling) is reported to the run unless already reported."""
         loop = asyncio.get_running_loop()
-        self._doing[key.slug] = reported or "starting"
+        self.attempts.doing(key, reported or "starting")
 
         def on_progress(reason: Reason) -> None:  # called on the runtime's thread
-            self._doing[key.slug] = reason.text
+            loop.call_soon_threadsafe(self.attempts.doing, key, reason.text)
             if reason.text == reported:  # a former try reported it
                 return
             try:
@@ -431,31 +414,16 @@ class Starter:
         try:
             await loop.run_in_executor(self._threads, work, on_progress)
         finally:
-            self._doing.pop(key.slug, None)
+            self.attempts.doing(key, None)
 
     async def _beat_until_done(self, key: TaskRef, work: asyncio.Future[None], beat: Beat) -> None:
         """Heartbeat with what `work` does until it ends, never cancelling it (a cancelled activity leaves it to
         finish); its RuntimeFailure ends the setup with the runtime's reason."""
         while not work.done():
-            beat(self._doing.get(key.slug, "starting"))
+            attempt = self.attempts.get(key)
+            beat(attempt.doing or "starting" if attempt is not None else "starting")
             await asyncio.wait([asyncio.shield(work)], timeout=1.0)
         try:
             work.result()
         except RuntimeFailure as failure:
             raise SetupEnded(failure.reason) from None
-
-
-Held = TypeVar("Held")
-SetUpHold = TypeVar("SetUpHold")
-
-
-async def _held_during(
-    running: Callable[[], dict[str, Held]], set_up: dict[str, SetUpHold]
-) -> tuple[dict[str, Held], dict[str, SetUpHold]]:
-    """What attempts that run hold (`running`, read on a thread), and what those being set up hold (`set_up`), each
-    as it was when the look began or since. A start that ends during the look gives its setup's hold back
-    (`Starter._unreserve`) and may have been read as not running yet: with `set_up` read after the look only, it
-    is in neither, and its GPUs or ports go to a second attempt (a burst of 1,000 runs did that once)."""
-    before = dict(set_up)
-    held = await asyncio.to_thread(running)
-    return held, {**before, **set_up}

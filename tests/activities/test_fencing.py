@@ -169,4 +169,4 @@ async def test_a_start_whose_lease_changed_while_it_was_set_up_is_asked_again_ju
         await environment().run(agent.start_task, start_input())
     assert refused.value.type == "StartRefused"
     assert nothing_started(machine)
-    assert agent._starter._reserved == {}  # its GPUs (none here) are given back
+    assert agent._starter.attempts.gpus_held() == {}  # its GPUs (none here) are given back

@@ -186,11 +186,13 @@ def test_returned_exits_are_kept_for_a_while_and_told_again_after_the_lease_is_t
     assert [a.returned_at for a in attempts] == [None, None]
 
 
-def test_a_return_forgets_returns_older_than_the_keep() -> None:
+def test_an_attempt_returned_longer_ago_than_the_keep_is_forgotten_unless_something_still_has_it() -> None:
     attempts = Attempts()
     attempts.returned(ref("w-0"), at=0.0, keep_seconds=600.0)
-    attempts.returned(ref("w-1"), at=600.0, keep_seconds=600.0)
-    assert [a.returned_at for a in attempts] == [None, 600.0]
+    attempts.returned(ref("w-1"), at=0.0, keep_seconds=600.0)
+    attempts.activity_began(ref("w-1"))  # watched again (a repeated supervise)
+    attempts.returned(ref("w-2"), at=600.0, keep_seconds=600.0)
+    assert [(a.ref.task_id, a.returned_at) for a in attempts] == [("w-1", None), ("w-2", 600.0)]
 
 
 def test_a_stop_is_remembered_and_a_forgotten_attempt_leaves_nothing() -> None:

@@ -169,10 +169,14 @@ class Attempts:
         self._change(ref, unwatched=False)
 
     def returned(self, ref: TaskRef, at: float, keep_seconds: float) -> None:
-        """Its watch returned its exit to its run at `at`; returns older than `keep_seconds` are forgotten."""
-        for other in self._by_ref.values():
+        """Its watch returned its exit to its run at `at`. Returns older than `keep_seconds` are forgotten, and so
+        is the attempt that made one, unless an activity or a later look still has it: it ended long ago."""
+        for other in list(self._by_ref.values()):
             if other.returned_at is not None and at - other.returned_at >= keep_seconds:
-                self._change(other.ref, returned_at=None)
+                if other.activities or other.unwatched:
+                    self._change(other.ref, returned_at=None)
+                else:
+                    del self._by_ref[other.ref]
         self._change(ref, phase=Phase.RETURNED, returned_at=at)
 
     def registered_again(self, now: float, keep_seconds: float) -> None:
