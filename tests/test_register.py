@@ -8,8 +8,8 @@ import pytest
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
+from activities.agent.lease import RegistrationRefused, register
 from workers import services
-from workers.services import RegistrationRefused, register
 from workflows.domain.nodes import NodeInventory, NodeState, NodeView
 from workflows.domain.settings import Settings
 

@@ -146,10 +146,10 @@ def _jsonable(value: Any) -> Any:
 
 
 async def cmd_dev(args: argparse.Namespace) -> int:
+    from activities.agent.lease import RegistrationRefused
     from workers.api import DEFAULT_LISTEN
     from workers.devserver import DevServerError
     from workers.embedded import Embedded
-    from workers.services import RegistrationRefused
 
     settings = load_settings(args.settings)
     embedded = Embedded(
@@ -304,9 +304,10 @@ async def cmd_api(args: argparse.Namespace) -> int:
 
 
 async def cmd_agent(args: argparse.Namespace) -> int:
+    from activities.agent.lease import LeaseLost, RegistrationRefused
     from activities.capabilities import Services
     from activities.machine import MachineReadError, parse_port
-    from workers.services import AgentOptions, LeaseLost, RegistrationRefused, start_agent
+    from workers.services import AgentOptions, start_agent
 
     notes = _capability_notes(args.capability_note)
     try:

@@ -6,22 +6,18 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
-import socket
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.client import Client
 from temporalio.worker import PollerBehaviorAutoscaling, PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, Worker
 from temporalio.worker._worker import load_default_build_id  # the SDK's default build, not exported
 
-from activities.agent import EXPIRED, TAKEN_OVER, AgentActivities
+from activities.agent import AgentActivities
+from activities.agent.lease import EXPIRED, TAKEN_OVER, LeaseLost, RegistrationRefused, new_instance, register
 from activities.capabilities import Services, machine_capabilities
 from activities.control import DEFAULT_CA_DIR, ControlActivities
 from activities.drives import DriveStore
@@ -40,15 +36,13 @@ from activities.sessions import Sessions
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id, node_task_queue
 from workflows.deleted_runs import DeletedRunsWorkflow
 from workflows.deletion import DeleteRunWorkflow
-from workflows.domain.node import Registered
-from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView, PortRange
+from workflows.domain.nodes import NetworkPort, NodeInventory, PortRange
 from workflows.domain.placement import NODE_MESH
 from workflows.domain.settings import Settings
 from workflows.drives import DrivesWorkflow
 from workflows.identity import IdentityWorkflow
 from workflows.job import JobWorkflow
 from workflows.logs import LogsWorkflow
-from workflows.messages import NodeInput
 from workflows.node import NodeWorkflow
 from workflows.quotas import QuotasWorkflow
 from workflows.sessions import SessionWorkflow
@@ -346,78 +340,6 @@ def gpu_watch(node: NodeInventory) -> GpuWatch | None:
     except GpusUnavailable as err:
         log.warning("%s: the GPUs' health goes unwatched: %s", node.name, err)
         return None
-
-
-class RegistrationRefused(Exception):
-    """The machine's workflow refused this agent (another live agent holds the machine); the message says why."""
-
-
-class LeaseLost(Exception):
-    """The agent lost its machine's lease (it expired while the agent was away, or another agent took over): it
-    stopped its workers and ends; the message says why."""
-
-
-def new_instance() -> str:
-    """This agent process, as the machine's lease names it: host, process id and a token of its own."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-
-
-def gone(holder: str) -> bool:
-    """Whether the agent `holder` ("host:pid:token") was a process of this host that no longer runs."""
-    host, _, rest = holder.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # it runs, as another user
-    return False
-
-
-async def register(client: Client, node: NodeInventory, settings: Settings, instance: str = "") -> NodeView:
-    """Start the machine's NodeWorkflow if it is new, and register this agent with it. An agent of this host that
-    is gone (killed, crashed) is taken over at once; a live one, or one of another host, refuses this agent until
-    its lease expires."""
-    handle = await client.start_workflow(
-        NodeWorkflow.run,
-        NodeInput(name=node.name, settings=settings),
-        id=node_id(node.name),
-        task_queue=CONTROL_TASK_QUEUE,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-    )
-    request = Registered(inventory=node, instance=instance)
-    deadline, pause = time.monotonic() + REGISTER_RETRY_SECONDS, 0.5
-    while True:
-        try:
-            return await handle.execute_update(NodeWorkflow.register, request)
-        except WorkflowUpdateFailedError as error:
-            cause = error.cause
-            if _unprocessed(cause) and time.monotonic() < deadline:
-                # The machine's workflow did not get to it (its task failed or timed out on a busy control plane).
-                log.warning("%s: registration not processed, trying again in %.1f s: %s", node.name, pause, cause)
-                await asyncio.sleep(pause)
-                pause = min(2 * pause, 5.0)
-                continue
-            holder = str(cause.details[0]) if isinstance(cause, ApplicationError) and cause.details else ""
-            if request.take_over or not (isinstance(cause, ApplicationError) and cause.type == "LeaseHeld"):
-                raise RegistrationRefused(f"machine {node.name} could not register: {cause}") from None
-            if not gone(holder):
-                raise RegistrationRefused(str(cause.message)) from None
-            log.info("%s: its agent %s is gone: taking the machine over", node.name, holder)
-            request = request.model_copy(update={"take_over": holder})
-
-
-REGISTER_RETRY_SECONDS = 60.0  # how long a registration the machine's workflow did not process is tried again
-
-
-def _unprocessed(cause: BaseException) -> bool:
-    """Whether an update failed because the workflow never processed it (not a refusal): worth trying again."""
-    return (isinstance(cause, ApplicationError) and cause.type == "UnprocessedUpdate") or (
-        "UnprocessedUpdate" in str(cause)
-    )
 
 
 LEASE_HEARTBEAT_THROTTLE = timedelta(seconds=1)

@@ -17,7 +17,8 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
-from activities.agent import EXPIRED, AgentActivities
+from activities.agent import AgentActivities
+from activities.agent.lease import EXPIRED
 from activities.machine import (
     MachineReadError,
     PressureWatch,

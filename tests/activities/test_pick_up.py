@@ -12,7 +12,8 @@ from typing import Any, cast
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
-from activities.agent import PICK_UP_REPORT_SECONDS, AgentActivities
+from activities.agent import AgentActivities
+from activities.agent.attempts import PICK_UP_REPORT_SECONDS
 from activities.prepare import Preparer
 from activities.runtime.base import Launch, OnProgress
 from activities.runtime.process import ProcessRuntime
