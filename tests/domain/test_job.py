@@ -31,10 +31,10 @@ from workflows.domain.events import (
 )
 from workflows.domain.job import FirstPlacement, decide, first_requests, is_settled
 from workflows.domain.placement import TaskRequest
-from workflows.domain.reasons import R, Reason
+from workflows.domain.reasons import NodeReasons, R, Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
-from workflows.domain.status import LastFailure, NodeReasons, Placement, PlacementNode
+from workflows.domain.status import LastFailure, Placement, PlacementNode
 from workflows.domain.tasks import new_job
 from workflows.domain.views import describe
 from workflows.messages import PROTOCOL
