@@ -33,7 +33,7 @@ from workers.telemetry import Telemetry, TelemetryError, set_up
 from workflows.domain.constraints import RACK_LABEL, Capability
 from workflows.domain.drives import NewDrive
 from workflows.domain.nodes import PortRange
-from workflows.domain.quotas import Quota
+from workflows.domain.scheduling.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, format_errors, parse_spec
 from workflows.domain.status import RUN_TERMINAL, RunState, Status

@@ -54,10 +54,10 @@ from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.constraints import Drive
 from workflows.domain.nodes import NodeView
 from workflows.domain.requests import Allocation
+from workflows.domain.scheduling.use import ClusterUse, cluster_use
 from workflows.domain.spec import JobSpec, job_id
 from workflows.domain.status import TASK_ENDED, Folded, JobRecord, RunState, Status
 from workflows.domain.tombstones import DELETED, Tombstone
-from workflows.domain.use import ClusterUse, cluster_use
 from workflows.domain.views import (
     TERMINATED,
     Event,

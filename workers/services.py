@@ -42,7 +42,7 @@ from workflows.deleted_runs import DeletedRunsWorkflow
 from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.node import Registered
 from workflows.domain.nodes import NetworkPort, NodeInventory, NodeView, PortRange
-from workflows.domain.placement import NODE_MESH
+from workflows.domain.scheduling.placement import NODE_MESH
 from workflows.domain.settings import Settings
 from workflows.drives import DrivesWorkflow
 from workflows.identity import IdentityWorkflow

@@ -35,8 +35,8 @@ from workflows.domain.events import (
 from workflows.domain.mesh import MeshPeer
 from workflows.domain.node import DataReported, GpusReported, OrphanStopped, PressureReported, Registered
 from workflows.domain.nodes import NodeView
-from workflows.domain.planning import TaskPlan
-from workflows.domain.quotas import Quota
+from workflows.domain.scheduling.planning import TaskPlan
+from workflows.domain.scheduling.quotas import Quota
 from workflows.domain.spec import job_id as job_id
 from workflows.domain.status import Folded, Status
 from workflows.domain.tokens import Token

@@ -14,8 +14,8 @@ from workflows.domain.constraints import Drive
 from workflows.domain.events import PlacementUpdate
 from workflows.domain.mesh import MeshMember
 from workflows.domain.nodes import NodeView
-from workflows.domain.placement import Allocation, TaskRequest
-from workflows.domain.quotas import Quota
+from workflows.domain.scheduling.placement import Allocation, TaskRequest
+from workflows.domain.scheduling.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec, Readiness
 from workflows.domain.status import JobRecord

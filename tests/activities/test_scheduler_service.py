@@ -22,9 +22,9 @@ from tests.workflows.fakes import unique
 from workflows.domain.constraints import Drive
 from workflows.domain.events import MachineLost, PlacementUpdate, Preempt
 from workflows.domain.nodes import NodeView
-from workflows.domain.quotas import Quota
 from workflows.domain.reasons import Reason
 from workflows.domain.requests import Allocation, TaskRequest
+from workflows.domain.scheduling.quotas import Quota
 from workflows.messages import (
     DrivesChangedInput,
     NodeChangedInput,

@@ -25,7 +25,7 @@ from workflows.domain.events import (
 from workflows.domain.job import fail_undecided
 from workflows.domain.lifecycle import derive_run
 from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Template, all_templates, number
-from workflows.domain.scheduling import schedule
+from workflows.domain.scheduling.queue import schedule
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
 from workflows.domain.status import RunState, TaskState

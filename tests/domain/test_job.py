@@ -30,8 +30,8 @@ from workflows.domain.events import (
     TimerFired,
 )
 from workflows.domain.job import FirstPlacement, decide, first_requests, is_settled
-from workflows.domain.placement import TaskRequest
 from workflows.domain.reasons import NodeReasons, R, Reason
+from workflows.domain.scheduling.placement import TaskRequest
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.status import LastFailure, Placement, PlacementNode

@@ -19,7 +19,7 @@ from workflows.domain.events import (
 )
 from workflows.domain.job import decide, fail_undecided, is_settled
 from workflows.domain.reasons import Reason
-from workflows.domain.scheduling import schedule
+from workflows.domain.scheduling.queue import schedule
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
 from workflows.domain.status import JobRecord

@@ -41,8 +41,8 @@ from workflows.domain.events import (
     TimerFired,
 )
 from workflows.domain.job import decide
-from workflows.domain.planning import plan_group
-from workflows.domain.scheduling import schedule
+from workflows.domain.scheduling.planning import plan_group
+from workflows.domain.scheduling.queue import schedule
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
 from workflows.domain.status import TASK_ENDED, TASK_ON_NODE, JobRecord, TaskState

@@ -24,7 +24,7 @@ from tests.workflows.fakes import Script, fake_cluster
 from workers.client import run_result
 from workers.connect import ensure_search_attributes
 from workflows.contracts import CONTROL_TASK_QUEUE
-from workflows.domain.planning import TaskPlan
+from workflows.domain.scheduling.planning import TaskPlan
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
 from workflows.domain.status import Status

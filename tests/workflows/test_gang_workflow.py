@@ -78,7 +78,7 @@ async def test_a_barrier_that_waits_too_long_requeues_the_gang(own_time_skipping
 async def test_a_group_that_cannot_be_planned_is_looked_at_again_every_minute(
     own_time_skipping: WorkflowEnvironment,
 ) -> None:
-    from workflows.domain.planning import TaskPlan
+    from workflows.domain.scheduling.planning import TaskPlan
 
     job = parse_spec({"name": unique("plan"), "groups": [{"name": "train", "command": ["x"], "total_gpus": 8}]})
     why = "Cannot plan workers: no way to run 8 GPUs on these machines: 4 free on the largest one now"

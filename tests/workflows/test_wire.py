@@ -27,7 +27,7 @@ from workflows.domain.events import (
 from workflows.domain.node import GpusReported, OrphanStopped, PressureReported, Registered
 from workflows.domain.nodes import NodeInventory
 from workflows.domain.reasons import UNCODED, NodeReasons, R, Reason
-from workflows.domain.scheduling import schedule
+from workflows.domain.scheduling.queue import schedule
 from workflows.domain.status import JobRecord, Placement, PlacementNode
 from workflows.domain.views import describe
 from workflows.messages import JobInput, PlaceResult
