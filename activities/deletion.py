@@ -24,8 +24,8 @@ from workflows.contracts import (
     session_id_prefix,
 )
 from workflows.domain.nodes import NodeState
+from workflows.domain.run.views import TERMINATED
 from workflows.domain.tombstones import Tombstone
-from workflows.domain.views import TERMINATED
 from workflows.messages import DeletedRunsInput, EndedRun, EndRunInput, ForgetRunInput, TombstonesQuery
 
 NO_SUCH_RUN = "NoSuchRun"

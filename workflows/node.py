@@ -15,7 +15,6 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from workflows import contracts
     from workflows.contracts import SCHEDULER_TASK_QUEUE, lease_task_queue, node_task_queue
-    from workflows.domain.events import MachineLost
     from workflows.domain.node import (
         Cordoned,
         DataLocationChosen,
@@ -36,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         decide_node,
     )
     from workflows.domain.nodes import NodeState, NodeView
+    from workflows.domain.run.events import MachineLost
     from workflows.messages import CordonRequest, DataLocationRequest, LeaseInput, NodeChangedInput, NodeInput
 
 DATA_LOCATION_ANSWER_SECONDS = 30  # a machine's agent takes up a chosen data location within this, or it is refused

@@ -20,10 +20,10 @@ from activities.scheduler import NODES_REFRESH_SECONDS, SchedulerService
 from tests.domain.builders import T0, holding, machine, request
 from tests.workflows.fakes import unique
 from workflows.domain.constraints import Drive
-from workflows.domain.events import MachineLost, PlacementUpdate, Preempt
 from workflows.domain.nodes import NodeView
 from workflows.domain.reasons import Reason
 from workflows.domain.requests import Allocation, TaskRequest
+from workflows.domain.run.events import MachineLost, PlacementUpdate, Preempt
 from workflows.domain.scheduling.quotas import Quota
 from workflows.messages import (
     DrivesChangedInput,

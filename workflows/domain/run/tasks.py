@@ -7,9 +7,9 @@ from datetime import datetime
 
 from workflows.domain.reasons import R
 from workflows.domain.requests import Allocation, TaskRequest, placed_drives, request_fields
+from workflows.domain.run.status import TASK_ON_NODE, JobRecord, RunState, Status, TaskRecord, TaskState, record
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec
-from workflows.domain.status import TASK_ON_NODE, JobRecord, RunState, Status, TaskRecord, TaskState, record
 
 
 def new_job(spec: JobSpec, settings: Settings, now: datetime) -> JobRecord:
