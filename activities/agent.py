@@ -40,8 +40,8 @@ from activities.sessions import SessionRefused, Sessions
 from activities.starter import SetupEnded, Starter
 from workflows import contracts
 from workflows.contracts import implements, node_id
-from workflows.domain.node import GpusReported, OrphanStopped, PressureReported
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
+from workflows.domain.inventory import GpuInfo, NodeInventory, NodeView
+from workflows.domain.machine.decisions import GpusReported, OrphanStopped, PressureReported
 from workflows.domain.reasons import R, Reason
 from workflows.domain.run.events import ExitedWhileLost, TaskHealth, TaskProgress, TaskRunning
 from workflows.domain.settings import Settings

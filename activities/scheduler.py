@@ -27,7 +27,7 @@ from activities import metrics
 from workflows import contracts
 from workflows.contracts import DRIVES_WORKFLOW_ID, PRIORITY_KEY, QUOTAS_WORKFLOW_ID, SA_NODES, implements
 from workflows.domain.constraints import Drive
-from workflows.domain.nodes import NodeState, NodeView
+from workflows.domain.inventory import NodeState, NodeView
 from workflows.domain.requests import Allocation, JobTaskKey, TaskRequest, allocation_for, namespace_of, run_name
 from workflows.domain.run.events import MachineLost, PlacementUpdate, Preempt
 from workflows.domain.scheduling.machines import Compiled

@@ -36,7 +36,7 @@ from activities.runtime.base import (
 from activities.runtime.shim import write_atomically
 from activities.sessions import Sessions
 from workflows.domain.constraints import Drive
-from workflows.domain.nodes import GpuInfo, PortRange
+from workflows.domain.inventory import GpuInfo, PortRange
 from workflows.domain.reasons import R, Reason
 from workflows.domain.requests import placed_drives
 from workflows.domain.spec import GroupSpec

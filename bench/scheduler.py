@@ -26,7 +26,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from workflows.domain.constraints import NodeSelection
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeState, NodeView
+from workflows.domain.inventory import GpuInfo, NodeInventory, NodeState, NodeView
 from workflows.domain.requests import Allocation, TaskRequest
 from workflows.domain.scheduling.explaining import Explainer
 from workflows.domain.scheduling.machines import Cluster, Compiled

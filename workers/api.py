@@ -34,7 +34,7 @@ from workers.client import AstraeusClient, AstraeusError, NotFound, RunPage, Ses
 from workers.console import SignIn
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import NewDrive
-from workflows.domain.nodes import NodeView
+from workflows.domain.inventory import NodeView
 from workflows.domain.run.status import RunState, Status, StatusEntry
 from workflows.domain.run.views import TERMINATED, JobDescription, TaskView
 from workflows.domain.scheduling.quotas import Quota

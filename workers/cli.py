@@ -32,7 +32,7 @@ from workers.render import render_describe, render_events, render_history, rende
 from workers.telemetry import Telemetry, TelemetryError, set_up
 from workflows.domain.constraints import RACK_LABEL, Capability
 from workflows.domain.drives import NewDrive
-from workflows.domain.nodes import PortRange
+from workflows.domain.inventory import PortRange
 from workflows.domain.run.status import RUN_TERMINAL, RunState, Status
 from workflows.domain.run.views import TERMINATED
 from workflows.domain.scheduling.quotas import Quota

@@ -52,7 +52,7 @@ from workflows.contracts import (
 )
 from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.constraints import Drive
-from workflows.domain.nodes import NodeView
+from workflows.domain.inventory import NodeView
 from workflows.domain.requests import Allocation
 from workflows.domain.run.status import TASK_ENDED, Folded, JobRecord, RunState, Status
 from workflows.domain.run.views import (

@@ -16,7 +16,7 @@ import httpx
 from pydantic import TypeAdapter
 
 from workers.client import AstraeusError, NotFound, RunPage, Unreachable
-from workflows.domain.nodes import NodeView
+from workflows.domain.inventory import NodeView
 from workflows.domain.run.status import RUN_TERMINAL, Status
 from workflows.domain.run.views import TERMINATED, Event, JobDescription, page
 from workflows.domain.run.views import events as events_of

@@ -23,9 +23,9 @@ from temporalio.common import SearchAttributeKey, WorkflowIDConflictPolicy
 
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import DriveReport, NewDrive
+from workflows.domain.inventory import NodeView
+from workflows.domain.machine.decisions import DataReported, GpusReported, OrphanStopped, PressureReported, Registered
 from workflows.domain.mesh import MeshPeer
-from workflows.domain.node import DataReported, GpusReported, OrphanStopped, PressureReported, Registered
-from workflows.domain.nodes import NodeView
 from workflows.domain.run.events import (
     ExitedWhileLost,
     MachineLost,
@@ -416,7 +416,7 @@ ATTEMPTS_ON: Query[AttemptsQuery, AttemptsOnNode] = Query(JOB_WORKFLOW, "attempt
 SCHEDULER_VIEW: Query[None, SchedulerView] = Query(JOB_WORKFLOW, "scheduler_view", None, SchedulerView)
 
 # NodeWorkflow's updates (its agent, and `astraeus nodes`) and query; the agent's carry the machine's domain events
-# (workflows/domain/node.py).
+# (workflows/domain/machine/decisions.py).
 REGISTER: Update[Registered, NodeView] = Update(NODE_WORKFLOW, "register", Registered, NodeView)
 REPORT_GPUS: Update[GpusReported, NodeView] = Update(NODE_WORKFLOW, "report_gpus", GpusReported, NodeView)
 REPORT_PRESSURE: Update[PressureReported, NodeView] = Update(

@@ -1,7 +1,7 @@
 """One pydantic model per message between clients, workflows and activities (the names they travel by are in
 `workflows/contracts.py`). A message that tells a workflow something happened is that workflow's domain event itself
-(`workflows/domain/run/events.py` for runs, `workflows/domain/node.py` for machines), not a copy of it: those are not
-here."""
+(`workflows/domain/run/events.py` for runs, `workflows/domain/machine/decisions.py` for machines), not a copy of it:
+those are not here."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workflows.domain.constraints import Drive
+from workflows.domain.inventory import NodeView
 from workflows.domain.mesh import MeshMember
-from workflows.domain.nodes import NodeView
 from workflows.domain.run.events import PlacementUpdate
 from workflows.domain.run.status import JobRecord
 from workflows.domain.scheduling.placement import Allocation, TaskRequest

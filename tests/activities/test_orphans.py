@@ -23,8 +23,8 @@ from activities.agent import AgentActivities
 from activities.prepare import Preparer
 from activities.runtime.base import Launch, TaskKey
 from activities.runtime.process import ProcessRuntime
-from workflows.domain.node import OrphanStopped
-from workflows.domain.nodes import NodeInventory
+from workflows.domain.inventory import NodeInventory
+from workflows.domain.machine.decisions import OrphanStopped
 from workflows.domain.run.events import ExitedWhileLost
 from workflows.domain.settings import Settings
 from workflows.messages import AttemptsOnNode, AttemptsQuery, LeaseInput, SuperviseInput, TaskRef

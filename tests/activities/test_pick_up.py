@@ -17,7 +17,7 @@ from activities.prepare import Preparer
 from activities.runtime.base import Launch, OnProgress, TaskKey
 from activities.runtime.process import ProcessRuntime
 from tests.activities.test_agent import Machine, group, ref
-from workflows.domain.nodes import NodeInventory
+from workflows.domain.inventory import NodeInventory
 from workflows.domain.reasons import Reason
 from workflows.domain.run.events import TaskProgress, TaskRunning
 from workflows.domain.settings import Settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.domain.builders import at, holding, ib, machine, request
 from workflows.domain.constraints import Network
-from workflows.domain.nodes import NodeState, NodeView
+from workflows.domain.inventory import NodeState, NodeView
 from workflows.domain.reasons import NodeReasons, Reason
 from workflows.domain.requests import Allocation, TaskRequest
 from workflows.domain.scheduling.queue import Plan, Preemption, schedule

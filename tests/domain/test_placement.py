@@ -8,7 +8,7 @@ import pytest
 
 from tests.domain.builders import GB, T0, gpu, holding, ib, machine, request, unreported
 from workflows.domain.constraints import Drive, GpuRequest, Network
-from workflows.domain.nodes import DriveCopy, NetworkPort, NodeState, NodeView, PortRange
+from workflows.domain.inventory import DriveCopy, NetworkPort, NodeState, NodeView, PortRange
 from workflows.domain.requests import Allocation, TaskRequest
 from workflows.domain.scheduling.machines import Cluster, Free, free_capacity, size_text
 from workflows.domain.scheduling.placement import CHECKS, ask_for, explain, fits

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from tests.domain.builders import at, holding, ib, machine, request, unreported
-from workflows.domain.nodes import NodeState, NodeView
+from workflows.domain.inventory import NodeState, NodeView
 from workflows.domain.reasons import NodeReasons, R, Reason
 from workflows.domain.requests import Allocation, TaskRequest
 from workflows.domain.scheduling.machines import Cluster, Compiled

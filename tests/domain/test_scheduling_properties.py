@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.domain.builders import at, holding, machine, request
-from workflows.domain.nodes import NodeState, NodeView
+from workflows.domain.inventory import NodeState, NodeView
 from workflows.domain.requests import Allocation, TaskRequest, allocation_for
 from workflows.domain.scheduling.queue import Plan, schedule
 from workflows.domain.scheduling.quotas import Quota

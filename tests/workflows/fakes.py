@@ -19,7 +19,7 @@ from temporalio.worker import Worker
 
 from activities.control import ControlActivities
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_task_queue
-from workflows.domain.nodes import NodeView
+from workflows.domain.inventory import NodeView
 from workflows.domain.reasons import Reason
 from workflows.domain.run.events import MachineLost, PlacementUpdate, TaskHealth, TaskRunning
 from workflows.domain.run.job import first_requests

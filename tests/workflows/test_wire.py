@@ -14,8 +14,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from tests.domain.builders import T0, machine, request
 from tests.domain.test_job import Story, hello
 from workflows import contracts
-from workflows.domain.node import GpusReported, OrphanStopped, PressureReported, Registered
-from workflows.domain.nodes import NodeInventory
+from workflows.domain.inventory import NodeInventory
+from workflows.domain.machine.decisions import GpusReported, OrphanStopped, PressureReported, Registered
 from workflows.domain.reasons import UNCODED, NodeReasons, R, Reason
 from workflows.domain.run.events import (
     Created,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from workflows.domain.constraints import POOL_LABEL, Drive
-from workflows.domain.nodes import NetworkPort
+from workflows.domain.inventory import NetworkPort
 from workflows.domain.reasons import R, Reason, Template, number
 from workflows.domain.requests import Allocation, TaskRequest
 from workflows.domain.scheduling.machines import EPSILON, Cluster, CompiledNode, Free, free_capacity, size_text

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from workflows.domain.bounds import MAX_WORKERS
 from workflows.domain.constraints import Drive
-from workflows.domain.nodes import NodeView
+from workflows.domain.inventory import NodeView
 from workflows.domain.reasons import R, Reason
 from workflows.domain.requests import Allocation, TaskRequest
 from workflows.domain.scheduling.machines import Cluster

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import NamedTuple, TypeVar
 
 from workflows.domain.constraints import Drive
-from workflows.domain.nodes import NodeView
+from workflows.domain.inventory import NodeView
 from workflows.domain.scheduling import gang_placement
 from workflows.domain.scheduling.explaining import Explainer, NamesKey
 from workflows.domain.scheduling.machines import Cluster, Compiled

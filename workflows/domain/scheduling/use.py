@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict
 
-from workflows.domain.nodes import NodeView
+from workflows.domain.inventory import NodeView
 from workflows.domain.requests import Allocation
 from workflows.domain.scheduling.machines import free_capacity
 from workflows.domain.scheduling.quotas import usage_by_namespace
