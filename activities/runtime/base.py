@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from workflows.domain.reasons import Reason
-from workflows.domain.spec import Readiness
+from workflows.domain.spec import PullPolicy, Readiness
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,6 @@ class RegistryAuth:
 
     username: str
     password: str = field(repr=False)
-
-
-PullPolicy = Literal["Always", "IfNotPresent", "None"]
 
 
 @dataclass(frozen=True)
