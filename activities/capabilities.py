@@ -35,8 +35,8 @@ from activities.runtime import egress
 from activities.runtime.base import Runtime, RuntimeFailure, RuntimeUnavailable
 from activities.runtime.docker import DOCKER_EGRESS
 from activities.runtime.process import PROCESS_SANDBOX
-from workflows.domain.placement import NODE_MESH, NODE_NETWORK
 from workflows.domain.reasons import R
+from workflows.domain.scheduling.placement import NODE_MESH, NODE_NETWORK
 from workflows.domain.spec import Capabilities
 
 MODEL_SERVER_TIMEOUT_SECONDS = 5.0

@@ -17,8 +17,8 @@ from activities import deletion
 from activities.identity import ClusterCA, IdentityRefused, spiffe_id
 from workflows import contracts
 from workflows.contracts import SA_NODES, implements
-from workflows.domain.events import MachineLost
-from workflows.domain.job import first_requests
+from workflows.domain.run.events import MachineLost
+from workflows.domain.run.job import first_requests
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id
 from workflows.messages import (

@@ -23,9 +23,9 @@ from workflows.contracts import (
     logs_id_prefix,
     session_id_prefix,
 )
-from workflows.domain.nodes import NodeState
+from workflows.domain.inventory import NodeState
+from workflows.domain.run.views import TERMINATED
 from workflows.domain.tombstones import Tombstone
-from workflows.domain.views import TERMINATED
 from workflows.messages import DeletedRunsInput, EndedRun, EndRunInput, ForgetRunInput, TombstonesQuery
 
 NO_SUCH_RUN = "NoSuchRun"

@@ -28,10 +28,10 @@ from workflows import contracts
 from workflows.contracts import DRIVES_WORKFLOW_ID, implements, node_id
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import DriveReport, source_path
-from workflows.domain.machines import size_text
-from workflows.domain.node import DataReported
-from workflows.domain.nodes import DriveCopy
+from workflows.domain.inventory import DriveCopy
+from workflows.domain.machine.decisions import DataReported
 from workflows.domain.reasons import R, Reason
+from workflows.domain.scheduling.machines import size_text
 from workflows.messages import DataLocationRequest
 
 log = logging.getLogger(__name__)

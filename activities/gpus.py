@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import pynvml
 
-from workflows.domain.nodes import GpuInfo
+from workflows.domain.inventory import GpuInfo
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Literal
 
-from workflows.domain.nodes import NetworkPort
+from workflows.domain.inventory import NetworkPort
 
 log = logging.getLogger(__name__)
 

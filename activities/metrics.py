@@ -13,9 +13,9 @@ from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from workflows.domain.nodes import NodeView
-from workflows.domain.plans import Plan
+from workflows.domain.inventory import NodeView
 from workflows.domain.requests import Allocation, TaskRequest
+from workflows.domain.scheduling.plans import Plan
 
 PLACEMENTS = Counter(
     "astraeus_placement_decisions",

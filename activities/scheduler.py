@@ -7,7 +7,7 @@ without awaiting anything (so it needs no lock), and its signals leave afterward
 each run, many runs at once, never holding up the next decision. Its view lives in memory and is rebuilt from the
 open JobWorkflows, NodeWorkflows and the quotas workflow when it starts (as a Kubernetes scheduler rebuilds its
 cache), so a scheduler that dies forgets nothing; runs that close without giving their room back are swept away.
-The decisions are `workflows/domain/scheduling.py: schedule()`, pure; this module only keeps the view and carries
+The decisions are `workflows/domain/scheduling/queue.py: schedule()`, pure; this module only keeps the view and carries
 the plan out.
 """
 
@@ -27,14 +27,14 @@ from activities import metrics
 from workflows import contracts
 from workflows.contracts import DRIVES_WORKFLOW_ID, PRIORITY_KEY, QUOTAS_WORKFLOW_ID, SA_NODES, implements
 from workflows.domain.constraints import Drive
-from workflows.domain.events import MachineLost, PlacementUpdate, Preempt
-from workflows.domain.machines import Compiled
-from workflows.domain.nodes import NodeState, NodeView
-from workflows.domain.planning import TaskPlan, plan_group
-from workflows.domain.quotas import Quota
+from workflows.domain.inventory import NodeState, NodeView
 from workflows.domain.requests import Allocation, JobTaskKey, TaskRequest, allocation_for, namespace_of, run_name
-from workflows.domain.scheduling import Decision, Preemption, schedule
-from workflows.domain.use import ClusterUse, cluster_use
+from workflows.domain.run.events import MachineLost, PlacementUpdate, Preempt
+from workflows.domain.scheduling.machines import Compiled
+from workflows.domain.scheduling.planning import TaskPlan, plan_group
+from workflows.domain.scheduling.queue import Decision, Preemption, schedule
+from workflows.domain.scheduling.quotas import Quota
+from workflows.domain.scheduling.use import ClusterUse, cluster_use
 from workflows.messages import (
     DrivesChangedInput,
     DriveUsers,

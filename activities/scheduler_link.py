@@ -33,7 +33,7 @@ from starlette.routing import Route
 from activities.scheduler import SchedulerService
 from workflows import contracts
 from workflows.contracts import implements
-from workflows.domain.use import ClusterUse
+from workflows.domain.scheduling.use import ClusterUse
 from workflows.messages import PlaceInput, PlaceResult, ReleaseInput
 
 log = logging.getLogger(__name__)

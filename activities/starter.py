@@ -26,8 +26,8 @@ from activities.runtime.base import Launch, Mount, NetworkNotUp, OnProgress, Run
 from activities.runtime.shim import write_atomically
 from activities.sessions import Sessions
 from workflows.domain.constraints import Drive
+from workflows.domain.inventory import GpuInfo, PortRange
 from workflows.domain.machine.attempts import Attempts, PortMapping, Refused, admit_gpus, assign_ports
-from workflows.domain.nodes import GpuInfo, PortRange
 from workflows.domain.reasons import R, Reason
 from workflows.domain.refs import TaskRef
 from workflows.domain.requests import placed_drives

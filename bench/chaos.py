@@ -32,7 +32,7 @@ from bench.cluster import Cluster, Machines
 from bench.common import run_and_exit
 from workers.client import AstraeusClient
 from workflows.contracts import SA_NAMESPACE
-from workflows.domain.nodes import NodeState
+from workflows.domain.inventory import NodeState
 from workflows.domain.spec import JobSpec, job_id, parse_spec
 
 NAMESPACE = "chaos"

@@ -15,7 +15,7 @@ from workflows.domain.reasons import R, all_templates
 # for `end` (it slept and exits 0) and `term` (SIGTERM: it was stopped) its exit code. `gpus` is its
 # CUDA_VISIBLE_DEVICES, `-` when empty.
 WORKER_SCRIPT = (
-    'line() { echo "$1 $ASTRAEUS_NAMESPACE $ASTRAEUS_JOB $ASTRAEUS_TASK $ASTRAEUS_ATTEMPT $ASTRAEUS_NODE '
+    'line() { echo "$1 $ASTRAEUS_NAMESPACE $ASTRAEUS_RUN $ASTRAEUS_TASK $ASTRAEUS_ATTEMPT $ASTRAEUS_NODE '
     '${CUDA_VISIBLE_DEVICES:--} $(date +%s.%N) $$ $2" >> "$CHAOS_JOURNAL"; }; '
     "trap 'line term 143; exit 143' TERM; line start; sleep SECONDS; line end 0"
 )

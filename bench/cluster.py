@@ -220,7 +220,7 @@ def read_worker(pid: int) -> Interval | None:
     fields = proc_stat(pid)
     try:
         return Interval(
-            run=f"{env['ASTRAEUS_NAMESPACE']}/{env['ASTRAEUS_JOB']}",
+            run=f"{env['ASTRAEUS_NAMESPACE']}/{env['ASTRAEUS_RUN']}",
             task=env["ASTRAEUS_TASK"],
             attempt=int(env["ASTRAEUS_ATTEMPT"]),
             node=env["ASTRAEUS_NODE"],

@@ -26,7 +26,7 @@ from temporalio.api.history.v1 import HistoryEvent
 
 from workers import collector
 from workers.client import AstraeusClient
-from workflows.domain.nodes import NodeState
+from workflows.domain.inventory import NodeState
 
 WORKFLOW_TASK_PROBLEMS = (EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED, EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT)
 

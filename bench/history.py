@@ -18,10 +18,10 @@ from tests.workflows.fakes import Script, fake_cluster
 from workers.client import run_result
 from workers.connect import ensure_search_attributes
 from workflows.contracts import CONTROL_TASK_QUEUE
+from workflows.domain.run.status import Status
+from workflows.domain.run.views import JobDescription
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
-from workflows.domain.status import Status
-from workflows.domain.views import JobDescription
 from workflows.job import JobWorkflow, search_attributes
 from workflows.messages import JobInput
 

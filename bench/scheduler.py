@@ -26,13 +26,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from workflows.domain.constraints import NodeSelection
-from workflows.domain.explaining import Explainer
-from workflows.domain.machines import Cluster, Compiled
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeState, NodeView
-from workflows.domain.placement import ask_for, fits
-from workflows.domain.quotas import Quota
+from workflows.domain.inventory import GpuInfo, NodeInventory, NodeState, NodeView
 from workflows.domain.requests import Allocation, TaskRequest
-from workflows.domain.scheduling import schedule
+from workflows.domain.scheduling.explaining import Explainer
+from workflows.domain.scheduling.machines import Cluster, Compiled
+from workflows.domain.scheduling.placement import ask_for, fits
+from workflows.domain.scheduling.queue import schedule
+from workflows.domain.scheduling.quotas import Quota
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 SIZES = [1, 1, 1, 2, 2, 4, 4, 8]  # GPUs per worker: mostly small, some whole machines

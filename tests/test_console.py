@@ -112,7 +112,7 @@ def test_the_free_room_comes_from_the_schedulers_door_and_from_the_runs_while_it
     from types import SimpleNamespace
 
     from activities.scheduler_link import SchedulerLink
-    from workflows.domain.use import ClusterUse, WorkspaceUse
+    from workflows.domain.scheduling.use import ClusterUse, WorkspaceUse
 
     def use(gpus: int) -> ClusterUse:
         return ClusterUse(machines=[], workspaces=[WorkspaceUse(namespace="a", gpus=gpus, cpu=0, memory_bytes=0,

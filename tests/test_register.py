@@ -10,7 +10,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.agent.lease import RegistrationRefused, register
 from workers import services
-from workflows.domain.nodes import NodeInventory, NodeState, NodeView
+from workflows.domain.inventory import NodeInventory, NodeState, NodeView
 from workflows.domain.settings import Settings
 
 NODE = NodeInventory(name="m-0", cpus=1, memory_bytes=2**30)

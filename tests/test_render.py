@@ -8,8 +8,8 @@ import pytest
 
 from workers.client import RunSummary
 from workers.render import age, render_events, render_nodes, render_runs, size
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeState, NodeView
-from workflows.domain.views import Event
+from workflows.domain.inventory import GpuInfo, NodeInventory, NodeState, NodeView
+from workflows.domain.run.views import Event
 
 NOW = datetime(2026, 12, 1, 15, 34, 53, 91000, tzinfo=UTC)
 

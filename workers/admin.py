@@ -25,9 +25,9 @@ from workflows.contracts import (
 )
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import NewDrive
-from workflows.domain.machines import size_text
-from workflows.domain.nodes import NodeView
-from workflows.domain.quotas import Quota
+from workflows.domain.inventory import NodeView
+from workflows.domain.scheduling.machines import size_text
+from workflows.domain.scheduling.quotas import Quota
 from workflows.domain.tokens import Token, digest
 from workflows.messages import (
     CordonRequest,

@@ -34,14 +34,14 @@ from workers.client import AstraeusClient, AstraeusError, NotFound, RunPage, Ses
 from workers.console import SignIn
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import NewDrive
-from workflows.domain.nodes import NodeView
-from workflows.domain.quotas import Quota
+from workflows.domain.inventory import NodeView
+from workflows.domain.run.status import RunState, Status, StatusEntry
+from workflows.domain.run.views import TERMINATED, JobDescription, TaskView
+from workflows.domain.scheduling.quotas import Quota
+from workflows.domain.scheduling.use import ClusterUse
 from workflows.domain.spec import NAME_PATTERN, JobSpec, format_errors, parse_spec
-from workflows.domain.status import RunState, Status, StatusEntry
 from workflows.domain.tokens import Token, may_see
 from workflows.domain.tombstones import DELETED, Tombstone
-from workflows.domain.use import ClusterUse
-from workflows.domain.views import TERMINATED, JobDescription, TaskView
 from workflows.messages import (
     SESSION_OUTPUT_MAX_BYTES,
     SESSION_TIMEOUT_MAX_SECONDS,

@@ -32,13 +32,13 @@ from workers.render import render_describe, render_events, render_history, rende
 from workers.telemetry import Telemetry, TelemetryError, set_up
 from workflows.domain.constraints import RACK_LABEL, Capability
 from workflows.domain.drives import NewDrive
-from workflows.domain.nodes import PortRange
-from workflows.domain.quotas import Quota
+from workflows.domain.inventory import PortRange
+from workflows.domain.run.status import RUN_TERMINAL, RunState, Status
+from workflows.domain.run.views import TERMINATED
+from workflows.domain.scheduling.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, format_errors, parse_spec
-from workflows.domain.status import RUN_TERMINAL, RunState, Status
 from workflows.domain.tombstones import DELETED
-from workflows.domain.views import TERMINATED
 from workflows.messages import SESSION_OUTPUT_MAX_BYTES
 
 DISTRIBUTION = "astraeus-orchestrator"  # whose metadata `--version` reads

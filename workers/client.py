@@ -52,14 +52,11 @@ from workflows.contracts import (
 )
 from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.constraints import Drive
-from workflows.domain.nodes import NodeView
+from workflows.domain.inventory import NodeView
 from workflows.domain.refs import TaskRef
 from workflows.domain.requests import Allocation
-from workflows.domain.spec import JobSpec, job_id
-from workflows.domain.status import TASK_ENDED, Folded, JobRecord, RunState, Status
-from workflows.domain.tombstones import DELETED, Tombstone
-from workflows.domain.use import ClusterUse, cluster_use
-from workflows.domain.views import (
+from workflows.domain.run.status import TASK_ENDED, Folded, JobRecord, RunState, Status
+from workflows.domain.run.views import (
     TERMINATED,
     Event,
     JobDescription,
@@ -73,7 +70,10 @@ from workflows.domain.views import (
     terminated_status,
     unfolded,
 )
-from workflows.domain.views import events as events_of
+from workflows.domain.run.views import events as events_of
+from workflows.domain.scheduling.use import ClusterUse, cluster_use
+from workflows.domain.spec import JobSpec, job_id
+from workflows.domain.tombstones import DELETED, Tombstone
 from workflows.job import JobWorkflow, search_attributes
 from workflows.logs import LogsWorkflow
 from workflows.messages import (

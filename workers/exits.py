@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from workflows.domain.status import RunState
-from workflows.domain.views import TERMINATED
+from workflows.domain.run.status import RunState
+from workflows.domain.run.views import TERMINATED
 
 
 class ExitCode(IntEnum):

@@ -16,12 +16,12 @@ import httpx
 from pydantic import TypeAdapter
 
 from workers.client import AstraeusError, NotFound, RunPage, Unreachable
-from workflows.domain.nodes import NodeView
+from workflows.domain.inventory import NodeView
+from workflows.domain.run.status import RUN_TERMINAL, Status
+from workflows.domain.run.views import TERMINATED, Event, JobDescription, page
+from workflows.domain.run.views import events as events_of
 from workflows.domain.spec import JobSpec
-from workflows.domain.status import RUN_TERMINAL, Status
 from workflows.domain.tombstones import Tombstone
-from workflows.domain.views import TERMINATED, Event, JobDescription, page
-from workflows.domain.views import events as events_of
 
 _NODES = TypeAdapter(list[NodeView])
 _EVENT = TypeAdapter(Event)

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 from workers.client import RunSummary
 from workers.console.advice import FAILURES
-from workflows.domain.nodes import NodeView
-from workflows.domain.status import Status, StatusEntry
-from workflows.domain.views import Event, JobDescription
+from workflows.domain.inventory import NodeView
+from workflows.domain.run.status import Status, StatusEntry
+from workflows.domain.run.views import Event, JobDescription
 
 
 def _t(at: datetime | None, utc: bool) -> str:

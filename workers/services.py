@@ -36,8 +36,8 @@ from activities.sessions import Sessions
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id, node_task_queue
 from workflows.deleted_runs import DeletedRunsWorkflow
 from workflows.deletion import DeleteRunWorkflow
-from workflows.domain.nodes import NetworkPort, NodeInventory, PortRange
-from workflows.domain.placement import NODE_MESH
+from workflows.domain.inventory import NetworkPort, NodeInventory, PortRange
+from workflows.domain.scheduling.placement import NODE_MESH
 from workflows.domain.settings import Settings
 from workflows.drives import DrivesWorkflow
 from workflows.identity import IdentityWorkflow

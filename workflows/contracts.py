@@ -23,7 +23,10 @@ from temporalio.common import SearchAttributeKey, WorkflowIDConflictPolicy
 
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import DriveReport, NewDrive
-from workflows.domain.events import (
+from workflows.domain.inventory import NodeView
+from workflows.domain.machine.decisions import DataReported, GpusReported, OrphanStopped, PressureReported, Registered
+from workflows.domain.mesh import MeshPeer
+from workflows.domain.run.events import (
     ExitedWhileLost,
     MachineLost,
     PlacementUpdate,
@@ -32,16 +35,13 @@ from workflows.domain.events import (
     TaskProgress,
     TaskRunning,
 )
-from workflows.domain.mesh import MeshPeer
-from workflows.domain.node import DataReported, GpusReported, OrphanStopped, PressureReported, Registered
-from workflows.domain.nodes import NodeView
-from workflows.domain.planning import TaskPlan
-from workflows.domain.quotas import Quota
+from workflows.domain.run.status import Folded, Status
+from workflows.domain.run.views import Event, JobDescription
+from workflows.domain.scheduling.planning import TaskPlan
+from workflows.domain.scheduling.quotas import Quota
 from workflows.domain.spec import job_id as job_id
-from workflows.domain.status import Folded, Status
 from workflows.domain.tokens import Token
 from workflows.domain.tombstones import Tombstone
-from workflows.domain.views import Event, JobDescription
 from workflows.messages import (
     Attached,
     AttachInput,
@@ -394,7 +394,7 @@ class Update(Generic[In, Out]):
 
 
 # JobWorkflow's signals: the scheduler's answers and preemptions, the agents' reports, machine loss.
-# Each carries the run's domain event itself (workflows/domain/events.py).
+# Each carries the run's domain event itself (workflows/domain/run/events.py).
 PLACEMENT = Signal(JOB_WORKFLOW, "placement", PlacementUpdate)
 PREEMPT = Signal(JOB_WORKFLOW, "preempt", Preempt)
 TASK_PROGRESS = Signal(JOB_WORKFLOW, "task_progress", TaskProgress)
@@ -416,7 +416,7 @@ ATTEMPTS_ON: Query[AttemptsQuery, AttemptsOnNode] = Query(JOB_WORKFLOW, "attempt
 SCHEDULER_VIEW: Query[None, SchedulerView] = Query(JOB_WORKFLOW, "scheduler_view", None, SchedulerView)
 
 # NodeWorkflow's updates (its agent, and `astraeus nodes`) and query; the agent's carry the machine's domain events
-# (workflows/domain/node.py).
+# (workflows/domain/machine/decisions.py).
 REGISTER: Update[Registered, NodeView] = Update(NODE_WORKFLOW, "register", Registered, NodeView)
 REPORT_GPUS: Update[GpusReported, NodeView] = Update(NODE_WORKFLOW, "report_gpus", GpusReported, NodeView)
 REPORT_PRESSURE: Update[PressureReported, NodeView] = Update(

@@ -22,8 +22,10 @@ with workflow.unsafe.imports_passed_through():
         STATE_KEY,
         node_task_queue,
     )
-    from workflows.domain import events as ev
-    from workflows.domain.effects import (
+    from workflows.domain.reasons import R, Reason, error_text
+    from workflows.domain.refs import TaskRef
+    from workflows.domain.run import events as ev
+    from workflows.domain.run.effects import (
         Effect,
         covered_in_a_live_run,
         difference,
@@ -32,11 +34,8 @@ with workflow.unsafe.imports_passed_through():
         identity,
         one_offs,
     )
-    from workflows.domain.job import FirstPlacement, decide, fail_undecided, is_settled
-    from workflows.domain.reasons import R, Reason, error_text
-    from workflows.domain.refs import TaskRef
-    from workflows.domain.spec import JobSpec
-    from workflows.domain.status import (
+    from workflows.domain.run.job import FirstPlacement, decide, fail_undecided, is_settled
+    from workflows.domain.run.status import (
         RUN_TERMINAL,
         TASK_ENDED,
         Folded,
@@ -45,8 +44,9 @@ with workflow.unsafe.imports_passed_through():
         Status,
         TaskState,
     )
-    from workflows.domain.tasks import allocation, group_of, new_job, nodes_in_use, task_request
-    from workflows.domain.views import Event, JobDescription, describe, events
+    from workflows.domain.run.tasks import allocation, group_of, new_job, nodes_in_use, task_request
+    from workflows.domain.run.views import Event, JobDescription, describe, events
+    from workflows.domain.spec import JobSpec
 from workflows.messages import (
     RUN_FAILED,
     AttemptsOnNode,

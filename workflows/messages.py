@@ -1,7 +1,7 @@
 """One pydantic model per message between clients, workflows and activities (the names they travel by are in
 `workflows/contracts.py`). A message that tells a workflow something happened is that workflow's domain event itself
-(`workflows/domain/events.py` for runs, `workflows/domain/node.py` for machines), not a copy of it: those are not
-here."""
+(`workflows/domain/run/events.py` for runs, `workflows/domain/machine/decisions.py` for machines), not a copy of it:
+those are not here."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workflows.domain.constraints import Drive
-from workflows.domain.events import PlacementUpdate
+from workflows.domain.inventory import NodeView
 from workflows.domain.mesh import MeshMember
-from workflows.domain.nodes import NodeView
-from workflows.domain.placement import Allocation, TaskRequest
-from workflows.domain.quotas import Quota
 from workflows.domain.refs import TaskRef
+from workflows.domain.run.events import PlacementUpdate
+from workflows.domain.run.status import JobRecord
+from workflows.domain.scheduling.placement import Allocation, TaskRequest
+from workflows.domain.scheduling.quotas import Quota
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec, Readiness
-from workflows.domain.status import JobRecord
 from workflows.domain.tokens import Token
 from workflows.domain.tombstones import Tombstone
 
@@ -40,7 +40,7 @@ class _Msg(BaseModel):
 # history has `history_keep` of them: clients serve the whole history from the runs of the workflow. 5: a placed
 # worker stays Pending ("Placed on <machine>") until its machine picks it up, which the machine's reports say (with
 # when): Preparing "Picked up by <machine>", or its first wait or pull. 6: the workflow keeps what is in flight by
-# identity and, after each decision, runs the difference from what the record needs (workflows/domain/effects.py):
+# identity and, after each decision, runs the difference from what the record needs (workflows/domain/run/effects.py):
 # it cancels the timers no longer needed (a time limit of an attempt that ended) and never arms a moot one.
 PROTOCOL = 6
 

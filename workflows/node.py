@@ -1,6 +1,7 @@
 """NodeWorkflow: one machine. Its agent registers through it; a heartbeating activity on the machine's own task
 queue is its lease, so renewals cost no history. A lease that times out makes the machine Down. What the machine
-becomes is decided in workflows/domain/node.py; this workflow holds the lease and carries out the commands."""
+becomes is decided in workflows/domain/machine/decisions.py; this workflow holds the lease and carries out the
+commands."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from workflows import contracts
     from workflows.contracts import SCHEDULER_TASK_QUEUE, lease_task_queue, node_task_queue
-    from workflows.domain.events import MachineLost
-    from workflows.domain.node import (
+    from workflows.domain.inventory import NodeState, NodeView
+    from workflows.domain.machine.decisions import (
         Cordoned,
         DataLocationChosen,
         DataReported,
@@ -35,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
         check,
         decide_node,
     )
-    from workflows.domain.nodes import NodeState, NodeView
+    from workflows.domain.run.events import MachineLost
     from workflows.messages import CordonRequest, DataLocationRequest, LeaseInput, NodeChangedInput, NodeInput
 
 DATA_LOCATION_ANSWER_SECONDS = 30  # a machine's agent takes up a chosen data location within this, or it is refused

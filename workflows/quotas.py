@@ -12,7 +12,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from workflows import contracts
     from workflows.contracts import SCHEDULER_TASK_QUEUE
-    from workflows.domain.quotas import Quota
+    from workflows.domain.scheduling.quotas import Quota
     from workflows.messages import QuotasChangedInput, QuotasInput, RemoveQuotaRequest
 
 PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))

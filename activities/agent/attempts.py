@@ -28,11 +28,11 @@ from activities.agent.lease import Lease
 from activities.runtime.base import Observed, Runtime, readable
 from activities.starter import SetupEnded, Starter
 from workflows import contracts
-from workflows.domain.events import TaskHealth, TaskProgress, TaskRunning
+from workflows.domain.inventory import NodeInventory
 from workflows.domain.machine.attempts import Attempts
-from workflows.domain.nodes import NodeInventory
 from workflows.domain.reasons import R, Reason
 from workflows.domain.refs import TaskRef
+from workflows.domain.run.events import TaskHealth, TaskProgress, TaskRunning
 from workflows.domain.settings import Settings
 from workflows.domain.spec import Readiness, job_id
 from workflows.messages import StartTaskInput, TaskExit

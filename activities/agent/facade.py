@@ -34,10 +34,10 @@ from activities.sessions import SessionRefused, Sessions
 from activities.starter import Starter
 from workflows import contracts
 from workflows.contracts import implements
-from workflows.domain.events import TaskRunning
+from workflows.domain.inventory import NodeInventory, NodeView
 from workflows.domain.machine.attempts import Attempts
-from workflows.domain.nodes import NodeInventory, NodeView
 from workflows.domain.refs import TaskRef
+from workflows.domain.run.events import TaskRunning
 from workflows.domain.settings import Settings
 from workflows.messages import (
     Attached,

@@ -27,11 +27,11 @@ from activities.runtime.base import Runtime
 from activities.starter import Starter
 from workflows import contracts
 from workflows.contracts import node_id
-from workflows.domain.events import ExitedWhileLost
 from workflows.domain.machine.attempts import Attempts
-from workflows.domain.node import OrphanStopped
+from workflows.domain.machine.decisions import OrphanStopped
 from workflows.domain.reasons import R
 from workflows.domain.refs import TaskRef
+from workflows.domain.run.events import ExitedWhileLost
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id
 from workflows.messages import AttemptsOnNode, AttemptsQuery, DeletedFiles, DeleteRunFilesInput

@@ -24,8 +24,8 @@ from activities.gpus import GpuWatch
 from activities.machine import PressureWatch
 from workflows import contracts
 from workflows.contracts import CONTROL_TASK_QUEUE, node_id
-from workflows.domain.node import GpusReported, PressureReported, Registered
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
+from workflows.domain.inventory import GpuInfo, NodeInventory, NodeView
+from workflows.domain.machine.decisions import GpusReported, PressureReported, Registered
 from workflows.domain.settings import Settings
 from workflows.messages import LeaseInput, NodeInput
 from workflows.node import NodeWorkflow

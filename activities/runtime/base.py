@@ -12,7 +12,7 @@ from typing import Literal, Protocol
 from workflows.domain.machine.attempts import PortMapping
 from workflows.domain.reasons import Reason
 from workflows.domain.refs import TaskRef
-from workflows.domain.spec import Readiness
+from workflows.domain.spec import PullPolicy, Readiness
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,6 @@ class RegistryAuth:
 
     username: str
     password: str = field(repr=False)
-
-
-PullPolicy = Literal["Always", "IfNotPresent", "None"]
 
 
 def port_environment(ports: list[PortMapping], mapped: bool) -> dict[str, str]:

@@ -582,7 +582,8 @@ def _environment(key: TaskRef, launch: Launch) -> dict[str, str]:
     return {
         **launch.env,
         "ASTRAEUS_TASK": key.task_id,
-        "ASTRAEUS_JOB": key.job,
+        "ASTRAEUS_RUN": key.job,
+        "ASTRAEUS_JOB": key.job,  # the same as ASTRAEUS_RUN, deprecated: kept for a release
         "ASTRAEUS_NAMESPACE": key.namespace,
         "ASTRAEUS_ATTEMPT": str(key.attempt),
         **port_environment(launch.ports, mapped=not launch.host_network),

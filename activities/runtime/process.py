@@ -302,7 +302,8 @@ def _environment(key: TaskRef, launch: Launch) -> dict[str, str]:
         # Our indices are NVML's, in PCI bus order; CUDA numbers devices fastest first unless told otherwise.
         CUDA_DEVICE_ORDER="PCI_BUS_ID",
         ASTRAEUS_TASK=key.task_id,
-        ASTRAEUS_JOB=key.job,
+        ASTRAEUS_RUN=key.job,
+        ASTRAEUS_JOB=key.job,  # the same as ASTRAEUS_RUN, deprecated: kept for a release
         ASTRAEUS_NAMESPACE=key.namespace,
         ASTRAEUS_ATTEMPT=str(key.attempt),
     )

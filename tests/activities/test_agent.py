@@ -26,9 +26,9 @@ from activities.agent import AgentActivities
 from activities.prepare import Preparer
 from activities.runtime.base import Observed
 from activities.runtime.process import ProcessRuntime
-from workflows.domain.events import TaskHealth, TaskRunning
-from workflows.domain.nodes import GpuInfo, NodeInventory
+from workflows.domain.inventory import GpuInfo, NodeInventory
 from workflows.domain.refs import TaskRef
+from workflows.domain.run.events import TaskHealth, TaskRunning
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, Readiness, job_id
 from workflows.messages import StartTaskInput, StartTaskResult, StopTaskInput, SuperviseInput, TaskExit

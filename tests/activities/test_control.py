@@ -9,8 +9,8 @@ from typing import cast
 from temporalio.client import Client
 
 from activities.control import ControlActivities
-from workflows.domain.events import PlacementUpdate
-from workflows.domain.job import first_requests
+from workflows.domain.run.events import PlacementUpdate
+from workflows.domain.run.job import first_requests
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
 from workflows.messages import PROTOCOL, LoadSettingsInput, PlaceInput, PlaceResult

@@ -19,7 +19,7 @@ from activities.agent import AgentActivities
 from activities.prepare import Preparer
 from activities.runtime.base import Launch
 from activities.runtime.process import ProcessRuntime
-from workflows.domain.nodes import NodeInventory
+from workflows.domain.inventory import NodeInventory
 from workflows.domain.refs import TaskRef
 from workflows.domain.settings import Settings
 from workflows.domain.tombstones import Tombstone

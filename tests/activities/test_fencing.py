@@ -21,7 +21,7 @@ from activities.prepare import Preparer
 from activities.runtime.base import Observed
 from activities.runtime.process import ProcessRuntime
 from tests.activities.runtimes import kill_attempts
-from workflows.domain.nodes import NodeInventory, NodeState, NodeView
+from workflows.domain.inventory import NodeInventory, NodeState, NodeView
 from workflows.domain.refs import TaskRef
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from activities.gpus import DeclaredProbe, GpusUnavailable, NvmlProbe, read_inventory_gpus
-from workflows.domain.nodes import GpuInfo
+from workflows.domain.inventory import GpuInfo
 
 GIB = 1024**3
 

@@ -35,8 +35,8 @@ from activities.machine import (
 from activities.prepare import Preparer
 from activities.runtime.process import ProcessRuntime
 from workers.services import AgentOptions, inventory
-from workflows.domain.node import PressureReported
-from workflows.domain.nodes import NetworkPort, NodeInventory
+from workflows.domain.inventory import NetworkPort, NodeInventory
+from workflows.domain.machine.decisions import PressureReported
 from workflows.messages import LeaseInput
 
 GID = "fe80:0000:0000:0000:0c42:a103:0065:3d2e"

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 from activities.metrics import SCHEDULER, SchedulerFigures, figures, observe_pass
 from tests.domain.builders import T0, holding, machine, request
 from workers.telemetry import tracer_provider, tracing
-from workflows.domain.plans import Decision, Plan, Preemption
+from workflows.domain.scheduling.plans import Decision, Plan, Preemption
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 

@@ -23,10 +23,10 @@ from activities.agent import AgentActivities
 from activities.prepare import Preparer
 from activities.runtime.base import Launch
 from activities.runtime.process import ProcessRuntime
-from workflows.domain.events import ExitedWhileLost
-from workflows.domain.node import OrphanStopped
-from workflows.domain.nodes import NodeInventory
+from workflows.domain.inventory import NodeInventory
+from workflows.domain.machine.decisions import OrphanStopped
 from workflows.domain.refs import TaskRef
+from workflows.domain.run.events import ExitedWhileLost
 from workflows.domain.settings import Settings
 from workflows.messages import AttemptsOnNode, AttemptsQuery, LeaseInput, SuperviseInput
 

@@ -18,10 +18,10 @@ from activities.prepare import Preparer
 from activities.runtime.base import Launch, OnProgress
 from activities.runtime.process import ProcessRuntime
 from tests.activities.test_agent import Machine, group, ref
-from workflows.domain.events import TaskProgress, TaskRunning
-from workflows.domain.nodes import NodeInventory
+from workflows.domain.inventory import NodeInventory
 from workflows.domain.reasons import Reason
 from workflows.domain.refs import TaskRef
+from workflows.domain.run.events import TaskProgress, TaskRunning
 from workflows.domain.settings import Settings
 from workflows.messages import RunTaskInput, StartTaskInput
 

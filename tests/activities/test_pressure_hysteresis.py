@@ -12,7 +12,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.machine import PressureWatch, disk_pressure, memory_pressure, under_pressure
 from tests.activities.test_machine import lease_holder, meminfo
-from workflows.domain.node import PressureReported
+from workflows.domain.machine.decisions import PressureReported
 from workflows.messages import LeaseInput
 
 

@@ -264,6 +264,7 @@ def test_a_worker_sees_the_gpus_it_was_given_and_its_names(runtime: ProcessRunti
         "ASTRAEUS_ATTEMPT=1",
         "ASTRAEUS_JOB=llm-7b",
         "ASTRAEUS_NAMESPACE=team-a",
+        "ASTRAEUS_RUN=llm-7b",
         "ASTRAEUS_TASK=train-0",
         "CUDA_VISIBLE_DEVICES=2,5",
         "GREETING=hi",

@@ -14,8 +14,8 @@ from activities.scheduler_link import SchedulerDoor, SchedulerLink, parse_addres
 from tests.activities.test_scheduler_service import FakeCluster, placements, service
 from tests.domain.builders import machine, request
 from workers.cli import run
-from workflows.domain.events import PlacementUpdate
 from workflows.domain.reasons import Reason
+from workflows.domain.run.events import PlacementUpdate
 from workflows.messages import PlaceInput, ReleaseInput
 
 

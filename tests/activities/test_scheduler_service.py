@@ -20,11 +20,11 @@ from activities.scheduler import NODES_REFRESH_SECONDS, SchedulerService
 from tests.domain.builders import T0, holding, machine, request
 from tests.workflows.fakes import unique
 from workflows.domain.constraints import Drive
-from workflows.domain.events import MachineLost, PlacementUpdate, Preempt
-from workflows.domain.nodes import NodeView
-from workflows.domain.quotas import Quota
+from workflows.domain.inventory import NodeView
 from workflows.domain.reasons import Reason
 from workflows.domain.requests import Allocation, TaskRequest
+from workflows.domain.run.events import MachineLost, PlacementUpdate, Preempt
+from workflows.domain.scheduling.quotas import Quota
 from workflows.messages import (
     DrivesChangedInput,
     NodeChangedInput,
@@ -286,7 +286,7 @@ async def test_a_sweep_forgets_runs_that_closed_without_giving_their_room_back()
 
 
 async def test_a_removed_machine_is_forgotten() -> None:
-    from workflows.domain.nodes import NodeState
+    from workflows.domain.inventory import NodeState
 
     cluster = FakeCluster(nodes={"n0": machine("n0", gpus=8)})
     svc = await service(cluster)

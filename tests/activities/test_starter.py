@@ -21,7 +21,7 @@ from activities.prepare import Preparer
 from activities.runtime.base import Launch, Observed, OnProgress, ignore_progress
 from activities.runtime.process import ProcessRuntime
 from activities.starter import SetupEnded, Starter, bindable
-from workflows.domain.nodes import GpuInfo, PortRange
+from workflows.domain.inventory import GpuInfo, PortRange
 from workflows.domain.reasons import Reason
 from workflows.domain.refs import TaskRef
 from workflows.domain.spec import GroupSpec

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from workflows.domain.constraints import NodeSelection, Topology
-from workflows.domain.nodes import GpuInfo, NetworkPort, NodeInventory, NodeState, NodeView
+from workflows.domain.inventory import GpuInfo, NetworkPort, NodeInventory, NodeState, NodeView
 from workflows.domain.requests import Allocation, TaskRequest
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)

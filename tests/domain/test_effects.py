@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.domain.test_job_properties import SHRUNK, choices, played
-from workflows.domain.effects import (
+from workflows.domain.reasons import Reason
+from workflows.domain.run.effects import (
     Effect,
     covered_in_a_live_run,
     difference,
@@ -19,7 +20,7 @@ from workflows.domain.effects import (
     identity,
     one_offs,
 )
-from workflows.domain.events import (
+from workflows.domain.run.events import (
     ArmTimer,
     CancelRequested,
     Command,
@@ -41,12 +42,11 @@ from workflows.domain.events import (
     Timer,
     TimerFired,
 )
-from workflows.domain.job import decide
-from workflows.domain.reasons import Reason
+from workflows.domain.run.job import decide
+from workflows.domain.run.status import JobRecord, TaskState
+from workflows.domain.run.tasks import new_job
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
-from workflows.domain.status import JobRecord, TaskState
-from workflows.domain.tasks import new_job
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -10,7 +10,8 @@ import pytest
 from tests.domain.builders import T0, holding, machine, request
 from tests.domain.test_job import Story, at, hello, running_story
 from tests.domain.test_scheduling import outcome
-from workflows.domain.events import (
+from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Template, all_templates, number
+from workflows.domain.run.events import (
     Created,
     MachineLost,
     PlacementUpdate,
@@ -22,14 +23,13 @@ from workflows.domain.events import (
     Timer,
     TimerFired,
 )
-from workflows.domain.job import fail_undecided
-from workflows.domain.lifecycle import derive_run
-from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Template, all_templates, number
-from workflows.domain.scheduling import schedule
+from workflows.domain.run.job import fail_undecided
+from workflows.domain.run.lifecycle import derive_run
+from workflows.domain.run.status import RunState, TaskState
+from workflows.domain.run.tasks import groups_of, new_job, plan_tasks, split, task_request
+from workflows.domain.scheduling.queue import schedule
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
-from workflows.domain.status import RunState, TaskState
-from workflows.domain.tasks import groups_of, new_job, plan_tasks, split, task_request
 
 OTHER = ANOTHER_NAMESPACE
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from tests.domain.test_job import Story, at
-from workflows.domain.events import (
+from workflows.domain.reasons import Reason
+from workflows.domain.run.events import (
     ArmTimer,
     Command,
     Created,
@@ -21,10 +22,9 @@ from workflows.domain.events import (
     Timer,
     TimerFired,
 )
-from workflows.domain.reasons import Reason
+from workflows.domain.run.tasks import master_port
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
-from workflows.domain.tasks import master_port
 
 IDS = ["w-0", "w-1", "w-2", "w-3"]
 
@@ -278,7 +278,7 @@ def test_with_min_available_the_minimum_starts_together() -> None:
 
 
 def test_a_start_that_fails_after_the_barrier_opened_restarts_the_gang() -> None:
-    from workflows.domain.events import TaskSetupFailed
+    from workflows.domain.run.events import TaskSetupFailed
 
     story = Story(gang(replicas=2))
     story.step(1, Created())
@@ -297,8 +297,8 @@ def test_a_start_that_fails_after_the_barrier_opened_restarts_the_gang() -> None
 
 
 def test_a_gang_cancelled_at_the_barrier_ends_once_its_machines_confirm_the_stops() -> None:
-    from workflows.domain.events import CancelRequested, StopConfirmed
-    from workflows.domain.job import is_settled
+    from workflows.domain.run.events import CancelRequested, StopConfirmed
+    from workflows.domain.run.job import is_settled
 
     story = Story(gang(replicas=2))
     story.step(1, Created())

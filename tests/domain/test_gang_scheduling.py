@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from tests.domain.builders import at, holding, ib, machine, request
 from workflows.domain.constraints import Network
-from workflows.domain.nodes import NodeState, NodeView
-from workflows.domain.quotas import Quota
-from workflows.domain.reasons import Reason
+from workflows.domain.inventory import NodeState, NodeView
+from workflows.domain.reasons import NodeReasons, Reason
 from workflows.domain.requests import Allocation, TaskRequest
-from workflows.domain.scheduling import Plan, Preemption, schedule
-from workflows.domain.status import NodeReasons
+from workflows.domain.scheduling.queue import Plan, Preemption, schedule
+from workflows.domain.scheduling.quotas import Quota
 
 
 def run(

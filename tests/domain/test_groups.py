@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.domain.test_job import Story
-from workflows.domain.events import (
+from workflows.domain.run.events import (
     Command,
     Created,
     Place,
@@ -125,7 +125,7 @@ def test_a_group_waits_for_running_and_a_completed_group_counts() -> None:
 
 
 def test_a_held_worker_is_not_asked_of_the_scheduler_and_cancel_ends_it() -> None:
-    from workflows.domain.events import CancelRequested
+    from workflows.domain.run.events import CancelRequested
 
     story = Story(spec({"name": "db"}, {"name": "app", "depends_on": [{"group": "db"}]}))
     story.step(1, Created())
@@ -165,8 +165,8 @@ def test_quota_reached_is_written_once_to_the_run_history() -> None:
 
 
 def test_a_group_of_total_gpus_is_planned_then_created() -> None:
-    from workflows.domain.events import ArmTimer, GroupPlanned, PlanGroup, Timer, TimerFired
-    from workflows.domain.tasks import group_of
+    from workflows.domain.run.events import ArmTimer, GroupPlanned, PlanGroup, Timer, TimerFired
+    from workflows.domain.run.tasks import group_of
 
     story = Story(spec({"name": "train", "total_gpus": 16}, {"name": "eval"}))
     (plan,) = story.step(1, Created())
@@ -194,8 +194,8 @@ def test_a_group_of_total_gpus_is_planned_then_created() -> None:
 
 
 def test_a_run_cancelled_while_it_is_planned_ends_cancelled() -> None:
-    from workflows.domain.events import CancelRequested, Timer, TimerFired
-    from workflows.domain.job import is_settled
+    from workflows.domain.run.events import CancelRequested, Timer, TimerFired
+    from workflows.domain.run.job import is_settled
 
     story = Story(spec({"name": "train", "total_gpus": 16, "machines": 3}))
     story.step(1, Created())

@@ -4,10 +4,10 @@ back in place of the summary entry, they make the whole history again; `describe
 from __future__ import annotations
 
 from tests.domain.test_job import Story, running_story
-from workflows.domain.events import HeartbeatLate, TaskRunning
+from workflows.domain.run.events import HeartbeatLate, TaskRunning
+from workflows.domain.run.status import StatusEntry, unfold
+from workflows.domain.run.views import describe, events, page, paged, summarised, unfolded
 from workflows.domain.settings import Settings
-from workflows.domain.status import StatusEntry, unfold
-from workflows.domain.views import describe, events, page, paged, summarised, unfolded
 
 
 def flapping(protocol: int, keep: int) -> Story:

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from workflows.domain.events import (
+from workflows.domain.reasons import NodeReasons, R, Reason
+from workflows.domain.run.events import (
     ArmTimer,
     CancelRequested,
     Command,
@@ -29,14 +30,13 @@ from workflows.domain.events import (
     Timer,
     TimerFired,
 )
-from workflows.domain.job import FirstPlacement, decide, first_requests, is_settled
-from workflows.domain.placement import TaskRequest
-from workflows.domain.reasons import R, Reason
+from workflows.domain.run.job import FirstPlacement, decide, first_requests, is_settled
+from workflows.domain.run.status import LastFailure, Placement, PlacementNode
+from workflows.domain.run.tasks import new_job
+from workflows.domain.run.views import describe
+from workflows.domain.scheduling.placement import TaskRequest
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
-from workflows.domain.status import LastFailure, NodeReasons, Placement, PlacementNode
-from workflows.domain.tasks import new_job
-from workflows.domain.views import describe
 from workflows.messages import PROTOCOL
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)

@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from workflows.domain.events import (
+from workflows.domain.reasons import Reason
+from workflows.domain.run.events import (
     ArmTimer,
     CancelRequested,
     Command,
@@ -39,12 +40,11 @@ from workflows.domain.events import (
     Timer,
     TimerFired,
 )
-from workflows.domain.job import decide
-from workflows.domain.reasons import Reason
+from workflows.domain.run.job import decide
+from workflows.domain.run.status import RUN_TERMINAL, JobRecord, RunState, TaskState
+from workflows.domain.run.tasks import new_job
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
-from workflows.domain.status import RUN_TERMINAL, JobRecord, RunState, TaskState
-from workflows.domain.tasks import new_job
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 SHRUNK = Settings(backoff_base_seconds=1, backoff_cap_seconds=4, restart_budget=2, restart_reset_seconds=30)

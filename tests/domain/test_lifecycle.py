@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from workflows.domain.lifecycle import TRANSITIONS, InvalidTransition, TaskEvent, derive_run, next_state
 from workflows.domain.reasons import R, Reason
-from workflows.domain.status import Attempt, Final, LastFailure, RunState, Status, TaskRecord, TaskState
+from workflows.domain.run.lifecycle import TRANSITIONS, InvalidTransition, TaskEvent, derive_run, next_state
+from workflows.domain.run.status import Attempt, Final, LastFailure, RunState, Status, TaskRecord, TaskState
 
 S, E = TaskState, TaskEvent
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from workflows.domain.inventory import GpuInfo, PortRange
 from workflows.domain.machine.attempts import (
     Admitted,
     Attempts,
@@ -17,7 +18,6 @@ from workflows.domain.machine.attempts import (
     admit_gpus,
     assign_ports,
 )
-from workflows.domain.nodes import GpuInfo, PortRange
 from workflows.domain.refs import TaskRef
 from workflows.domain.spec import ExternalAccess
 

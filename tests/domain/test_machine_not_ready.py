@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.domain.builders import machine, unreported
-from workflows.domain.machines import compile_node
-from workflows.domain.nodes import NodeState, NodeView
+from workflows.domain.inventory import NodeState, NodeView
+from workflows.domain.scheduling.machines import compile_node
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""A machine's decisions (workflows/domain/node.py), pure: each event's next view and commands, and each refusal."""
+"""A machine's decisions (workflows/domain/machine/decisions.py), pure: each event's next view and commands, and
+each refusal."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from workflows.domain.node import (
+from workflows.domain.inventory import DriveCopy, GpuInfo, NodeInventory, NodeState, NodeView
+from workflows.domain.machine.decisions import (
     HISTORY_KEPT,
     Cordoned,
     DataLocationChosen,
@@ -26,7 +28,6 @@ from workflows.domain.node import (
     check,
     decide_node,
 )
-from workflows.domain.nodes import DriveCopy, GpuInfo, NodeInventory, NodeState, NodeView
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 GPU = GpuInfo(index=0, uuid="GPU-0", model="L4", memory_bytes=2**34)

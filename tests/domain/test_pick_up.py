@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from workflows.domain.effects import effects
-from workflows.domain.events import (
+from workflows.domain.reasons import Reason
+from workflows.domain.run.effects import effects
+from workflows.domain.run.events import (
     CancelRequested,
     Command,
     Created,
@@ -26,13 +27,12 @@ from workflows.domain.events import (
     TaskRunning,
     TaskSetupFailed,
 )
-from workflows.domain.job import decide
-from workflows.domain.reasons import Reason
+from workflows.domain.run.job import decide
+from workflows.domain.run.status import JobRecord
+from workflows.domain.run.tasks import new_job
+from workflows.domain.run.views import describe
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
-from workflows.domain.status import JobRecord
-from workflows.domain.tasks import new_job
-from workflows.domain.views import describe
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -8,11 +8,11 @@ import pytest
 
 from tests.domain.builders import GB, T0, gpu, holding, ib, machine, request, unreported
 from workflows.domain.constraints import Drive, GpuRequest, Network
-from workflows.domain.machines import Cluster, Free, free_capacity, size_text
-from workflows.domain.nodes import DriveCopy, NetworkPort, NodeState, NodeView, PortRange
-from workflows.domain.placement import CHECKS, ask_for, explain, fits
+from workflows.domain.inventory import DriveCopy, NetworkPort, NodeState, NodeView, PortRange
 from workflows.domain.requests import Allocation, TaskRequest
-from workflows.domain.scheduling import schedule
+from workflows.domain.scheduling.machines import Cluster, Free, free_capacity, size_text
+from workflows.domain.scheduling.placement import CHECKS, ask_for, explain, fits
+from workflows.domain.scheduling.queue import schedule
 
 
 def reasons(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.domain.builders import T0, holding, machine, request
-from workflows.domain.nodes import NodeView
-from workflows.domain.planning import TaskPlan, plan_group, power_of_two
+from workflows.domain.inventory import NodeView
+from workflows.domain.scheduling.planning import TaskPlan, plan_group, power_of_two
 
 EIGHTS = [machine(f"n{i}", gpus=8) for i in range(4)]
 

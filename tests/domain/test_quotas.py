@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.domain.builders import holding
-from workflows.domain.quotas import Quota, Usage, check_quota, usage_by_namespace
+from workflows.domain.scheduling.quotas import Quota, Usage, check_quota, usage_by_namespace
 
 GIB = 2**30
 

@@ -6,12 +6,12 @@ import pytest
 
 from tests.domain.builders import T0, machine, request
 from workflows.domain.constraints import GpuRequest, NodeSelection
-from workflows.domain.machines import Cluster
-from workflows.domain.placement import ask_for, explain
 from workflows.domain.requests import request_fields
+from workflows.domain.run.tasks import allocation, groups_of, new_job, plan_tasks, task_request
+from workflows.domain.scheduling.machines import Cluster
+from workflows.domain.scheduling.placement import ask_for, explain
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
-from workflows.domain.tasks import allocation, groups_of, new_job, plan_tasks, task_request
 
 
 def test_a_worker_asks_with_its_group_and_time_limit() -> None:

@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from workflows.domain.reasons import Reason
-from workflows.domain.restarts import RestartDecision, backoff, decide_restart, restarted_reason
+from workflows.domain.run.restarts import RestartDecision, backoff, decide_restart, restarted_reason
+from workflows.domain.run.status import TaskState
 from workflows.domain.settings import Settings
 from workflows.domain.spec import RestartPolicy
-from workflows.domain.status import TaskState
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 DEFAULTS = Settings()

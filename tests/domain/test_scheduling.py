@@ -8,13 +8,12 @@ import random
 import pytest
 
 from tests.domain.builders import at, holding, ib, machine, request, unreported
-from workflows.domain.machines import Cluster, Compiled
-from workflows.domain.nodes import NodeState, NodeView
-from workflows.domain.quotas import Quota
-from workflows.domain.reasons import R, Reason
+from workflows.domain.inventory import NodeState, NodeView
+from workflows.domain.reasons import NodeReasons, R, Reason
 from workflows.domain.requests import Allocation, TaskRequest
-from workflows.domain.scheduling import Decision, Plan, Preemption, schedule
-from workflows.domain.status import NodeReasons
+from workflows.domain.scheduling.machines import Cluster, Compiled
+from workflows.domain.scheduling.queue import Decision, Plan, Preemption, schedule
+from workflows.domain.scheduling.quotas import Quota
 
 
 def run(

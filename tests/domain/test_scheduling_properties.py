@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.domain.builders import at, holding, machine, request
-from workflows.domain.nodes import NodeState, NodeView
-from workflows.domain.quotas import Quota
+from workflows.domain.inventory import NodeState, NodeView
 from workflows.domain.requests import Allocation, TaskRequest, allocation_for
-from workflows.domain.scheduling import Plan, schedule
+from workflows.domain.scheduling.queue import Plan, schedule
+from workflows.domain.scheduling.quotas import Quota
 
 NOW = at(30)
 NAMES = ["n0", "n1", "n2", "n3", "n4"]

@@ -8,7 +8,8 @@ from datetime import datetime, timedelta
 
 from tests.domain.builders import T0, holding, machine, request
 from workflows.domain.constraints import Drive
-from workflows.domain.events import (
+from workflows.domain.reasons import Reason
+from workflows.domain.run.events import (
     Created,
     PlacementUpdate,
     Release,
@@ -17,13 +18,12 @@ from workflows.domain.events import (
     TaskRunning,
     TaskStarted,
 )
-from workflows.domain.job import decide, fail_undecided, is_settled
-from workflows.domain.reasons import Reason
-from workflows.domain.scheduling import schedule
+from workflows.domain.run.job import decide, fail_undecided, is_settled
+from workflows.domain.run.status import JobRecord
+from workflows.domain.run.tasks import new_job
+from workflows.domain.scheduling.queue import schedule
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
-from workflows.domain.status import JobRecord
-from workflows.domain.tasks import new_job
 
 # A drive whose size no float holds: explaining where it fits raises (size_text), as any bug of the core might.
 HUGE = {"huge": Drive(name="huge", size_bytes=10**400, node="n9")}

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.domain.builders import gpu, machine
-from workflows.domain.effects import effects
-from workflows.domain.events import (
+from workflows.domain.run.effects import effects
+from workflows.domain.run.events import (
     ArmTimer,
     Command,
     Created,
@@ -40,14 +40,14 @@ from workflows.domain.events import (
     TaskStarted,
     TimerFired,
 )
-from workflows.domain.job import decide
-from workflows.domain.planning import plan_group
-from workflows.domain.scheduling import schedule
+from workflows.domain.run.job import decide
+from workflows.domain.run.status import TASK_ENDED, TASK_ON_NODE, JobRecord, TaskState
+from workflows.domain.run.tasks import allocation, new_job
+from workflows.domain.run.views import describe, events
+from workflows.domain.scheduling.planning import plan_group
+from workflows.domain.scheduling.queue import schedule
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
-from workflows.domain.status import TASK_ENDED, TASK_ON_NODE, JobRecord, TaskState
-from workflows.domain.tasks import allocation, new_job
-from workflows.domain.views import describe, events
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 SCHEMA = JobSpec.model_json_schema()

@@ -17,9 +17,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from workflows.domain.reasons import UNCODED, R, Reason
-from workflows.domain.settings import Settings
-from workflows.domain.spec import parse_spec
-from workflows.domain.status import (
+from workflows.domain.run.status import (
     Attempt,
     Final,
     JobRecord,
@@ -29,8 +27,10 @@ from workflows.domain.status import (
     StopIntent,
     TaskRecord,
 )
-from workflows.domain.tasks import new_job
-from workflows.domain.views import describe
+from workflows.domain.run.tasks import new_job
+from workflows.domain.run.views import describe
+from workflows.domain.settings import Settings
+from workflows.domain.spec import parse_spec
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 FLAT = json.loads((Path(__file__).parent / "flat_task_records.json").read_text())

@@ -4,7 +4,7 @@ workspace's use as its quota counts it; a machine that never reported its capaci
 from __future__ import annotations
 
 from tests.domain.builders import holding, machine, unreported
-from workflows.domain.use import ClusterUse, MachineRoom, PlacedWorker, WorkspaceUse, cluster_use
+from workflows.domain.scheduling.use import ClusterUse, MachineRoom, PlacedWorker, WorkspaceUse, cluster_use
 
 
 def test_free_room_and_use_count_every_placed_worker() -> None:

@@ -6,12 +6,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from workflows.domain.events import Created
-from workflows.domain.job import decide
+from workflows.domain.run.events import Created
+from workflows.domain.run.job import decide
+from workflows.domain.run.tasks import new_job
+from workflows.domain.run.views import describe, events, terminated_description, terminated_events, terminated_status
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
-from workflows.domain.tasks import new_job
-from workflows.domain.views import describe, events, terminated_description, terminated_events, terminated_status
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 KILLED = T0 + timedelta(minutes=5)

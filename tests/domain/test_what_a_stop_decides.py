@@ -9,7 +9,8 @@ from typing import Any
 
 from tests.domain.test_gang import IDS, gang, gone, of, placed, ready, running_gang
 from tests.domain.test_job import Story, hello, running_story
-from workflows.domain.events import (
+from workflows.domain.reasons import Reason
+from workflows.domain.run.events import (
     CancelRequested,
     Created,
     HeartbeatLate,
@@ -26,12 +27,11 @@ from workflows.domain.events import (
     Timer,
     TimerFired,
 )
-from workflows.domain.job import is_settled
-from workflows.domain.reasons import Reason
+from workflows.domain.run.job import is_settled
+from workflows.domain.run.status import Final, RestartAt
+from workflows.domain.run.views import describe
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
-from workflows.domain.status import Final, RestartAt
-from workflows.domain.views import describe
 
 
 def run(replicas: int = 1, policy: str = "OnFailure", on_failure: str = "RestartTask", **group: Any) -> JobSpec:

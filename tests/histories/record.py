@@ -24,10 +24,10 @@ from tests.workflows.fakes import Script, fake_cluster
 from workers.client import run_result
 from workers.connect import ensure_search_attributes
 from workflows.contracts import CONTROL_TASK_QUEUE
-from workflows.domain.planning import TaskPlan
+from workflows.domain.run.status import Status
+from workflows.domain.scheduling.planning import TaskPlan
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
-from workflows.domain.status import Status
 from workflows.job import JobWorkflow, search_attributes
 from workflows.messages import JobInput
 
@@ -52,7 +52,7 @@ STORIES: dict[str, tuple[dict[str, Any], Script]] = {
     "ui-cancel": ({"groups": [W | {"replicas": 2}]}, Script(hold={"w-0"}, no_room={"w-1"})),
     # A run that outlives its workflow run: w-0 runs on, its time limit armed, while w-1 restarts for ever; with a
     # short history_keep the workflow continues as new, and each next run picks the run up from its record
-    # (workflows/domain/effects.py). Every run of the chain is recorded: continues-p5.json, continues-1-p5.json...
+    # (workflows/domain/run/effects.py). Every run of the chain is recorded: continues-p5.json, continues-1-p5.json...
     "continues": (
         {"groups": [W | {"replicas": 2, "restart_policy": "Always", "time_limit_seconds": 86400}]},
         Script(hold={"w-0"}),

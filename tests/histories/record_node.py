@@ -21,8 +21,8 @@ from temporalio.worker import Worker
 
 from tests.workflows.fakes import FakeMachine
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id
-from workflows.domain.node import GpusReported, OrphanStopped, PressureReported, Registered
-from workflows.domain.nodes import GpuInfo, NodeInventory
+from workflows.domain.inventory import GpuInfo, NodeInventory
+from workflows.domain.machine.decisions import GpusReported, OrphanStopped, PressureReported, Registered
 from workflows.domain.settings import Settings
 from workflows.messages import CordonRequest, NodeInput
 from workflows.node import NodeWorkflow

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.integration.harness import Cluster, pairs
-from workflows.domain.machines import size_text
+from workflows.domain.scheduling.machines import size_text
 
 pytestmark = pytest.mark.integration
 

@@ -19,11 +19,11 @@ from temporalio.worker import Worker
 
 from activities.control import ControlActivities
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_task_queue
-from workflows.domain.events import MachineLost, PlacementUpdate, TaskHealth, TaskRunning
-from workflows.domain.job import first_requests
-from workflows.domain.nodes import NodeView
-from workflows.domain.planning import TaskPlan
+from workflows.domain.inventory import NodeView
 from workflows.domain.reasons import Reason
+from workflows.domain.run.events import MachineLost, PlacementUpdate, TaskHealth, TaskRunning
+from workflows.domain.run.job import first_requests
+from workflows.domain.scheduling.planning import TaskPlan
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id
 from workflows.job import JobWorkflow

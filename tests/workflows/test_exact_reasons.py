@@ -11,11 +11,11 @@ from temporalio.testing import WorkflowEnvironment
 from tests.workflows.fakes import Script, fake_cluster, unique
 from tests.workflows.test_job_workflow import pairs, spec, start
 from workers.client import run_result
-from workflows.domain.events import Preempt
 from workflows.domain.reasons import ANOTHER_NAMESPACE
+from workflows.domain.run.events import Preempt
+from workflows.domain.run.status import Status
+from workflows.domain.run.views import JobDescription
 from workflows.domain.spec import parse_spec
-from workflows.domain.status import Status
-from workflows.domain.views import JobDescription
 
 
 async def wait_until(handle: WorkflowHandle, check: str, attribute: str = "reason") -> None:  # type: ignore[type-arg]

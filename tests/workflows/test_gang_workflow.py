@@ -10,8 +10,8 @@ from temporalio.testing import WorkflowEnvironment
 from tests.workflows.fakes import Script, fake_cluster, unique
 from tests.workflows.test_job_workflow import pairs, start
 from workers.client import run_result
+from workflows.domain.run.views import JobDescription
 from workflows.domain.spec import JobSpec, parse_spec
-from workflows.domain.views import JobDescription
 
 
 def gang(name: str, replicas: int = 3, **top: object) -> JobSpec:
@@ -78,7 +78,7 @@ async def test_a_barrier_that_waits_too_long_requeues_the_gang(own_time_skipping
 async def test_a_group_that_cannot_be_planned_is_looked_at_again_every_minute(
     own_time_skipping: WorkflowEnvironment,
 ) -> None:
-    from workflows.domain.planning import TaskPlan
+    from workflows.domain.scheduling.planning import TaskPlan
 
     job = parse_spec({"name": unique("plan"), "groups": [{"name": "train", "command": ["x"], "total_gpus": 8}]})
     why = "Cannot plan workers: no way to run 8 GPUs on these machines: 4 free on the largest one now"
@@ -99,7 +99,7 @@ async def test_a_group_that_cannot_be_planned_is_looked_at_again_every_minute(
 
 
 async def wait_reason(handle, reason: str) -> None:  # type: ignore[no-untyped-def]
-    from workflows.domain.status import Status
+    from workflows.domain.run.status import Status
 
     for _ in range(400):
         if (await handle.query("status", result_type=Status)).reason == reason:

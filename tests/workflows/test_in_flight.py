@@ -1,5 +1,5 @@
 """Protocol 6 through JobWorkflow, on the time-skipping test server: the workflow keeps what is in flight by
-identity and runs the difference from what the record needs after each decision (workflows/domain/effects.py), so
+identity and runs the difference from what the record needs after each decision (workflows/domain/run/effects.py), so
 a timer the record no longer needs is cancelled, where a run of protocol 5 leaves it armed until the run closes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from temporalio.testing import WorkflowEnvironment
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
 from tests.workflows.test_liveness import spec, start, until
 from workers.client import run_result
-from workflows.domain.views import JobDescription
+from workflows.domain.run.views import JobDescription
 from workflows.messages import StopTaskRequest
 
 

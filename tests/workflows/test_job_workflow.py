@@ -18,13 +18,13 @@ from tests.workflows.fakes import Script, fake_cluster, pairs, unique
 from workers.client import AstraeusClient, AstraeusError, run_result
 from workflows import contracts
 from workflows.contracts import CONTROL_TASK_QUEUE
-from workflows.domain.events import Created, PlacementUpdate, TaskStarted
-from workflows.domain.job import decide
+from workflows.domain.run.events import Created, PlacementUpdate, TaskStarted
+from workflows.domain.run.job import decide
+from workflows.domain.run.status import Status
+from workflows.domain.run.tasks import new_job
+from workflows.domain.run.views import JobDescription
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
-from workflows.domain.status import Status
-from workflows.domain.tasks import new_job
-from workflows.domain.views import JobDescription
 from workflows.job import JobWorkflow, search_attributes
 from workflows.messages import JobInput, StopTaskRequest
 

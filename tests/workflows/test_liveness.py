@@ -15,11 +15,11 @@ from temporalio.testing import WorkflowEnvironment
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
 from workers.client import run_result
 from workflows.contracts import CONTROL_TASK_QUEUE
-from workflows.domain.events import MachineLost, Preempt
+from workflows.domain.run.events import MachineLost, Preempt
+from workflows.domain.run.status import Status
+from workflows.domain.run.views import JobDescription
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
-from workflows.domain.status import Status
-from workflows.domain.views import JobDescription
 from workflows.job import JobWorkflow, search_attributes
 from workflows.messages import JobInput
 

@@ -14,8 +14,8 @@ from temporalio.worker import Worker
 
 from tests.workflows.fakes import unique
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_id, node_task_queue
-from workflows.domain.node import GpusReported, Registered
-from workflows.domain.nodes import GpuInfo, NodeInventory, NodeView
+from workflows.domain.inventory import GpuInfo, NodeInventory, NodeView
+from workflows.domain.machine.decisions import GpusReported, Registered
 from workflows.domain.refs import TaskRef
 from workflows.domain.settings import Settings
 from workflows.logs import LogsWorkflow

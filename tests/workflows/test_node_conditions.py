@@ -13,9 +13,9 @@ from temporalio.worker import Worker
 
 from tests.workflows.fakes import unique
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_id, node_task_queue
-from workflows.domain.events import MachineLost
-from workflows.domain.node import PressureReported, Registered
-from workflows.domain.nodes import NodeInventory, NodeView
+from workflows.domain.inventory import NodeInventory, NodeView
+from workflows.domain.machine.decisions import PressureReported, Registered
+from workflows.domain.run.events import MachineLost
 from workflows.domain.settings import Settings
 from workflows.messages import LeaseInput, NodeChangedInput, NodeInput
 from workflows.node import NodeWorkflow

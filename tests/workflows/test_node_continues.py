@@ -19,9 +19,9 @@ from activities.prepare import Preparer
 from activities.runtime.process import ProcessRuntime
 from tests.workflows.fakes import unique
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id
-from workflows.domain.events import MachineLost
-from workflows.domain.node import Registered
-from workflows.domain.nodes import NodeInventory, NodeView
+from workflows.domain.inventory import NodeInventory, NodeView
+from workflows.domain.machine.decisions import Registered
+from workflows.domain.run.events import MachineLost
 from workflows.domain.settings import Settings
 from workflows.messages import CordonRequest, NodeChangedInput, NodeInput
 from workflows.node import NodeWorkflow

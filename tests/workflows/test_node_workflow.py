@@ -14,9 +14,9 @@ from temporalio.worker import Worker
 
 from tests.workflows.fakes import FakeMachine, unique
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id, node_task_queue
-from workflows.domain.events import MachineLost
-from workflows.domain.node import Registered
-from workflows.domain.nodes import GpuInfo, NodeInventory
+from workflows.domain.inventory import GpuInfo, NodeInventory
+from workflows.domain.machine.decisions import Registered
+from workflows.domain.run.events import MachineLost
 from workflows.domain.settings import Settings
 from workflows.messages import LeaseInput, NodeInput
 from workflows.node import NodeWorkflow
@@ -67,8 +67,8 @@ async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping:
 
 
 async def test_a_removed_machine_stays_removed_when_its_lease_then_expires(time_skipping: WorkflowEnvironment) -> None:
-    from workflows.domain.events import MachineLost
-    from workflows.domain.node import Registered
+    from workflows.domain.machine.decisions import Registered
+    from workflows.domain.run.events import MachineLost
     from workflows.messages import CordonRequest
 
     client = time_skipping.client
@@ -107,7 +107,7 @@ async def test_an_orphan_stopped_by_the_agent_is_written_in_the_machines_history
 ) -> None:
     from temporalio.client import WorkflowUpdateFailedError
 
-    from workflows.domain.node import OrphanStopped, Registered
+    from workflows.domain.machine.decisions import OrphanStopped, Registered
 
     client = time_skipping.client
     name = unique("m")

@@ -15,8 +15,8 @@ from temporalio.testing import WorkflowEnvironment
 from tests.workflows.fakes import Script, fake_cluster, unique
 from tests.workflows.test_job_workflow import pairs, spec, start
 from workers.client import AstraeusClient, run_result
-from workflows.domain.status import Status
-from workflows.domain.views import JobDescription
+from workflows.domain.run.status import Status
+from workflows.domain.run.views import JobDescription
 
 PATIENCE = 60  # seconds of real time before a test gives up on a run that never closes
 

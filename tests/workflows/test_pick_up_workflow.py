@@ -10,8 +10,8 @@ from tests.workflows.fakes import Script, fake_cluster, unique
 from tests.workflows.test_job_workflow import pairs, spec, start
 from workers.client import run_result
 from workflows.contracts import node_task_queue
-from workflows.domain.status import Status
-from workflows.domain.views import JobDescription
+from workflows.domain.run.status import Status
+from workflows.domain.run.views import JobDescription
 from workflows.messages import AttemptsOnNode, AttemptsQuery, SchedulerView
 
 AWAY = "n1"  # a machine whose agent does not poll yet

@@ -9,8 +9,8 @@ from temporalio.testing import WorkflowEnvironment
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
 from tests.workflows.test_liveness import spec, start, until
 from workers.client import run_result
-from workflows.domain.status import Status
-from workflows.domain.views import JobDescription
+from workflows.domain.run.status import Status
+from workflows.domain.run.views import JobDescription
 
 
 async def test_a_time_limit_passing_during_the_back_off_does_not_fail_the_restarted_worker_that_completes(

@@ -15,9 +15,9 @@ from temporalio.testing import WorkflowEnvironment
 from tests.workflows.fakes import Script, fake_cluster, unique
 from tests.workflows.test_liveness import spec, start
 from workers.client import AstraeusClient, run_result
+from workflows.domain.run.status import Folded, Status, StatusEntry
+from workflows.domain.run.views import JobDescription, events
 from workflows.domain.settings import Settings
-from workflows.domain.status import Folded, Status, StatusEntry
-from workflows.domain.views import JobDescription, events
 
 ASTRAEUS = str(Path(sys.executable).parent / "astraeus")
 

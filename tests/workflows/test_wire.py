@@ -14,7 +14,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from tests.domain.builders import T0, machine, request
 from tests.domain.test_job import Story, hello
 from workflows import contracts
-from workflows.domain.events import (
+from workflows.domain.inventory import NodeInventory
+from workflows.domain.machine.decisions import GpusReported, OrphanStopped, PressureReported, Registered
+from workflows.domain.reasons import UNCODED, NodeReasons, R, Reason
+from workflows.domain.run.events import (
     Created,
     ExitedWhileLost,
     MachineLost,
@@ -24,12 +27,9 @@ from workflows.domain.events import (
     TaskProgress,
     TaskRunning,
 )
-from workflows.domain.node import GpusReported, OrphanStopped, PressureReported, Registered
-from workflows.domain.nodes import NodeInventory
-from workflows.domain.reasons import UNCODED, R, Reason
-from workflows.domain.scheduling import schedule
-from workflows.domain.status import JobRecord, NodeReasons, Placement, PlacementNode
-from workflows.domain.views import describe
+from workflows.domain.run.status import JobRecord, Placement, PlacementNode
+from workflows.domain.run.views import describe
+from workflows.domain.scheduling.queue import schedule
 from workflows.messages import JobInput, PlaceResult
 
 CONVERTER = pydantic_data_converter.payload_converter
@@ -227,7 +227,7 @@ def test_counts_say_how_many_machines_give_each_reason_most_first() -> None:
 
 
 def test_a_report_with_external_access_carries_where_people_reach_it() -> None:
-    from workflows.domain.events import TaskRunning
+    from workflows.domain.run.events import TaskRunning
 
     sent = TaskRunning(task_id="w-0", attempt=0, started=True, external={"web": "10.0.0.7:30001"})
     assert json_of(sent)["external"] == {"web": "10.0.0.7:30001"}
@@ -235,7 +235,7 @@ def test_a_report_with_external_access_carries_where_people_reach_it() -> None:
 
 
 def test_a_report_of_a_worker_on_the_node_network_carries_its_address_there_and_others_none() -> None:
-    from workflows.domain.events import TaskRunning
+    from workflows.domain.run.events import TaskRunning
 
     sent = TaskRunning(task_id="w-0", attempt=0, started=True, node_address="10.200.1.2")
     assert json_of(sent)["node_address"] == "10.200.1.2"

@@ -1,7 +1,8 @@
 """Every reason of the spec (`spec/run-and-worker-states.md`), each with a stable machine code.
 
 People read `text`; code branches on `code`. No reason string is written anywhere else: callers fill a template
-with `R.<Name>.fill(...)`. The order below follows the spec's tables.
+with `R.<Name>.fill(...)`. The order below follows the spec's tables. `NodeReasons`, one machine's reasons, is here
+because both the scheduler's pass (which says them) and the run (which keeps them) need it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import string
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, field_validator
 
 # How reasons name a run of another namespace (spec: "Runs from another workspace are never named").
 ANOTHER_NAMESPACE = "(a job in another namespace)"
@@ -290,3 +293,27 @@ def duration(seconds: float) -> str:
 def all_templates() -> list[Template]:
     """Every template, in the order of the spec."""
     return [value for value in vars(R).values() if isinstance(value, Template)]
+
+
+class NodeReasons(BaseModel):
+    """Why one machine does not take a waiting worker: each reason with its code, in the checks' order. The run
+    keeps them (`TaskRecord.waiting_on`) and `describe` shows their sentences (`placement.nodes[]`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    reasons: list[Reason]
+
+    @field_validator("reasons", mode="before")
+    @classmethod
+    def _sentences(cls, reasons: Any) -> Any:
+        """Schedulers before reasons kept their codes sent sentences alone (histories hold them): such a reason
+        has the code UNCODED."""
+        if isinstance(reasons, list):
+            return [Reason(UNCODED, r) if isinstance(r, str) else r for r in reasons]
+        return reasons
+
+    @property
+    def texts(self) -> list[str]:
+        """The sentences people read, in order."""
+        return [reason.text for reason in self.reasons]

@@ -185,7 +185,8 @@ def request_fields(spec: JobSpec, group: GroupSpec) -> dict[str, Any]:
         "max_parallel": group.array.max_parallel if group.array else None,
         "gang": spec.gang,
         "min_available": spec.min_available,
-        # A group of total_gpus is planned one worker per machine (workflows/domain/planning.py): placement keeps it so.
+        # A group of total_gpus is planned one worker per machine (workflows/domain/scheduling/planning.py): placement
+        # keeps it so.
         "spread": any(g.name == group.name and g.planned for g in spec.groups),
         "drives": placed_drives(group),
         "memory_per_gpu_bytes": group.per_gpu.memory_bytes if group.per_gpu else 0,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from workflows.domain.nodes import GpuInfo, PortRange
+from workflows.domain.inventory import GpuInfo, PortRange
 from workflows.domain.refs import TaskRef
 from workflows.domain.spec import ExternalAccess
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from workflows.domain.reasons import R, Reason
+from workflows.domain.run.status import TaskState
 from workflows.domain.settings import Settings
 from workflows.domain.spec import RestartPolicy
-from workflows.domain.status import TaskState
 
 # restart_policy -> the ended states it restarts (the spec's "Restarts" table).
 RESTARTS_AFTER: dict[str, frozenset[TaskState]] = {

@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from workflows.domain.machines import Cluster, Free
-from workflows.domain.placement import Ask, ask_key, fits, fits_empty
 from workflows.domain.requests import TaskRequest, later
+from workflows.domain.scheduling.machines import Cluster, Free
+from workflows.domain.scheduling.placement import Ask, ask_key, fits, fits_empty
 
 
 @dataclass(frozen=True)

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from workflows.domain.events import ArmTimer, Timer
-from workflows.domain.lifecycle import TaskEvent
 from workflows.domain.reasons import R, Reason
-from workflows.domain.status import (
+from workflows.domain.run.events import ArmTimer, Timer
+from workflows.domain.run.lifecycle import TaskEvent
+from workflows.domain.run.status import (
     RUN_TERMINAL,
     TASK_ENDED,
     RequeueWithGang,
     TaskRecord,
     TaskState,
 )
-from workflows.domain.step import GANG_REQUEUE_CAUSES, Step, next_attempt
+from workflows.domain.run.step import GANG_REQUEUE_CAUSES, Step, next_attempt
 
 S = TaskState
 # At the barrier, or past it.

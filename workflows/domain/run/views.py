@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from workflows.domain.reasons import R
-from workflows.domain.status import Folded, JobRecord, LastFailure, Placement, Status, StatusEntry, folded, unfold
+from workflows.domain.run.status import Folded, JobRecord, LastFailure, Placement, Status, StatusEntry, folded, unfold
 
 # What clients show for a run whose workflow was terminated in Temporal (the UI's Terminate button). No workflow
 # holds this state: a terminated workflow decides nothing more, so the client adds it to what the run last recorded.

@@ -7,9 +7,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from workflows.domain.reasons import UNCODED, R, Reason
+from workflows.domain.reasons import NodeReasons, R, Reason
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec
 
@@ -90,30 +90,6 @@ class LastFailure(BaseModel):
     exit_code: int | None
     reason: str
     log_tail: str
-
-
-class NodeReasons(BaseModel):
-    """Why one machine does not take a waiting worker: each reason with its code, in the checks' order. The run
-    keeps them (`TaskRecord.waiting_on`) and `describe` shows their sentences (`placement.nodes[]`)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    reasons: list[Reason]
-
-    @field_validator("reasons", mode="before")
-    @classmethod
-    def _sentences(cls, reasons: Any) -> Any:
-        """Schedulers before reasons kept their codes sent sentences alone (histories hold them): such a reason
-        has the code UNCODED."""
-        if isinstance(reasons, list):
-            return [Reason(UNCODED, r) if isinstance(r, str) else r for r in reasons]
-        return reasons
-
-    @property
-    def texts(self) -> list[str]:
-        """The sentences people read, in order."""
-        return [reason.text for reason in self.reasons]
 
 
 class PlacementNode(BaseModel):

@@ -15,20 +15,20 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import NamedTuple, TypeVar
 
-from workflows.domain import gang_placement
 from workflows.domain.constraints import Drive
-from workflows.domain.explaining import Explainer, NamesKey
-from workflows.domain.machines import Cluster, Compiled
-from workflows.domain.nodes import NodeView
-from workflows.domain.placement import Ask, ask_for, fill, fits
-from workflows.domain.plans import Decision, Plan, Preemption
+from workflows.domain.inventory import NodeView
+from workflows.domain.scheduling import gang_placement
+from workflows.domain.scheduling.explaining import Explainer, NamesKey
+from workflows.domain.scheduling.machines import Cluster, Compiled
+from workflows.domain.scheduling.placement import Ask, ask_for, fill, fits
+from workflows.domain.scheduling.plans import Decision, Plan, Preemption
 
 __all__ = ["Decision", "JobTaskKey", "Plan", "Preemption", "queue_order", "schedule", "shown_to"]
-from workflows.domain.preemption import choose_victims, freed
-from workflows.domain.quotas import Quota, Usage, check_quota, usage_by_namespace
 from workflows.domain.reasons import ANOTHER_NAMESPACE, R, Reason, error_text
 from workflows.domain.requests import Allocation, JobTaskKey, TaskRequest, namespace_of, run_name
-from workflows.domain.reservation import Reservation, Reservations, minutes_left, reserve, show_time
+from workflows.domain.scheduling.preemption import choose_victims, freed
+from workflows.domain.scheduling.quotas import Quota, Usage, check_quota, usage_by_namespace
+from workflows.domain.scheduling.reservation import Reservation, Reservations, minutes_left, reserve, show_time
 
 _A = TypeVar("_A")
 

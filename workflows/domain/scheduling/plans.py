@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from workflows.domain.reasons import Reason
+from workflows.domain.reasons import NodeReasons, Reason
 from workflows.domain.requests import JobTaskKey, TaskRequest
-from workflows.domain.status import NodeReasons
 
 
 @dataclass(frozen=True)

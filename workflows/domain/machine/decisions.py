@@ -8,7 +8,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from workflows.domain.nodes import DriveCopy, GpuInfo, NodeInventory, NodeState, NodeStatusEntry, NodeView
+from workflows.domain.inventory import DriveCopy, GpuInfo, NodeInventory, NodeState, NodeStatusEntry, NodeView
 from workflows.domain.reasons import R, Reason
 
 HISTORY_KEPT = 50  # a machine's history keeps its latest entries

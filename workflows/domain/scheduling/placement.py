@@ -2,7 +2,7 @@
 
 Each check is `(machine, free, ask) -> Reason | None`, run in the fixed order of CHECKS (the order of the spec's
 per-machine table, cheap first), as Nomad's feasibility checkers are. `fits` stops at the first reason; `explain`
-lists them all. The queue, reservation, backfill, preemption and quotas are in `workflows/domain/scheduling.py`.
+lists them all. The queue, reservation, backfill, preemption and quotas are in `workflows/domain/scheduling/queue.py`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from workflows.domain.constraints import POOL_LABEL, Drive
-from workflows.domain.machines import EPSILON, Cluster, CompiledNode, Free, free_capacity, size_text
-from workflows.domain.nodes import NetworkPort
+from workflows.domain.inventory import NetworkPort
 from workflows.domain.reasons import R, Reason, Template, number
 from workflows.domain.requests import Allocation, TaskRequest
+from workflows.domain.scheduling.machines import EPSILON, Cluster, CompiledNode, Free, free_capacity, size_text
 
 __all__ = ["CHECKS", "Allocation", "Ask", "Free", "TaskRequest", "ask_for", "explain", "fill", "fits", "free_capacity"]
 

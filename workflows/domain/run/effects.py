@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from workflows.domain.events import ArmTimer, Command, Place, PlanGroup, Release, Start, Stop, Supervise, Timer
-from workflows.domain.status import JobRecord, TaskRecord, TaskState
-from workflows.domain.tasks import group_of, heartbeat_ttl, plan_request, task_env, task_request, unplanned
+from workflows.domain.run.events import ArmTimer, Command, Place, PlanGroup, Release, Start, Stop, Supervise, Timer
+from workflows.domain.run.status import JobRecord, TaskRecord, TaskState
+from workflows.domain.run.tasks import group_of, heartbeat_ttl, plan_request, task_env, task_request, unplanned
 
 
 @dataclass(frozen=True, order=True)

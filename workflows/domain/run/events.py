@@ -22,10 +22,9 @@ from pydantic import (
     model_validator,
 )
 
-from workflows.domain.placement import TaskRequest
-from workflows.domain.reasons import R, Reason
+from workflows.domain.reasons import NodeReasons, R, Reason
+from workflows.domain.requests import TaskRequest
 from workflows.domain.spec import GroupSpec
-from workflows.domain.status import NodeReasons
 
 
 class _Msg(BaseModel):

@@ -26,15 +26,15 @@ from dataclasses import replace
 from typing import Protocol
 
 from workflows.domain.constraints import Drive
-from workflows.domain.explaining import Explainer, NamesKey
-from workflows.domain.machines import Cluster
-from workflows.domain.placement import Ask, ask_for, fit_together_empty
-from workflows.domain.plans import Decision
-from workflows.domain.preemption import choose_gang_victims
-from workflows.domain.quotas import Quota, Usage, check_quota
 from workflows.domain.reasons import R, Reason
 from workflows.domain.requests import Allocation, JobTaskKey, TaskRequest
-from workflows.domain.reservation import Reservation, Reservations, Reserving
+from workflows.domain.scheduling.explaining import Explainer, NamesKey
+from workflows.domain.scheduling.machines import Cluster
+from workflows.domain.scheduling.placement import Ask, ask_for, fit_together_empty
+from workflows.domain.scheduling.plans import Decision
+from workflows.domain.scheduling.preemption import choose_gang_victims
+from workflows.domain.scheduling.quotas import Quota, Usage, check_quota
+from workflows.domain.scheduling.reservation import Reservation, Reservations, Reserving
 
 
 class SchedulingPass(Protocol):

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from workflows.domain.machines import Cluster, CompiledNode, Free
-from workflows.domain.placement import Ask, ask_key, check_cpu, check_gpus, check_memory, fits, fits_empty
 from workflows.domain.requests import Allocation, TaskRequest
+from workflows.domain.scheduling.machines import Cluster, CompiledNode, Free
+from workflows.domain.scheduling.placement import Ask, ask_key, check_cpu, check_gpus, check_memory, fits, fits_empty
 
 # Up to this many candidates on one machine every subset is tried; beyond, a greedy choice trimmed to a minimum.
 EXACT_UP_TO = 8

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workflows.domain.machines import Cluster
-from workflows.domain.placement import Ask, explain, fits_empty, where
-from workflows.domain.reasons import R, Reason
-from workflows.domain.status import NodeReasons
+from workflows.domain.reasons import NodeReasons, R, Reason
+from workflows.domain.scheduling.machines import Cluster
+from workflows.domain.scheduling.placement import Ask, explain, fits_empty, where
 
 # Which machines a namespace sees: None (all), or its pools.
 NamesKey = tuple[str, ...] | None

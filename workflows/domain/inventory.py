@@ -90,7 +90,7 @@ class NodeInventory(BaseModel):
     gpus: list[GpuInfo] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
     gpu_source: str = "declared"
-    # What placement reads besides capacity (workflows/domain/placement.py); the rack is the label
+    # What placement reads besides capacity (workflows/domain/scheduling/placement.py); the rack is the label
     # topology.astraeus.io/rack.
     pools: list[str] = Field(default_factory=list)
     accept_labels: dict[str, str] = Field(default_factory=dict, description="Takes only workers selecting one.")

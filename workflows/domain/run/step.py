@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from workflows.domain.events import ArmTimer, Command, Place, Release, Start, Stop, Timer
-from workflows.domain.lifecycle import TaskEvent, next_state
 from workflows.domain.reasons import R, Reason
-from workflows.domain.restarts import decide_restart, restarted_reason
-from workflows.domain.status import (
+from workflows.domain.run.events import ArmTimer, Command, Place, Release, Start, Stop, Timer
+from workflows.domain.run.lifecycle import TaskEvent, next_state
+from workflows.domain.run.restarts import decide_restart, restarted_reason
+from workflows.domain.run.status import (
     RUN_TERMINAL,
     TASK_ON_NODE,
     Attempt,
@@ -24,7 +24,7 @@ from workflows.domain.status import (
     TaskState,
     record,
 )
-from workflows.domain.tasks import group_of, task_env, task_request
+from workflows.domain.run.tasks import group_of, task_env, task_request
 
 # Stops after which a gang member waits for the whole gang to be gone, then queues again with it.
 GANG_REQUEUE_CAUSES: tuple[StopCause, ...] = ("preempted", "gang_restart", "barrier")
@@ -84,7 +84,7 @@ class Step:
 
     def _after_stop(self, task: TaskRecord) -> None:
         """A stopped worker is gone: a preempted one queues again, a gang restart waits, the rest are final.
-        A gang member stopped for the gang waits for every member to be gone (workflows/domain/gang.py)."""
+        A gang member stopped for the gang waits for every member to be gone (workflows/domain/run/gang.py)."""
         cause = task.stop.cause if task.stop is not None else None
         match cause, task.after:
             case _ if self.gang and cause in GANG_REQUEUE_CAUSES:

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from workflows.domain.reasons import R, Reason
-from workflows.domain.spec import JobSpec
-from workflows.domain.status import (
+from workflows.domain.run.status import (
     RUN_TERMINAL,
     TASK_ENDED,
     TASK_ON_NODE,
@@ -17,6 +16,7 @@ from workflows.domain.status import (
     TaskRecord,
     TaskState,
 )
+from workflows.domain.spec import JobSpec
 
 
 class TaskEvent(StrEnum):

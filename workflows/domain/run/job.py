@@ -1,6 +1,6 @@
 """What a run does next: `decide(job, events, now)` returns the new state and the commands to carry out.
 
-The JobWorkflow turns signals, updates, activity results and timers into events (workflows/domain/events.py), and
+The JobWorkflow turns signals, updates, activity results and timers into events (workflows/domain/run/events.py), and
 carries out the commands (place, release, start, supervise, stop, arm a timer). Nothing here performs an effect.
 """
 
@@ -10,9 +10,11 @@ import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from workflows.domain import gang, groups
-from workflows.domain.effects import effects
-from workflows.domain.events import (
+from workflows.domain.reasons import R, Reason, duration
+from workflows.domain.requests import TaskRequest
+from workflows.domain.run import gang, groups
+from workflows.domain.run.effects import effects
+from workflows.domain.run.events import (
     ArmTimer,
     CancelRequested,
     Command,
@@ -39,13 +41,9 @@ from workflows.domain.events import (
     Timer,
     TimerFired,
 )
-from workflows.domain.lifecycle import RunShape, TaskEvent, derive_run, failed_for_good
-from workflows.domain.reasons import R, Reason, duration
-from workflows.domain.requests import TaskRequest
-from workflows.domain.restarts import restarted_reason
-from workflows.domain.settings import Settings
-from workflows.domain.spec import GroupSpec, JobSpec
-from workflows.domain.status import (
+from workflows.domain.run.lifecycle import RunShape, TaskEvent, derive_run, failed_for_good
+from workflows.domain.run.restarts import restarted_reason
+from workflows.domain.run.status import (
     RUN_TERMINAL,
     TASK_ENDED,
     TASK_ON_NODE,
@@ -61,8 +59,8 @@ from workflows.domain.status import (
     compact,
     record,
 )
-from workflows.domain.step import Step, end_for_good, next_attempt
-from workflows.domain.tasks import (
+from workflows.domain.run.step import Step, end_for_good, next_attempt
+from workflows.domain.run.tasks import (
     group_of,
     groups_of,
     heartbeat_ttl,
@@ -72,6 +70,8 @@ from workflows.domain.tasks import (
     split,
     unplanned,
 )
+from workflows.domain.settings import Settings
+from workflows.domain.spec import GroupSpec, JobSpec
 
 
 def _current(job: JobRecord, task_id: str, attempt: int) -> TaskRecord | None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import zlib
 from datetime import datetime
 
-from workflows.domain.placement import Allocation, TaskRequest
 from workflows.domain.reasons import R
-from workflows.domain.requests import placed_drives, request_fields
+from workflows.domain.requests import Allocation, TaskRequest, placed_drives, request_fields
+from workflows.domain.run.status import TASK_ON_NODE, JobRecord, RunState, Status, TaskRecord, TaskState, record
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec
-from workflows.domain.status import TASK_ON_NODE, JobRecord, RunState, Status, TaskRecord, TaskState, record
 
 
 def new_job(spec: JobSpec, settings: Settings, now: datetime) -> JobRecord:

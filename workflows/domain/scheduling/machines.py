@@ -11,7 +11,7 @@ from datetime import datetime
 from functools import cached_property
 
 from workflows.domain.constraints import RACK_LABEL, GpuRequest
-from workflows.domain.nodes import GpuInfo, NetworkPort, NodeState, NodeView
+from workflows.domain.inventory import GpuInfo, NetworkPort, NodeState, NodeView
 from workflows.domain.reasons import R, Reason
 from workflows.domain.requests import Allocation, TaskRequest, allocation_for
 

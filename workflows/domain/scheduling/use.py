@@ -9,10 +9,10 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict
 
-from workflows.domain.machines import free_capacity
-from workflows.domain.nodes import NodeView
-from workflows.domain.quotas import usage_by_namespace
+from workflows.domain.inventory import NodeView
 from workflows.domain.requests import Allocation
+from workflows.domain.scheduling.machines import free_capacity
+from workflows.domain.scheduling.quotas import usage_by_namespace
 
 
 class Room(BaseModel):

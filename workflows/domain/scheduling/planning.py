@@ -11,11 +11,11 @@ from pydantic import BaseModel, ConfigDict
 
 from workflows.domain.bounds import MAX_WORKERS
 from workflows.domain.constraints import Drive
-from workflows.domain.machines import Cluster
-from workflows.domain.nodes import NodeView
-from workflows.domain.placement import Ask, explain, usable_gpus
+from workflows.domain.inventory import NodeView
 from workflows.domain.reasons import R, Reason
 from workflows.domain.requests import Allocation, TaskRequest
+from workflows.domain.scheduling.machines import Cluster
+from workflows.domain.scheduling.placement import Ask, explain, usable_gpus
 
 _ROOM_FOR_GPUS = frozenset({R.InsufficientGpus.code, R.HealthyGpus.code})
 

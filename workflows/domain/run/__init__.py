@@ -1,0 +1,1 @@
+"""The run's decisions, pure: JobWorkflow's core (`job.decide`), its record, events and effects."""
