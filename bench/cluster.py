@@ -23,7 +23,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
-from activities.runtime.process import ProcessRuntime
+from activities.agent.runtime.process import ProcessRuntime
 from activities.scheduler_link import SchedulerDoor
 from bench.agents import machine_name
 from bench.chaos_checks import Interval

@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from activities.runtime.base import Launch
-from activities.runtime.docker import DockerRuntime
-from activities.runtime.process import ProcessRuntime
+from activities.agent.runtime.base import Launch
+from activities.agent.runtime.docker import DockerRuntime
+from activities.agent.runtime.process import ProcessRuntime
 from tests.docker_engine import IMAGE, DockerEngine, missing
 from workflows.domain.refs import TaskRef
 

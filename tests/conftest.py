@@ -15,7 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 from xdist.remote import Producer
 from xdist.scheduler import LoadScopeScheduling
 
-from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
+from activities.agent.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from tests.docker_engine import DockerEngine
 from tests.docker_engine import missing as docker_engine_missing
 from workers.connect import SEARCH_ATTRIBUTES, ensure_search_attributes

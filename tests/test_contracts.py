@@ -17,8 +17,8 @@ import pytest
 from temporalio import activity, workflow
 
 from activities.agent import AgentActivities
+from activities.agent.drives import DriveActivities
 from activities.control import ControlActivities
-from activities.drives import DriveActivities
 from activities.scheduler import SchedulerService
 from activities.scheduler_link import SchedulerLink
 from workers.services import Serves, control_serves, lease_serves, machine_serves, scheduler_serves

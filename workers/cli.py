@@ -22,7 +22,7 @@ from pydantic import BaseModel, ByteSize, TypeAdapter, ValidationError
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.runtime.base import RuntimeUnavailable
+from activities.agent.runtime.base import RuntimeUnavailable
 from workers import collector
 from workers.client import AstraeusClient, AstraeusError, NotFound, Unreachable
 from workers.connect import ProfileError, Target, connect, ensure_search_attributes, target
@@ -304,9 +304,9 @@ async def cmd_api(args: argparse.Namespace) -> int:
 
 
 async def cmd_agent(args: argparse.Namespace) -> int:
+    from activities.agent.capabilities import Services
     from activities.agent.lease import LeaseLost, RegistrationRefused
-    from activities.capabilities import Services
-    from activities.machine import MachineReadError, parse_port
+    from activities.agent.machine import MachineReadError, parse_port
     from workers.services import AgentOptions, start_agent
 
     notes = _capability_notes(args.capability_note)

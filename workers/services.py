@@ -17,22 +17,22 @@ from temporalio.worker import PollerBehaviorAutoscaling, PollerBehaviorSimpleMax
 from temporalio.worker._worker import load_default_build_id  # the SDK's default build, not exported
 
 from activities.agent import AgentActivities
+from activities.agent.capabilities import Services, machine_capabilities
+from activities.agent.drives import DriveStore
+from activities.agent.gpus import GpusUnavailable, GpuWatch, NvmlWatch, read_inventory_gpus
+from activities.agent.identities import Identities
 from activities.agent.lease import EXPIRED, TAKEN_OVER, LeaseLost, RegistrationRefused, new_instance, register
-from activities.capabilities import Services, machine_capabilities
+from activities.agent.machine import PROCFS, SYSFS, PressureWatch, data_free_bytes, read_rdma_ports
+from activities.agent.mesh import Mesh
+from activities.agent.prepare import Preparer
+from activities.agent.runtime.base import Runtime
+from activities.agent.runtime.cgroups import Unenforced
+from activities.agent.runtime.docker import DockerRuntime
+from activities.agent.runtime.process import ProcessRuntime
+from activities.agent.sessions import Sessions
 from activities.control import DEFAULT_CA_DIR, ControlActivities
-from activities.drives import DriveStore
-from activities.gpus import GpusUnavailable, GpuWatch, NvmlWatch, read_inventory_gpus
-from activities.identities import Identities
-from activities.machine import PROCFS, SYSFS, PressureWatch, data_free_bytes, read_rdma_ports
-from activities.mesh import Mesh
-from activities.prepare import Preparer
-from activities.runtime.base import Runtime
-from activities.runtime.cgroups import Unenforced
-from activities.runtime.docker import DockerRuntime
-from activities.runtime.process import ProcessRuntime
 from activities.scheduler import SchedulerService
 from activities.scheduler_link import DEFAULT_ADDRESS, SchedulerDoor, SchedulerLink
-from activities.sessions import Sessions
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id, node_task_queue
 from workflows.deleted_runs import DeletedRunsWorkflow
 from workflows.deletion import DeleteRunWorkflow

@@ -25,8 +25,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.agent.housekeeping import RETURNED_KEPT_SECONDS
 from activities.agent.lease import Lease
-from activities.runtime.base import Observed, Runtime, readable
-from activities.starter import SetupEnded, Starter
+from activities.agent.runtime.base import Observed, Runtime, readable
+from activities.agent.starter import SetupEnded, Starter
 from workflows import contracts
 from workflows.domain.inventory import NodeInventory
 from workflows.domain.machine.attempts import Attempts

@@ -19,19 +19,19 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from activities.agent.attempts import Supervisor, _beat_later, _heartbeating
+from activities.agent.capabilities import CapabilitySetup, Services
+from activities.agent.drives import DriveActivities, DriveStore
+from activities.agent.gpus import GpuWatch
 from activities.agent.housekeeping import RETURNED_KEPT_SECONDS, Housekeeping
+from activities.agent.identities import Identities
 from activities.agent.lease import Lease
-from activities.capabilities import CapabilitySetup, Services
-from activities.drives import DriveActivities, DriveStore
-from activities.gpus import GpuWatch
-from activities.identities import Identities
-from activities.machine import PressureWatch
-from activities.mesh import Mesh
-from activities.node_network import NodeNetwork
-from activities.prepare import Preparer
-from activities.runtime.base import Runtime
-from activities.sessions import SessionRefused, Sessions
-from activities.starter import Starter
+from activities.agent.machine import PressureWatch
+from activities.agent.mesh import Mesh
+from activities.agent.node_network import NodeNetwork
+from activities.agent.prepare import Preparer
+from activities.agent.runtime.base import Runtime
+from activities.agent.sessions import SessionRefused, Sessions
+from activities.agent.starter import Starter
 from workflows import contracts
 from workflows.contracts import implements
 from workflows.domain.inventory import NodeInventory, NodeView

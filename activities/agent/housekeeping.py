@@ -20,11 +20,11 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.agent.identities import Identities
+from activities.agent.node_network import NodeNetwork
+from activities.agent.runtime.base import Runtime
+from activities.agent.starter import Starter
 from activities.deletion import tombstones
-from activities.identities import Identities
-from activities.node_network import NodeNetwork
-from activities.runtime.base import Runtime
-from activities.starter import Starter
 from workflows import contracts
 from workflows.contracts import node_id
 from workflows.domain.machine.attempts import Attempts

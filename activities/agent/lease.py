@@ -19,9 +19,9 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from activities.drives import DriveActivities
-from activities.gpus import GpuWatch
-from activities.machine import PressureWatch
+from activities.agent.drives import DriveActivities
+from activities.agent.gpus import GpuWatch
+from activities.agent.machine import PressureWatch
 from workflows import contracts
 from workflows.contracts import CONTROL_TASK_QUEUE, node_id
 from workflows.domain.inventory import GpuInfo, NodeInventory, NodeView

@@ -9,7 +9,7 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
-from activities.runtime.base import Observed, Runtime
+from activities.agent.runtime.base import Observed, Runtime
 from workflows.domain.refs import TaskRef
 from workflows.domain.spec import Readiness
 

@@ -23,9 +23,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 
 from activities.agent import AgentActivities
-from activities.prepare import Preparer
-from activities.runtime.base import Observed
-from activities.runtime.process import ProcessRuntime
+from activities.agent.prepare import Preparer
+from activities.agent.runtime.base import Observed
+from activities.agent.runtime.process import ProcessRuntime
 from workflows.domain.inventory import GpuInfo, NodeInventory
 from workflows.domain.refs import TaskRef
 from workflows.domain.run.events import TaskHealth, TaskRunning
@@ -328,7 +328,7 @@ async def test_an_agent_holding_descriptors_past_select_s_limit_watches_its_work
 def test_the_process_runtime_hands_a_descriptor_readable_once_the_attempt_ended(machine: Machine) -> None:
     import select
 
-    from activities.runtime.base import Launch
+    from activities.agent.runtime.base import Launch
 
     runtime = machine.runtime
     key = ref()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from activities import wireguard
-from activities.capabilities import (
+from activities.agent import wireguard
+from activities.agent.capabilities import (
     MESH_NEEDS,
     OUTBOUND_NEEDS,
     CapabilitySetup,
@@ -18,11 +18,11 @@ from activities.capabilities import (
     SetUp,
     machine_capabilities,
 )
-from activities.node_network import PROCESS_NETWORK
-from activities.runtime import egress
-from activities.runtime.base import RuntimeFailure, RuntimeUnavailable
-from activities.runtime.docker import DOCKER_EGRESS
-from activities.runtime.process import PROCESS_SANDBOX, ProcessRuntime
+from activities.agent.node_network import PROCESS_NETWORK
+from activities.agent.runtime import egress
+from activities.agent.runtime.base import RuntimeFailure, RuntimeUnavailable
+from activities.agent.runtime.docker import DOCKER_EGRESS
+from activities.agent.runtime.process import PROCESS_SANDBOX, ProcessRuntime
 from workflows.domain.reasons import Reason
 from workflows.domain.spec import Capabilities, OutboundPolicy
 

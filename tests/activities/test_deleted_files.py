@@ -16,9 +16,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 
 from activities.agent import AgentActivities
-from activities.prepare import Preparer
-from activities.runtime.base import Launch
-from activities.runtime.process import ProcessRuntime
+from activities.agent.prepare import Preparer
+from activities.agent.runtime.base import Launch
+from activities.agent.runtime.process import ProcessRuntime
 from workflows.domain.inventory import NodeInventory
 from workflows.domain.refs import TaskRef
 from workflows.domain.settings import Settings

@@ -18,11 +18,10 @@ import pytest
 from docker.models.containers import Container
 from temporalio.client import Client
 
-from activities.drives import DriveStore
-from activities.identities import Identities
-from activities.identity import AttemptIdentity, ClusterCA, spiffe_id
-from activities.prepare import Preparer
-from activities.runtime.base import (
+from activities.agent.drives import DriveStore
+from activities.agent.identities import Identities
+from activities.agent.prepare import Preparer
+from activities.agent.runtime.base import (
     EXEC_TIMED_OUT,
     ExecRefused,
     Launch,
@@ -32,8 +31,9 @@ from activities.runtime.base import (
     RuntimeFailure,
     RuntimeUnavailable,
 )
-from activities.runtime.docker import DockerRuntime, container_address, container_name
-from activities.starter import SetupEnded, Starter
+from activities.agent.runtime.docker import DockerRuntime, container_address, container_name
+from activities.agent.starter import SetupEnded, Starter
+from activities.identity import AttemptIdentity, ClusterCA, spiffe_id
 from tests.activities.runtimes import check, probe_until, wait_until_ended
 from tests.docker_engine import IMAGE, DockerEngine
 from workers.devserver import free_port

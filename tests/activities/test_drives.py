@@ -1,6 +1,6 @@
-"""A machine's copies of drives (activities/drives.py) and how a worker is given one (activities/prepare.py): a
-copy filled on a thread while the worker waits, kept and found again by a new agent, a fill that fails or that
-holds more than the drive's size, a copy cut short, and the path or mount each runtime gives."""
+"""A machine's copies of drives (activities/agent/drives.py) and how a worker is given one
+(activities/agent/prepare.py): a copy filled on a thread while the worker waits, kept and found again by a new agent, a
+fill that fails or that holds more than the drive's size, a copy cut short, and the path or mount each runtime gives."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from activities.drives import COPIES, DriveStore
-from activities.machine import MachineReadError
-from activities.prepare import Prepared, Preparer, Waiting
-from activities.runtime.base import Mount
+from activities.agent.drives import COPIES, DriveStore
+from activities.agent.machine import MachineReadError
+from activities.agent.prepare import Prepared, Preparer, Waiting
+from activities.agent.runtime.base import Mount
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import DriveReport
 from workflows.domain.reasons import Reason

@@ -17,9 +17,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 
 from activities.agent import AgentActivities
-from activities.prepare import Preparer
-from activities.runtime.base import Observed
-from activities.runtime.process import ProcessRuntime
+from activities.agent.prepare import Preparer
+from activities.agent.runtime.base import Observed
+from activities.agent.runtime.process import ProcessRuntime
 from tests.activities.runtimes import kill_attempts
 from workflows.domain.inventory import NodeInventory, NodeState, NodeView
 from workflows.domain.refs import TaskRef

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from activities.gpus import DeclaredProbe, GpusUnavailable, NvmlProbe, read_inventory_gpus
+from activities.agent.gpus import DeclaredProbe, GpusUnavailable, NvmlProbe, read_inventory_gpus
 from workflows.domain.inventory import GpuInfo
 
 GIB = 1024**3
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 READ_GPUS = """
 import json
-from activities.gpus import GpusUnavailable, NvmlProbe
+from activities.agent.gpus import GpusUnavailable, NvmlProbe
 try:
     print(json.dumps([gpu.model_dump() for gpu in NvmlProbe().read_gpus()]))
 except GpusUnavailable as error:
@@ -42,7 +42,7 @@ except GpusUnavailable as error:
 # look twice more; print the three looks.
 WATCH_GPUS = """
 import json, os, sys
-from activities.gpus import NvmlProbe, NvmlWatch
+from activities.agent.gpus import NvmlProbe, NvmlWatch
 watch = NvmlWatch(NvmlProbe().read_gpus())
 looks = [watch.poll()]
 with open(os.environ["FAKE_NVML_XID_FILE"], "a") as events:
@@ -227,7 +227,7 @@ def test_a_gpu_that_cannot_report_xid_events_is_still_watched_for_the_rest(fake_
 def test_a_gpu_lost_while_watched_is_a_fault(fake_nvml: Path) -> None:
     script = """
 import json, os
-from activities.gpus import NvmlProbe, NvmlWatch
+from activities.agent.gpus import NvmlProbe, NvmlWatch
 watch = NvmlWatch(NvmlProbe().read_gpus())
 os.environ["FAKE_NVML_LOST"] = "1"
 print(json.dumps([gpu.model_dump() for gpu in watch.poll()]))

@@ -19,7 +19,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.agent import AgentActivities
 from activities.agent.lease import EXPIRED
-from activities.machine import (
+from activities.agent.machine import (
     MachineReadError,
     PressureWatch,
     data_free_bytes,
@@ -32,8 +32,8 @@ from activities.machine import (
     read_rdma_ports,
     subnet_prefix,
 )
-from activities.prepare import Preparer
-from activities.runtime.process import ProcessRuntime
+from activities.agent.prepare import Preparer
+from activities.agent.runtime.process import ProcessRuntime
 from workers.services import AgentOptions, inventory
 from workflows.domain.inventory import NetworkPort, NodeInventory
 from workflows.domain.machine.decisions import PressureReported

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.mesh import private_key, public_key
-from activities.wireguard import missing
+from activities.agent.mesh import private_key, public_key
+from activities.agent.wireguard import missing
 
 
 def test_the_key_is_made_once_readable_by_its_owner_and_kept(tmp_path: Path) -> None:

@@ -14,9 +14,9 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.agent import AgentActivities
 from activities.agent.attempts import PICK_UP_REPORT_SECONDS
-from activities.prepare import Preparer
-from activities.runtime.base import Launch, OnProgress
-from activities.runtime.process import ProcessRuntime
+from activities.agent.prepare import Preparer
+from activities.agent.runtime.base import Launch, OnProgress
+from activities.agent.runtime.process import ProcessRuntime
 from tests.activities.test_agent import Machine, group, ref
 from workflows.domain.inventory import NodeInventory
 from workflows.domain.reasons import Reason

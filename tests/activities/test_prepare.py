@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from activities.prepare import Prepared, Preparer, Waiting
-from activities.runtime.base import Mount, RegistryAuth, RuntimeFailure
+from activities.agent.prepare import Prepared, Preparer, Waiting
+from activities.agent.runtime.base import Mount, RegistryAuth, RuntimeFailure
 from workflows.domain.reasons import Reason
 from workflows.domain.refs import TaskRef
 from workflows.domain.spec import GroupSpec

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.machine import PressureWatch, disk_pressure, memory_pressure, under_pressure
+from activities.agent.machine import PressureWatch, disk_pressure, memory_pressure, under_pressure
 from tests.activities.test_machine import lease_holder, meminfo
 from workflows.domain.machine.decisions import PressureReported
 from workflows.messages import LeaseInput

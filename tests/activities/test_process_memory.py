@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from activities.runtime.base import Launch, Observed, RuntimeFailure
-from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
-from activities.runtime.process import ProcessRuntime
+from activities.agent.runtime.base import Launch, Observed, RuntimeFailure
+from activities.agent.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
+from activities.agent.runtime.process import ProcessRuntime
 from tests.activities.runtimes import has_ended, kill_attempts, wait_until_ended
 from workflows.domain.refs import TaskRef
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from activities.runtime import process
-from activities.runtime.base import Launch, Observed, RuntimeFailure, readable
-from activities.runtime.forkserver import ForkServer
-from activities.runtime.process import ProcessRuntime
+from activities.agent.runtime import process
+from activities.agent.runtime.base import Launch, Observed, RuntimeFailure, readable
+from activities.agent.runtime.forkserver import ForkServer
+from activities.agent.runtime.process import ProcessRuntime
 from tests.activities.runtimes import check, has_ended, kill_attempts, probe_until, wait_until_ended
 from workers.devserver import free_port
 from workers.services import AgentOptions, make_runtime
@@ -461,7 +461,7 @@ def test_a_nul_byte_in_the_command_or_its_environment_is_an_invalid_task(runtime
 
 
 def test_the_shim_runs_only_as_the_fork_server_and_says_so(tmp_path: Path) -> None:
-    from activities.runtime import shim
+    from activities.agent.runtime import shim
 
     ran = subprocess.run([sys.executable, "-I", "-S", shim.__file__], capture_output=True, text=True, cwd=tmp_path)
     assert (ran.returncode, ran.stderr) == (1, "usage: shim.py --serve (with a SOCK_SEQPACKET socket as its stdin)\n")

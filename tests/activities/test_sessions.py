@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from activities import session_token
-from activities.runtime.base import Launch, RuntimeFailure
-from activities.runtime.process import ProcessRuntime
-from activities.sessions import NO_SESSIONS, SessionRefused, Sessions
+from activities.agent.runtime.base import Launch, RuntimeFailure
+from activities.agent.runtime.process import ProcessRuntime
+from activities.agent.sessions import NO_SESSIONS, SessionRefused, Sessions
 from tests.activities.runtimes import kill_attempts
 from workflows.domain.refs import TaskRef
 from workflows.messages import AttachInput

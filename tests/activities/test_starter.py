@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from activities.node_network import NodeNetworkUp
-from activities.prepare import Preparer
-from activities.runtime.base import Launch, Observed, OnProgress, ignore_progress
-from activities.runtime.process import ProcessRuntime
-from activities.starter import SetupEnded, Starter, bindable
+from activities.agent.node_network import NodeNetworkUp
+from activities.agent.prepare import Preparer
+from activities.agent.runtime.base import Launch, Observed, OnProgress, ignore_progress
+from activities.agent.runtime.process import ProcessRuntime
+from activities.agent.starter import SetupEnded, Starter, bindable
 from workflows.domain.inventory import GpuInfo, PortRange
 from workflows.domain.reasons import Reason
 from workflows.domain.refs import TaskRef
@@ -304,7 +304,7 @@ async def test_starts_wait_on_threads_of_their_own_not_on_the_shared_pool(tmp_pa
     queue behind the first, as a burst's starts did for longer than a run's heartbeat timeout."""
     import threading
 
-    from activities.starter import START_THREADS
+    from activities.agent.starter import START_THREADS
 
     all_under_way = threading.Barrier(START_THREADS, timeout=10)
 

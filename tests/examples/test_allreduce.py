@@ -1,4 +1,5 @@
-"""activities/runtime/programs/allreduce.py among real processes on 127.0.0.1: the all-reduce the gang example runs."""
+"""activities/agent/runtime/programs/allreduce.py among real processes on 127.0.0.1: the all-reduce the gang example
+runs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import yaml
 from workers.devserver import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "activities" / "runtime" / "programs" / "allreduce.py"
+SCRIPT = ROOT / "activities" / "agent" / "runtime" / "programs" / "allreduce.py"
 WAIT_SECONDS = 8.0
 
 

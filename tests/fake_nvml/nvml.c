@@ -1,5 +1,5 @@
 /*
- * A fake libnvidia-ml.so.1: just enough of NVML for activities/gpus.py, so that tests run our real NVML code,
+ * A fake libnvidia-ml.so.1: just enough of NVML for activities/agent/gpus.py, so that tests run our real NVML code,
  * through the real pynvml bindings, on GPUs that do not exist. Built by the tests (tests/fake_nvml/build.py):
  *     gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 nvml.c
  * and loaded by a process started with LD_LIBRARY_PATH pointing at it. The environment says what it fakes:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import yaml
 
-from activities.runtime.process import ProcessRuntime
+from activities.agent.runtime.process import ProcessRuntime
 from workers.client import AstraeusClient
 from workers.devserver import DevServer, free_port
 from workflows.domain.spec import parse_spec

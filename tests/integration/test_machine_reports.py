@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from activities.capabilities import MESH_NEEDS
-from activities.node_network import PROCESS_NETWORK
-from activities.runtime.process import PROCESS_SANDBOX
+from activities.agent.capabilities import MESH_NEEDS
+from activities.agent.node_network import PROCESS_NETWORK
+from activities.agent.runtime.process import PROCESS_SANDBOX
 from tests.integration.harness import Cluster
 
 pytestmark = pytest.mark.integration

@@ -27,8 +27,8 @@ import yaml
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from activities import wireguard
-from activities.mesh import private_key, public_key
+from activities.agent import wireguard
+from activities.agent.mesh import private_key, public_key
 from tests.docker_engine import DockerEngine
 from tests.integration.harness import Cluster
 from tests.integration.test_identity import payloads

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from activities.capabilities import OUTBOUND_NEEDS
-from activities.runtime.process import PROCESS_SANDBOX
+from activities.agent.capabilities import OUTBOUND_NEEDS
+from activities.agent.runtime.process import PROCESS_SANDBOX
 from tests.integration.harness import Cluster
 from tests.integration.test_interactive import astraeus as attach_as_a_person
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from activities.runtime.process import ProcessRuntime
+from activities.agent.runtime.process import ProcessRuntime
 from tests.integration.harness import ASTRAEUS, SETTINGS, Cluster, answers, end_group
 from workers.devserver import free_port, port_free
 from workflows.domain.refs import TaskRef

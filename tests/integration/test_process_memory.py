@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from activities.runtime.cgroups import MemoryCgroups
+from activities.agent.runtime.cgroups import MemoryCgroups
 from tests.integration.harness import Cluster
 
 pytestmark = pytest.mark.integration

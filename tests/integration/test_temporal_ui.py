@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.runtime.process import ProcessRuntime
+from activities.agent.runtime.process import ProcessRuntime
 from tests.integration.harness import BIN, Cluster, pairs
 from workflows.domain.refs import TaskRef
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from activities.runtime.cgroups import MemoryCgroups
+from activities.agent.runtime.cgroups import MemoryCgroups
 from tests.integration.harness import Cluster
 from workers.devserver import free_port
 

@@ -15,8 +15,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.agent import AgentActivities
-from activities.prepare import Preparer
-from activities.runtime.process import ProcessRuntime
+from activities.agent.prepare import Preparer
+from activities.agent.runtime.process import ProcessRuntime
 from tests.workflows.fakes import unique
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id
 from workflows.domain.inventory import NodeInventory, NodeView

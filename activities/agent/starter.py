@@ -18,13 +18,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from activities.capabilities import CapabilitySetup, Services, SetUp
-from activities.identities import Identities
-from activities.node_network import NodeNetworkUp, network_missing
-from activities.prepare import Prepared, Preparer, Waiting
-from activities.runtime.base import Launch, Mount, NetworkNotUp, OnProgress, Runtime, RuntimeFailure
-from activities.runtime.shim import write_atomically
-from activities.sessions import Sessions
+from activities.agent.capabilities import CapabilitySetup, Services, SetUp
+from activities.agent.identities import Identities
+from activities.agent.node_network import NodeNetworkUp, network_missing
+from activities.agent.prepare import Prepared, Preparer, Waiting
+from activities.agent.runtime.base import Launch, Mount, NetworkNotUp, OnProgress, Runtime, RuntimeFailure
+from activities.agent.runtime.shim import write_atomically
+from activities.agent.sessions import Sessions
 from workflows.domain.constraints import Drive
 from workflows.domain.inventory import GpuInfo, PortRange
 from workflows.domain.machine.attempts import Attempts, PortMapping, Refused, admit_gpus, assign_ports

@@ -16,8 +16,8 @@ from temporalio.exceptions import ActivityError, FailureError
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 from temporalio.service import RPCError
 
+from activities.agent.runtime.base import Mount, forget_attempts
 from activities.identity import AttemptIdentity, spiffe_id
-from activities.runtime.base import Mount, forget_attempts
 from workflows import contracts
 from workflows.contracts import CONTROL_TASK_QUEUE
 from workflows.domain.reasons import R, Reason, error_text

@@ -31,7 +31,7 @@ from docker.types import Mount as DockerMount
 from docker.utils import parse_repository_tag
 from docker.utils.socket import STDERR
 
-from activities.runtime.base import (
+from activities.agent.runtime.base import (
     EXEC_TIMED_OUT,
     ExecRefused,
     Executed,
@@ -45,7 +45,7 @@ from activities.runtime.base import (
     port_environment,
     ran_too_long,
 )
-from activities.runtime.probes import exited, http_get, timed_out
+from activities.agent.runtime.probes import exited, http_get, timed_out
 from workflows.domain.machine.attempts import PortMapping
 from workflows.domain.reasons import R, Reason, Template
 from workflows.domain.refs import TaskRef

@@ -23,7 +23,7 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from activities.machine import MachineReadError, free_bytes
+from activities.agent.machine import MachineReadError, free_bytes
 from workflows import contracts
 from workflows.contracts import DRIVES_WORKFLOW_ID, implements, node_id
 from workflows.domain.constraints import Drive

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from activities.runtime import egress
-from activities.runtime.base import (
+from activities.agent.runtime import egress
+from activities.agent.runtime.base import (
     EXEC_TIMED_OUT,
     ExecRefused,
     Executed,
@@ -35,10 +35,10 @@ from activities.runtime.base import (
     ran_too_long,
     readable,
 )
-from activities.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
-from activities.runtime.forkserver import ForkServer, ForkServerError
-from activities.runtime.probes import exited, http_get, timed_out
-from activities.runtime.shim import end_cgroup, write_atomically
+from activities.agent.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
+from activities.agent.runtime.forkserver import ForkServer, ForkServerError
+from activities.agent.runtime.probes import exited, http_get, timed_out
+from activities.agent.runtime.shim import end_cgroup, write_atomically
 from workflows.domain.reasons import R
 from workflows.domain.refs import TaskRef
 from workflows.domain.spec import Readiness
@@ -52,7 +52,7 @@ _POLL_SECONDS = 0.01
 
 
 class ProcessRuntime:
-    """Runs attempts as local processes, each under a shim (`activities.runtime.shim`, forked by the runtime's
+    """Runs attempts as local processes, each under a shim (`activities.agent.runtime.shim`, forked by the runtime's
     `ForkServer`) in its own session, and limits the memory of those that ask `memory_bytes` with a cgroup of their
     own (`memory`: where, or why it cannot)."""
 

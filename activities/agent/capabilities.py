@@ -7,17 +7,18 @@ missing (shown in the per-machine reasons: "machine cannot run sandboxed workers
   worker's container runs under it. The process runtime has none.
 - `tool_gateway`: the gateway URL given with `--tool-gateway`, handed to the worker as ASTRAEUS_TOOL_GATEWAY.
 - `node_network`: a runtime whose workers can join a network with the machine's subnet (the docker runtime's; the
-  process runtime's workers share the machine's own network): `activities/node_network.py`.
+  process runtime's workers share the machine's own network): `activities/agent/node_network.py`.
 - `mesh`: the node network's mesh between machines, with `--mesh-endpoint` on a machine that hosts the node network
-  and can make a WireGuard interface (`activities/mesh.py`); a run on the node network that is not kept on one
+  and can make a WireGuard interface (`activities/agent/mesh.py`); a run on the node network that is not kept on one
   machine goes only to machines in it.
 - `outbound_policy`: with `--outbound-policy`, on the process runtime as root with `ip` and `iptables`: each such
   worker runs in a network namespace of its own whose firewall allows only the networks listed (host names are
-  resolved when the worker is set up; `activities/runtime/egress.py`). The docker runtime does not enforce them yet.
+  resolved when the worker is set up; `activities/agent/runtime/egress.py`). The docker runtime does not enforce them
+  yet.
 
 A model server (`--model-server`) is set up per attempt only: the worker gets ASTRAEUS_MODEL_SERVER once it answers,
-else the attempt fails with "Model server: <why>". So is an interactive token (`activities/sessions.py`): a machine
-whose agent runs `--no-interactive-sessions` fails such an attempt with "Interactive token: <why>".
+else the attempt fails with "Model server: <why>". So is an interactive token (`activities/agent/sessions.py`): a
+machine whose agent runs `--no-interactive-sessions` fails such an attempt with "Interactive token: <why>".
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from activities import wireguard
-from activities.node_network import network_missing
-from activities.runtime import egress
-from activities.runtime.base import Runtime, RuntimeFailure, RuntimeUnavailable
-from activities.runtime.docker import DOCKER_EGRESS
-from activities.runtime.process import PROCESS_SANDBOX
+from activities.agent import wireguard
+from activities.agent.node_network import network_missing
+from activities.agent.runtime import egress
+from activities.agent.runtime.base import Runtime, RuntimeFailure, RuntimeUnavailable
+from activities.agent.runtime.docker import DOCKER_EGRESS
+from activities.agent.runtime.process import PROCESS_SANDBOX
 from workflows.domain.reasons import R
 from workflows.domain.scheduling.placement import NODE_MESH, NODE_NETWORK
 from workflows.domain.spec import Capabilities

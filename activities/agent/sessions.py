@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from activities.runtime.base import ExecRefused, Executed, Runtime, RuntimeFailure, forget_attempts
-from activities.runtime.shim import write_atomically
+from activities.agent.runtime.base import ExecRefused, Executed, Runtime, RuntimeFailure, forget_attempts
+from activities.agent.runtime.shim import write_atomically
 from activities.session_token import verify
 from workflows.domain.reasons import R
 from workflows.domain.refs import TaskRef

@@ -14,8 +14,8 @@ disagrees or hangs up), 2 bad environment or arguments.
 Its very first action appends `<rank> <time.time()>` to the file ALLREDUCE_START_LOG names, when set: a test
 reads it to check that no member of a gang started before every member was ready.
 
-    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python3 activities/runtime/programs/allreduce.py &
-    RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python3 activities/runtime/programs/allreduce.py
+    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python3 activities/agent/runtime/programs/allreduce.py &
+    RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python3 activities/agent/runtime/programs/allreduce.py
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """A tiny supervisor of one attempt, like conmon: it outlives the agent and records how its worker ended.
 
-The agent asks its fork server (`python -I -S shim.py --serve`, one per runtime, `activities/runtime/forkserver.py`)
-for each shim: the server forks one per request, in a session of its own, which writes DIR/shim.pid (the server
-answers the agent once it did), starts the worker and writes DIR/pid, DIR/log and DIR/exit, and closes the agent's
-pipe once the worker started or could not start. A forked shim costs about 3 ms of CPU where a fresh interpreter
-cost 13 to 16 (one runs per worker). With a memory cgroup CG (made by the agent, its limit set), the worker joins it
-before it runs the command; once the worker ended the shim writes DIR/oom if the kernel killed anything in it for
-memory, ends what is left in it and removes it. It uses the standard library only, and the fewest modules of it (it
-forks and execs the worker itself).
-"""
+The agent asks its fork server (`python -I -S shim.py --serve`, one per runtime,
+`activities/agent/runtime/forkserver.py`) for each shim: the server forks one per request, in a session of its own,
+which writes DIR/shim.pid (the server answers the agent once it did), starts the worker and writes DIR/pid, DIR/log and
+DIR/exit, and closes the agent's pipe once the worker started or could not start. A forked shim costs about 3 ms of CPU
+where a fresh interpreter cost 13 to 16 (one runs per worker). With a memory cgroup CG (made by the agent, its limit
+set), the worker joins it before it runs the command; once the worker ended the shim writes DIR/oom if the kernel killed
+anything in it for memory, ends what is left in it and removes it. It uses the standard library only, and the fewest
+modules of it (it forks and execs the worker itself)."""
 
 from __future__ import annotations
 

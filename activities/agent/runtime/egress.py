@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
-from activities.runtime.base import RuntimeFailure
+from activities.agent.runtime.base import RuntimeFailure
 from workflows.domain.reasons import R
 
 COMMAND_TIMEOUT_SECONDS = 20.0

@@ -3,7 +3,7 @@ workers reach workers on other machines' subnets (`--mesh-endpoint HOST:PORT`; w
 
 - Its **key**: an X25519 private key of its own, made once and kept in its state directory (mode 0600). Only the
   public key leaves the machine: it goes to the control plane with the machine's request for its subnet.
-- **Joining**: once its node network is made, the machine's interface is made (`activities/wireguard.py`), with
+- **Joining**: once its node network is made, the machine's interface is made (`activities/agent/wireguard.py`), with
   the firewall rules that let the mesh's traffic between the interface and the node network's bridge.
 - **Peers**: at each refresh (settings `mesh_refresh_seconds`) the machine asks the control plane for its peers
   (each other machine's key, endpoint and subnet) and sets what changed (`workflows/domain/mesh.py` plans it): a
@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 from temporalio.client import Client
 
-from activities.wireguard import Link, MeshDown
+from activities.agent.wireguard import Link, MeshDown
 from workflows import contracts
 from workflows.contracts import SUBNETS_WORKFLOW_ID
 from workflows.domain.mesh import (

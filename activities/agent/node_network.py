@@ -1,8 +1,8 @@
 """This machine's part of the node network: its subnet, asked of the control plane (the subnets workflow), and
 its network with that subnet, made by its runtime (the docker runtime: a bridge network its workers join).
 
-A machine in the mesh (`activities/mesh.py`) sends its public key and endpoint with its request, and joins the mesh
-once its network is made: the node network is up when the machine's peers were set once.
+A machine in the mesh (`activities/agent/mesh.py`) sends its public key and endpoint with its request, and joins the
+mesh once its network is made: the node network is up when the machine's peers were set once.
 
 The agent calls `look` at each look of its lease: until the network is up it asks and makes it (`ensure`), then it
 refreshes the mesh's peers when that is due; a worker that asks for the mesh waits "Waiting for the node network
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from temporalio.client import Client
 
-from activities.mesh import Mesh
-from activities.runtime.base import NetworkNotUp, Runtime
-from activities.wireguard import MeshDown
+from activities.agent.mesh import Mesh
+from activities.agent.runtime.base import NetworkNotUp, Runtime
+from activities.agent.wireguard import MeshDown
 from workflows import contracts
 from workflows.contracts import SUBNETS_WORKFLOW_ID
 from workflows.domain.refs import TaskRef

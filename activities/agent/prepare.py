@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from activities.drives import DriveStore
-from activities.runtime.base import Mount, RegistryAuth, RuntimeFailure, forget_attempts
+from activities.agent.drives import DriveStore
+from activities.agent.runtime.base import Mount, RegistryAuth, RuntimeFailure, forget_attempts
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import source_path
 from workflows.domain.reasons import R, Reason
