@@ -159,3 +159,17 @@ def test_a_crossing_is_named(importer: str, source: str, problem: str) -> None:
 def test_what_is_allowed_passes(importer: str, source: str) -> None:
     found = [(importer, line, imported) for line, imported in imports(source, importer)]
     assert violations(found) == []
+
+
+def test_what_the_control_plane_and_the_scheduler_use_imports_nothing_of_the_agents_wing() -> None:
+    """`activities/` keeps what the control plane and the scheduler use; the machine's side is `activities/agent/`,
+    which they never need."""
+    shared = sorted((ROOT / "activities").glob("*.py"))
+    assert shared, "activities/ has modules"
+    wrong = [
+        f"{module_name(path)}:{line} imports {imported}"
+        for path in shared
+        for line, imported in imports(path.read_text(), module_name(path), path.stem == "__init__")
+        if imported.startswith("activities.agent")
+    ]
+    assert wrong == []
