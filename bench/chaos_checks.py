@@ -8,6 +8,7 @@ import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from workflows.domain.reasons import R, all_templates
 
@@ -209,6 +210,8 @@ class RunRead:
     worker_state: str = ""
     worker_code: str = ""
     worker_reason: str = ""
+    closed_at: float | None = None  # when its workflow closed (epoch seconds)
+    history: list[tuple[float, str, str]] = field(default_factory=list)  # (at, code, reason): the run's, its workers'
 
 
 @dataclass
@@ -262,12 +265,17 @@ class Fault:
     lease_ttl: float = 0.0  # the machines' lease (node_lease_ttl_seconds)
     waiting_at_kill: int = 0  # runs whose worker had not started yet: the fault hit mid-burst when > 0
     alive_at_kill: int = 0  # worker processes alive (on its machine, for an agent)
+    extra: dict[str, Any] = field(default_factory=dict)  # what a fault of bench.chaos_faults measured as it ran
+
+
+# Faults that need the cluster idle (a gang placed whole at once), not mid-burst.
+AFTER_THE_BURST = ("gang-barrier-kill",)
 
 
 def not_as_named(fault: Fault) -> str | None:
     """Why the fault was not the one its name says, if it was not: it must hit mid-burst, and an agent's lease must
     outlive (or not) its restart."""
-    if fault.waiting_at_kill == 0:
+    if fault.waiting_at_kill == 0 and fault.name not in AFTER_THE_BURST:
         return f"{fault.name}: no run was still waiting when it hit (after the burst)"
     back = fault.ready_again - fault.killed if fault.ready_again is not None else None
     if fault.name == "agent-within-lease" and back is not None and back > fault.lease_ttl:
