@@ -50,10 +50,13 @@ class Options:
     overlap_seconds: float = 30.0  # `two-schedulers`: a second scheduler (and control plane) beside the first
     full_seconds: float = 20.0  # `full-disk`: an agent's data dir full, longer than the longest worker
     gang_seconds: float = 20.0  # `gang-barrier-kill`: how long each gang member sleeps
+    fault_after: int | None = None  # workers started before the first fault (None: `first_fault_after`'s rule)
 
     @property
     def first_fault_after(self) -> int:
         """Workers started before the first kill: the burst is in full swing, with runs still waiting."""
+        if self.fault_after is not None:
+            return self.fault_after
         return min(self.machines * self.gpus, self.runs // 4)
 
 
