@@ -268,13 +268,18 @@ class Fault:
     extra: dict[str, Any] = field(default_factory=dict)  # what a fault of bench.chaos_faults measured as it ran
 
 
-# Faults that need the cluster idle (a gang placed whole at once), not mid-burst.
+# The longer faults (bench.chaos_faults) need workers alive when they hit, not runs waiting: a partition or a full
+# disk shows what it does only where a worker was running (and, for a partition, where another machine has room to
+# start it again); the gang's needs the cluster idle, its gang placed whole at once.
+LONGER_FAULTS = ("partition", "temporal-away", "two-schedulers", "full-disk")
 AFTER_THE_BURST = ("gang-barrier-kill",)
 
 
 def not_as_named(fault: Fault) -> str | None:
     """Why the fault was not the one its name says, if it was not: it must hit mid-burst, and an agent's lease must
     outlive (or not) its restart."""
+    if fault.name in LONGER_FAULTS:
+        return None if fault.alive_at_kill else f"{fault.name}: no worker was alive when it hit"
     if fault.waiting_at_kill == 0 and fault.name not in AFTER_THE_BURST:
         return f"{fault.name}: no run was still waiting when it hit (after the burst)"
     back = fault.ready_again - fault.killed if fault.ready_again is not None else None

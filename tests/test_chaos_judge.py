@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.chaos_checks import Fault, Interval, RunRead
+from bench.chaos_checks import Fault, Interval, RunRead, not_as_named
 from bench.chaos_judge import (
     failed_while_running,
     gang_alone,
@@ -119,3 +119,17 @@ def test_each_longer_fault_has_its_checks_and_a_line_and_the_old_ones_none() -> 
     for name in ("temporal-away", "two-schedulers", "gang-barrier-kill", "full-disk"):
         one = judge_fault(Fault(name, "x", "m-1", killed=5, restarted=10), [], [], 70, None)
         assert one is not None and one.checks and all(not cases for _, cases in one.checks), name
+
+
+@pytest.mark.parametrize(
+    ("fault", "named"),
+    [
+        (Fault("partition", "agents-1", "m-1", alive_at_kill=2), True),
+        (Fault("partition", "agents-1", "m-1", alive_at_kill=0, waiting_at_kill=5), False),
+        (Fault("full-disk", "agents-1", "m-1", alive_at_kill=1, waiting_at_kill=0), True),
+        (Fault("gang-barrier-kill", "agents-1", "m-1", waiting_at_kill=0), True),
+    ],
+    ids=["a partition with workers alive", "one with none", "a full disk after the burst", "a gang's, after it"],
+)
+def test_a_longer_fault_is_named_by_the_workers_alive_when_it_hit(fault: Fault, named: bool) -> None:
+    assert (not_as_named(fault) is None) == named
