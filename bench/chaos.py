@@ -259,6 +259,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap-seconds", type=float, default=30, help="two-schedulers: how long both run (30)")
     p.add_argument("--full-seconds", type=float, default=20, help="full-disk: how long the disk stays full (20)")
     p.add_argument("--gang-seconds", type=float, default=20, help="gang-barrier-kill: each member's sleep (20)")
+    p.add_argument("--gang-down", type=float, default=15, help="gang-barrier-kill: the agent down after Down (15)")
     p.add_argument("--fault-after", type=int, help="workers started before the first fault (min(M x G, N / 4))")
     p.add_argument("--json", dest="json_path", type=Path, help="also write the figures to this file")
     p.add_argument("--data-dir", type=Path, help="keep the cluster's files, logs and journal here")
@@ -292,6 +293,7 @@ def options_from(args: argparse.Namespace) -> Options:
         overlap_seconds=args.overlap_seconds,
         full_seconds=args.full_seconds,
         gang_seconds=args.gang_seconds,
+        gang_down=args.gang_down,
         fault_after=args.fault_after,
     )
 

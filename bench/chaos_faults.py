@@ -8,7 +8,7 @@ journal the workers write outside Astraeus. They hit the last machine's agent (`
   first ones, as a rolling update starts them; after `--overlap-seconds` the first ones are stopped (SIGTERM).
 - `gang-barrier-kill`: once the burst has ended, the agent is frozen (SIGSTOP), a gang spanning every GPU is
   submitted, and when the other machines' members wait at the barrier the frozen agent is killed (kill -9); it is
-  started again once its machine is no longer Ready.
+  started again `--gang-down` seconds after its machine is seen no longer Ready.
 - `full-disk`: that machine's data dir is a tmpfs of its own (mounted before the cluster starts, unmounted at the
   end); it is filled for `--full-seconds` while its workers exit, then emptied.
 """
@@ -145,6 +145,7 @@ class LongerFaults(Injector):
             fault.note = "no member waited at the barrier within 30 s; "
         self.cluster.kill(process)  # SIGKILL ends a stopped process too
         await self.until_down(fault)
+        await asyncio.sleep(self.options.gang_down)  # time for the run to act on the loss
         self.cluster.respawn(process)
         fault.restarted = time.time()
         await self.until_resumed(fault, holder)

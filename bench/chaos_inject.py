@@ -50,6 +50,7 @@ class Options:
     overlap_seconds: float = 30.0  # `two-schedulers`: a second scheduler (and control plane) beside the first
     full_seconds: float = 20.0  # `full-disk`: an agent's data dir full, longer than the longest worker
     gang_seconds: float = 20.0  # `gang-barrier-kill`: how long each gang member sleeps
+    gang_down: float = 15.0  # `gang-barrier-kill`: how long the killed agent stays down after its machine is Down
     fault_after: int | None = None  # workers started before the first fault (None: `first_fault_after`'s rule)
 
     @property

@@ -14,6 +14,7 @@ from bench.chaos_checks import Fault, Interval, RunRead, gpus_held_twice
 
 NEW_FAULTS = ("partition", "temporal-away", "two-schedulers", "gang-barrier-kill", "full-disk")
 GANG_RUN = "gang-0"  # the gang-barrier-kill fault's run, in the chaos namespace
+TOGETHER_SECONDS = 2.0  # a gang's members that start (or end) within this of each other start (end) together
 
 
 @dataclass(frozen=True)
@@ -150,13 +151,13 @@ def runs_with(hits: list[str]) -> int:
 
 
 def gang_alone(intervals: list[Interval], run: str, members: int, until: float) -> tuple[float, list[str]]:
-    """Seconds during which some but not all of a gang's `members` were alive, and when they were: a gang runs
-    whole or not at all."""
+    """Seconds during which some but not all of a gang's `members` were alive (each stretch longer than
+    `TOGETHER_SECONDS`: members start and end a moment apart), and when they were: a gang runs whole or not at all."""
     ours = [i for i in intervals if i.run == run]
     edges = sorted([(i.start, 1) for i in ours] + [(_end(i, until), -1) for i in ours])
     alive, last, total, spans = 0, 0.0, 0.0, []
     for at, step in edges:
-        if 0 < alive < members and at > last:
+        if 0 < alive < members and at - last > TOGETHER_SECONDS:
             total += at - last
             spans.append(f"{alive} of {members} members alive for {at - last:.1f} s")
         alive += step
@@ -165,9 +166,9 @@ def gang_alone(intervals: list[Interval], run: str, members: int, until: float) 
 
 
 def started_while_lost(intervals: list[Interval], run: str, fault: Fault) -> list[str]:
-    """A gang's members started while the machine of another member (the fault's) was lost: between its agent's
-    kill and its machine Ready again under a new agent (or the end)."""
-    back = fault.ready_again if fault.ready_again is not None else float("inf")
+    """A gang's members started on another machine while the fault's machine was lost: between its agent's kill and
+    the start of its new agent (which then registers; a gang that waited for it starts whole)."""
+    back = fault.restarted if fault.restarted is not None else float("inf")
     return [
         f"{i.slug} started on {i.node} {i.start - fault.killed:.1f} s after {fault.node}'s agent was killed"
         for i in intervals

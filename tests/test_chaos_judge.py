@@ -87,12 +87,12 @@ def test_a_gang_running_incomplete_and_members_started_while_a_machine_was_lost(
     ]
     seconds, spans = gang_alone(gang, "chaos/g", members=4, until=40)
     assert seconds == pytest.approx(10 + 7) and len(spans) == 2
-    fault = Fault("gang-barrier-kill", "agents-1", "m-1", killed=5, ready_again=18)
+    fault = Fault("gang-barrier-kill", "agents-1", "m-1", killed=5, restarted=18)
     assert [s.split(" ")[0] for s in started_while_lost(gang, "chaos/g", fault)] == [
         "chaos.g.w-0.0",
         "chaos.g.w-1.0",
     ]
-    whole = [iv("g", 0, f"m-{i // 2}", 10, 20, 0, task=f"w-{i}") for i in range(4)]
+    whole = [iv("g", 0, f"m-{i // 2}", 10 + i * 0.1, 20 + i * 0.1, 0, task=f"w-{i}") for i in range(4)]
     assert gang_alone(whole, "chaos/g", members=4, until=40) == (0.0, [])
 
 
