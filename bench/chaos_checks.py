@@ -136,7 +136,7 @@ def started_twice(intervals: Iterable[Interval], faults: Iterable[Fault] = ()) -
     """Every second start of a worker; one after an end that no agent was alive to see is kept apart (`faults`:
     the agents killed, and when their machine was theirs again)."""
     found = StartedTwice()
-    agents_dead = [f for f in faults if f.node is not None]
+    agents_dead = [f for f in faults if f.node is not None and f.name not in AGENT_ALIVE]
     by_worker: dict[tuple[str, str], list[Interval]] = {}
     for interval in intervals:
         by_worker.setdefault((interval.run, interval.task), []).append(interval)
@@ -273,6 +273,9 @@ class Fault:
 # start it again); the gang's needs the cluster idle, its gang placed whole at once.
 LONGER_FAULTS = ("partition", "temporal-away", "two-schedulers", "full-disk")
 AFTER_THE_BURST = ("gang-barrier-kill",)
+# Faults on a machine whose agent stayed alive (cut off, or its disk full): an end there was not unseen for want of an
+# agent, and a re-run after it counts.
+AGENT_ALIVE = ("partition", "full-disk")
 
 
 def not_as_named(fault: Fault) -> str | None:

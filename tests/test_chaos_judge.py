@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.chaos_checks import Fault, Interval, RunRead, not_as_named
+from bench.chaos_checks import Fault, Interval, RunRead, not_as_named, started_twice
 from bench.chaos_judge import (
     failed_while_running,
     gang_alone,
@@ -133,3 +133,10 @@ def test_each_longer_fault_has_its_checks_and_a_line_and_the_old_ones_none() -> 
 )
 def test_a_longer_fault_is_named_by_the_workers_alive_when_it_hit(fault: Fault, named: bool) -> None:
     assert (not_as_named(fault) is None) == named
+
+
+def test_a_rerun_after_an_exit_on_a_full_disk_counts_though_the_fault_has_a_machine() -> None:
+    intervals = [iv("a", 0, "m-1", 1, 4), iv("a", 1, "m-0", 6, 8)]
+    full = Fault("full-disk", "agents-1", "m-1", killed=3.0, restarted=7.0)
+    found = started_twice(intervals, [full])
+    assert (len(found.after_completing), len(found.unseen_end)) == (1, 0)
