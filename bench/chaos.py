@@ -10,6 +10,12 @@ expired, and the Temporal server (restarted on the same database file), each onc
 one before. Then it waits until every run has ended (or `--timeout`), reads each one back, and checks: every run
 ended or waits with a true reason, 0 runs lost, 0 workers started twice, 0 GPUs held by two workers at once; and
 prints what each fault cost. Exits 1 when a check fails.
+
+The longer faults of issue 39 (`bench.chaos_faults`, judged by `bench.chaos_judge`) run only when `--faults` names
+them: `partition` (one agent cut off from Temporal through a proxy), `temporal-away` (the server down longer than a
+lease), `two-schedulers` (a second scheduler beside the first), `gang-barrier-kill` (an agent killed while a gang's
+members wait at the barrier), `full-disk` (an agent's data dir full while its workers exit); each with its checks
+and a line of figures.
 """
 
 from __future__ import annotations
@@ -22,114 +28,40 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from dataclasses import asdict
 from pathlib import Path
 
-from bench.chaos_checks import Fault, Interval, RunRead, read_journal, worker_command
+from bench.chaos_checks import RunRead
+from bench.chaos_faults import LongerFaults, Setup
+from bench.chaos_inject import (
+    BASELINE_NAMESPACE,
+    FAULTS,
+    KNOWN_FAULTS,
+    NAMESPACE,
+    POLL_SECONDS,
+    Burst,
+    Options,
+    closed_count,
+    journal_intervals,
+    names,
+    of_namespace,
+    seconds_for,
+    spec_for,
+    unjournaled,
+)
+from bench.chaos_judge import GANG_RUN, NEW_FAULTS
 from bench.chaos_report import Outcome, outcome_lines
 from bench.cluster import Cluster, Machines
 from bench.common import run_and_exit
 from workers.client import AstraeusClient
-from workflows.contracts import SA_NAMESPACE
-from workflows.domain.inventory import NodeState
-from workflows.domain.spec import JobSpec, job_id, parse_spec
+from workflows.domain.spec import job_id
 
-NAMESPACE = "chaos"
-BASELINE_NAMESPACE = "baseline"
-FAULTS = ("control", "scheduler", "agent-within-lease", "agent-after-lease", "temporal")
 SUBMIT_CONCURRENCY = 50
 READ_CONCURRENCY = 10
-POLL_SECONDS = 0.5
-AFTER_DOWN_SECONDS = 1.0  # an agent past its lease is started again this long after its machine is seen not Ready
-RESUME_TIMEOUT = 120.0  # seconds to wait for the cluster to start a worker again after a restart
 
 
 class ChecksFailed(Exception):
     """A check of the suite failed; the table above says which."""
-
-
-@dataclass
-class Options:
-    runs: int = 200
-    machines: int = 4
-    gpus: int = 4
-    sleep: tuple[float, float] = (3.0, 8.0)  # each worker sleeps between these, spread over the runs
-    faults: tuple[str, ...] = FAULTS
-    baseline: bool = False
-    restart_policy: str = "OnFailure"
-    lease_ttl: float = 10.0
-    down: float = 1.0  # how long a killed process stays down (an agent past its lease: until its machine is not Ready)
-    spacing: float = 3.0  # seconds between one fault's resumption and the next kill
-    timeout: float = 900.0  # for the burst to settle after its last submit
-    json_path: Path | None = None
-    data_dir: Path | None = None
-
-    @property
-    def first_fault_after(self) -> int:
-        """Workers started before the first kill: the burst is in full swing, with runs still waiting."""
-        return min(self.machines * self.gpus, self.runs // 4)
-
-
-@dataclass
-class Burst:
-    namespace: str
-    submitted_at: float = 0.0
-    settled_at: float | None = None  # every run's workflow closed
-    submit_errors: list[str] = field(default_factory=list)
-    faults: list[Fault] = field(default_factory=list)
-
-
-def spec_for(name: str, namespace: str, seconds: float, journal: Path, restart_policy: str = "OnFailure") -> JobSpec:
-    """One worker of one GPU that journals its start and end."""
-    group = {
-        "name": "worker",
-        "command": worker_command(seconds),
-        "env": {"CHAOS_JOURNAL": str(journal)},
-        "cpu": 0.1,
-        "memory_bytes": 0,
-        "gpus": 1,
-        "restart_policy": restart_policy,
-    }
-    return parse_spec({"name": name, "namespace": namespace, "groups": [group]})
-
-
-def seconds_for(index: int, sleep: tuple[float, float]) -> float:
-    """Spread over [low, high] in a fixed, scrambled order, so that workers end at different times."""
-    low, high = sleep
-    return round(low + (high - low) * ((index * 37) % 101) / 100, 1)
-
-
-def names(options: Options) -> list[str]:
-    return [f"run-{i:04d}" for i in range(options.runs)]
-
-
-# ---- the journal and the machines' files ----------------------------------------------------------------------
-
-
-def journal_intervals(root: Path, journal: Path) -> list[Interval]:
-    """The journal, each worker without an end line ended when its attempt's exit file was written."""
-    exits = {}
-    for exit_file in (root / "machines").glob("*/tasks/*/exit"):
-        node, slug = exit_file.parts[-4], exit_file.parts[-2]
-        try:
-            exits[(node, slug)] = exit_file.stat().st_mtime
-        except OSError:
-            continue
-    text = journal.read_text() if journal.exists() else ""
-    return read_journal(text, exits)
-
-
-def unjournaled(root: Path, intervals: list[Interval], namespace: str) -> list[str]:
-    """Attempts the machines started (the process runtime wrote their worker's pid) with no start line: every start
-    of a worker process must be in the journal, or the checks above could miss one."""
-    journaled = {(i.node, i.slug) for i in intervals}
-    started = {(f.parts[-4], f.parts[-2]) for f in (root / "machines").glob(f"*/tasks/{namespace}.*/pid")}
-    return [f"{slug} on {node}" for node, slug in sorted(started - journaled)]
-
-
-def of_namespace(intervals: list[Interval], namespace: str) -> list[Interval]:
-    return [i for i in intervals if i.run.startswith(f"{namespace}/")]
 
 
 # ---- the burst ----------------------------------------------------------------------------------------------------
@@ -142,21 +74,15 @@ async def submit_all(client: AstraeusClient, options: Options, burst: Burst, jou
         async with gate:
             try:
                 seconds = seconds_for(index, options.sleep)
-                await client.submit(spec_for(name, burst.namespace, seconds, journal, options.restart_policy))
+                policy = options.restart_policy
+                if policy == "Mixed":  # every other run restart-Never
+                    policy = ("OnFailure", "Never")[index % 2]
+                await client.submit(spec_for(name, burst.namespace, seconds, journal, policy))
             except Exception as error:  # reported: a run whose submit failed was never ours to lose
                 burst.submit_errors.append(f"{name}: {error}")
 
     burst.submitted_at = time.time()
     await asyncio.gather(*(one(i, n) for i, n in enumerate(names(options))))
-
-
-async def closed_count(client: AstraeusClient, namespace: str) -> int | None:
-    """Runs of the namespace whose workflow closed; None while Temporal does not answer (it is being restarted)."""
-    query = f'{SA_NAMESPACE}="{namespace}" AND ExecutionStatus!="Running"'
-    try:
-        return (await client.temporal.count_workflows(query)).count
-    except Exception:
-        return None
 
 
 async def wait_settled(client: AstraeusClient, burst: Burst, total: int, deadline: float) -> None:
@@ -173,12 +99,17 @@ async def wait_settled(client: AstraeusClient, burst: Burst, total: int, deadlin
 
 
 async def run_burst(
-    cluster: Cluster, client: AstraeusClient, options: Options, namespace: str, faults: Sequence[str]
+    cluster: Cluster,
+    client: AstraeusClient,
+    options: Options,
+    namespace: str,
+    faults: Sequence[str],
+    setup: Setup | None = None,
 ) -> Burst:
     burst = Burst(namespace)
     journal = cluster.root / "journal"
     submitting = asyncio.ensure_future(submit_all(client, options, burst, journal))
-    injector = Injector(cluster, client, options, burst, journal)
+    injector = LongerFaults(cluster, client, options, burst, journal, setup=setup or Setup())
     try:
         await injector.inject(faults)
         await submitting
@@ -186,122 +117,6 @@ async def run_burst(
     finally:
         submitting.cancel()
     return burst
-
-
-# ---- the faults ---------------------------------------------------------------------------------------------------
-
-
-class Injector:
-    """Kills and restarts the cluster's processes, one fault at a time, each once the cluster resumed from the last."""
-
-    def __init__(self, cluster: Cluster, client: AstraeusClient, options: Options, burst: Burst, journal: Path) -> None:
-        self.cluster = cluster
-        self.client = client
-        self.options = options
-        self.burst = burst
-        self.journal = journal
-
-    def intervals(self) -> list[Interval]:
-        return of_namespace(journal_intervals(self.cluster.root, self.journal), self.burst.namespace)
-
-    async def inject(self, faults: Sequence[str]) -> None:
-        if not faults:
-            return
-        deadline = time.monotonic() + self.options.timeout
-        while len(self.intervals()) < self.options.first_fault_after:
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"fewer than {self.options.first_fault_after} workers started in {self.options.timeout:g} s"
-                )
-            await asyncio.sleep(POLL_SECONDS)
-        for name in faults:
-            fault = await self.one(name)
-            self.burst.faults.append(fault)
-            print(f"  {name}: {fault.note or 'restarted'}", file=sys.stderr)
-            await asyncio.sleep(self.options.spacing)
-
-    async def one(self, name: str) -> Fault:
-        agents = self.cluster.agent_names
-        process = {"agent-within-lease": agents[0], "agent-after-lease": agents[min(1, len(agents) - 1)]}.get(
-            name, name
-        )
-        node = f"m-{int(process.removeprefix('agents-')):03d}" if process.startswith("agents-") else None
-        holder = await self.holder(node) if node else None
-        seen = self.intervals()  # just before the kill
-        fault = Fault(name, process, node, killed=time.time(), lease_ttl=self.options.lease_ttl)
-        fault.waiting_at_kill = self.options.runs - len({i.run for i in seen})
-        fault.alive_at_kill = sum(1 for i in seen if i.end is None and (node is None or i.node == node))
-        if name == "temporal":
-            await asyncio.to_thread(self.restart_server)
-        else:
-            self.cluster.kill(process)
-            if name == "agent-after-lease":
-                await self.until_down(fault)
-            else:
-                await asyncio.sleep(self.options.down)
-            self.cluster.respawn(process)
-        fault.restarted = time.time()
-        await self.until_resumed(fault, holder)
-        return fault
-
-    def restart_server(self) -> None:
-        """kill -9 the dev server by its PID, then start it again on the same database file and port."""
-        server = self.cluster.server
-        assert server.process is not None
-        server.process.kill()
-        server.process.wait()
-        server.stop()  # releases the data dir's lock
-        time.sleep(self.options.down)
-        server.start()
-
-    async def holder(self, node: str) -> str | None:
-        try:
-            return next((n.holder for n in await self.client.nodes() if n.name == node), None)
-        except Exception:
-            return None
-
-    async def until_down(self, fault: Fault) -> None:
-        """Until the machine's lease expired (it is no longer Ready), then a moment more."""
-        deadline = time.monotonic() + 3 * self.options.lease_ttl + 60
-        while time.monotonic() < deadline:
-            try:
-                state = next((n.state for n in await self.client.nodes() if n.name == fault.node), None)
-            except Exception:
-                state = None
-            if state is not None and state != NodeState.READY:
-                await asyncio.sleep(AFTER_DOWN_SECONDS)
-                return
-            await asyncio.sleep(POLL_SECONDS)
-        fault.note = f"machine {fault.node} still Ready {3 * self.options.lease_ttl + 60:g} s after its agent died; "
-
-    async def until_resumed(self, fault: Fault, holder: str | None) -> None:
-        """Until a worker starts after the restart (on its machine, for an agent), and an agent's machine is Ready
-        under a new agent; notes what did not happen."""
-        deadline = time.monotonic() + RESUME_TIMEOUT
-        while time.monotonic() < deadline:
-            if fault.node is not None and fault.ready_again is None:
-                await self.check_ready(fault, holder)
-            process = self.cluster.process(fault.process) if fault.process != "temporal" else None
-            if process is not None and process.poll() is not None:
-                fault.note += f"the restarted {fault.process} exited with code {process.returncode}; "
-                return
-            started = any(i.start > (fault.restarted or 0) and fault.node in (None, i.node) for i in self.intervals())
-            if started and (fault.node is None or fault.ready_again is not None):
-                return
-            await asyncio.sleep(POLL_SECONDS)
-        if fault.node is not None and fault.ready_again is None:
-            fault.note += f"machine {fault.node} not Ready again under a new agent in {RESUME_TIMEOUT:g} s; "
-        fault.note += f"no worker started{f' on {fault.node}' if fault.node else ''} in {RESUME_TIMEOUT:g} s"
-
-    async def check_ready(self, fault: Fault, holder: str | None) -> None:
-        try:
-            view = next((n for n in await self.client.nodes() if n.name == fault.node), None)
-        except Exception:
-            return
-        if view is not None and view.state == NodeState.READY and view.holder not in (None, holder):
-            fault.ready_again = time.time()
-            killed = datetime.fromtimestamp(fault.killed, UTC)
-            fault.lease_expired = any(e.at > killed and e.state != NodeState.READY for e in view.history)
 
 
 # ---- reading back -------------------------------------------------------------------------------------------------
@@ -322,11 +137,14 @@ async def read_back(client: AstraeusClient, namespace: str, name: str, gate: asy
             return read
     read.error = None
     read.closed = execution.close_time is not None
+    read.closed_at = execution.close_time.timestamp() if execution.close_time is not None else None
     status = described.status
     read.state, read.code, read.reason = status.state, status.code, status.reason
+    read.history = [(e.at.timestamp(), e.code, e.reason) for e in described.history]
     for task in described.tasks:
         worker = task.status
         read.worker_state, read.worker_code, read.worker_reason = worker.state, worker.code, worker.reason
+        read.history += [(e.at.timestamp(), e.code, e.reason) for e in task.history]
     return read
 
 
@@ -353,6 +171,7 @@ async def measure(options: Options, root: Path) -> Outcome:
     machines = Machines(count=options.machines, gpus=options.gpus)
     cluster = Cluster(root, machines, 1, services_apart=True, settings=settings_file(root, options))
     began = time.monotonic()
+    setup = await Setup.before(options, cluster)
     try:
         client = await cluster.start()
         print(f"cluster up in {time.monotonic() - began:.1f} s", file=sys.stderr)
@@ -361,9 +180,13 @@ async def measure(options: Options, root: Path) -> Outcome:
             print(f"baseline: {options.runs} runs, no fault", file=sys.stderr)
             baseline = await run_burst(cluster, client, options, BASELINE_NAMESPACE, ())
         print(f"chaos: {options.runs} runs, faults {', '.join(options.faults) or 'none'}", file=sys.stderr)
-        burst = await run_burst(cluster, client, options, NAMESPACE, options.faults)
+        burst = await run_burst(cluster, client, options, NAMESPACE, options.faults, setup)
         print("reading back", file=sys.stderr)
         runs = await read_runs(client, options, burst)
+        gang = []
+        if "gang-barrier-kill" in options.faults:
+            gang.append(await read_back(client, NAMESPACE, GANG_RUN, asyncio.Semaphore(1)))
+        observed_until = time.time()
         intervals = of_namespace(journal_intervals(root, root / "journal"), NAMESPACE)
         missing = unjournaled(root, intervals, NAMESPACE)
     except BaseException:
@@ -371,6 +194,7 @@ async def measure(options: Options, root: Path) -> Outcome:
         raise
     finally:
         await cluster.stop()
+        await setup.close()
     return Outcome(
         options=asdict(options) | {"json_path": None, "data_dir": None},
         burst_submitted_at=burst.submitted_at,
@@ -384,6 +208,8 @@ async def measure(options: Options, root: Path) -> Outcome:
         intervals=intervals,
         gpus_per_worker=1,
         unjournaled=missing,
+        extra_runs=gang,
+        observed_until=observed_until,
     )
 
 
@@ -413,16 +239,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=4, help="GPUs each machine declares (default 4)")
     p.add_argument("--sleep", default="3-8", help="seconds each worker sleeps, LOW-HIGH (default 3-8)")
     p.add_argument(
-        "--faults", default=",".join(FAULTS), help=f"in this order, comma-separated (default all: {','.join(FAULTS)})"
+        "--faults",
+        default=",".join(FAULTS),
+        help=f"in this order, comma-separated (default: {','.join(FAULTS)}; also {','.join(NEW_FAULTS)})",
     )
     p.add_argument("--baseline", action="store_true", help="first the same burst without faults, to compare")
     p.add_argument(
-        "--restart-policy", choices=["OnFailure", "Never"], default="OnFailure", help="the workers' (OnFailure)"
+        "--restart-policy",
+        choices=["OnFailure", "Never", "Mixed"],
+        default="OnFailure",
+        help="the workers' (OnFailure; Mixed: every other run Never)",
     )
     p.add_argument("--lease-ttl", type=float, default=10.0, help="the machines' lease, seconds (default 10)")
     p.add_argument("--down", type=float, default=1.0, help="seconds a killed process stays down (default 1)")
     p.add_argument("--spacing", type=float, default=3.0, help="seconds between a fault's resumption and the next")
     p.add_argument("--timeout", type=float, default=900, help="for the burst to settle after its submits (900 s)")
+    p.add_argument("--partition-seconds", type=float, default=45, help="partition: how long the cut lasts (45)")
+    p.add_argument("--away-seconds", type=float, default=70, help="temporal-away: how long the server is down (70)")
+    p.add_argument("--overlap-seconds", type=float, default=30, help="two-schedulers: how long both run (30)")
+    p.add_argument("--full-seconds", type=float, default=20, help="full-disk: how long the disk stays full (20)")
+    p.add_argument("--gang-seconds", type=float, default=20, help="gang-barrier-kill: each member's sleep (20)")
+    p.add_argument("--gang-down", type=float, default=15, help="gang-barrier-kill: the agent down after Down (15)")
+    p.add_argument("--fault-after", type=int, help="workers started before the first fault (min(M x G, N / 4))")
     p.add_argument("--json", dest="json_path", type=Path, help="also write the figures to this file")
     p.add_argument("--data-dir", type=Path, help="keep the cluster's files, logs and journal here")
     return p
@@ -431,9 +269,9 @@ def parser() -> argparse.ArgumentParser:
 def options_from(args: argparse.Namespace) -> Options:
     low, _, high = args.sleep.partition("-")
     faults = tuple(f for f in args.faults.split(",") if f)
-    unknown = [f for f in faults if f not in FAULTS]
+    unknown = [f for f in faults if f not in KNOWN_FAULTS]
     if unknown:
-        raise SystemExit(f"--faults: unknown {', '.join(unknown)} (known: {', '.join(FAULTS)})")
+        raise SystemExit(f"--faults: unknown {', '.join(unknown)} (known: {', '.join(KNOWN_FAULTS)})")
     if args.runs <= args.machines * args.gpus:
         print("warning: no more runs than GPUs: nothing will queue", file=sys.stderr)
     return Options(
@@ -450,6 +288,13 @@ def options_from(args: argparse.Namespace) -> Options:
         timeout=args.timeout,
         json_path=args.json_path,
         data_dir=args.data_dir,
+        partition_seconds=args.partition_seconds,
+        away_seconds=args.away_seconds,
+        overlap_seconds=args.overlap_seconds,
+        full_seconds=args.full_seconds,
+        gang_seconds=args.gang_seconds,
+        gang_down=args.gang_down,
+        fault_after=args.fault_after,
     )
 
 

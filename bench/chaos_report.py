@@ -4,7 +4,7 @@ the first few cases, the runs by how they ended or wait, and what each fault cos
 from __future__ import annotations
 
 import collections
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bench.burst_report import pattern
@@ -24,6 +24,7 @@ from bench.chaos_checks import (
     started_twice,
     without_gpu,
 )
+from bench.chaos_judge import Judged, judge_fault
 from bench.common import table
 
 SHOWN = 5  # cases listed under a check
@@ -41,6 +42,22 @@ class Outcome:
     intervals: list[Interval]
     gpus_per_worker: int
     unjournaled: list[str]  # attempts a machine started (their files) that wrote no start line
+    extra_runs: list[RunRead] = field(default_factory=list)  # read back beside the burst's (the gang's run)
+    observed_until: float | None = None  # when the runs were read back: an interval still open ends there
+
+
+def longer_faults(outcome: Outcome) -> list[Judged]:
+    """The checks and the line of figures of each longer fault (bench.chaos_judge)."""
+    until = outcome.observed_until or max(
+        [outcome.burst_settled_at or 0.0, *(i.end or i.start for i in outcome.intervals)]
+    )
+    judged = []
+    for index, fault in enumerate(outcome.faults):
+        later = outcome.faults[index + 1].killed if index + 1 < len(outcome.faults) else None
+        one = judge_fault(fault, outcome.runs + outcome.extra_runs, outcome.intervals, until, later)
+        if one is not None:
+            judged.append(one)
+    return judged
 
 
 def verdicts(outcome: Outcome) -> list[Verdict]:
@@ -130,6 +147,8 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
         ("machines Down though their agent was back within the lease", short_leases),
         ("faults not as named (after the burst; an agent back within its lease or not)", not_named),
     ]
+    longer = longer_faults(outcome)
+    checks += [check for one in longer for check in one.checks]
     rows: list[tuple[str, str]] = [
         ("runs submitted (submit errors)", f"{len(outcome.runs)} ({len(outcome.submit_errors)})"),
         ("machines x GPUs", f"{outcome.options['machines']} x {outcome.options['gpus']}"),
@@ -152,6 +171,9 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
     )
     fault_lines, fault_figures = fault_rows(outcome, twice.cases, held_twice)
     lines += ["  " + line for line in fault_lines]
+    if longer:
+        lines.append("the longer faults (journal outside Astraeus; each check must be 0):")
+        lines += [f"  {one.line}" for one in longer]
     failures = []
     for label, cases in checks:
         if cases:
@@ -177,6 +199,7 @@ def outcome_lines(outcome: Outcome) -> tuple[list[str], dict[str, Any], list[str
         },
         "ends": dict(ends),
         "faults": fault_figures,
+        "longer_faults": {one.fault: one.figures for one in longer},
         "failures": failures,
         "options": outcome.options,
     }

@@ -86,6 +86,7 @@ class Cluster:
         self.workers: list[Part] = []  # control plane and scheduler in this process
         self._running: list[asyncio.Task[None]] = []
         self.commands: dict[str, list[str]] = {}  # each process's arguments, by name, to start it again
+        self.agent_temporal: dict[str, str] = {}  # an agents' process's Temporal address, by name, if not the server's
 
     @property
     def agent_processes(self) -> int:
@@ -118,7 +119,8 @@ class Cluster:
             self._run(await scheduler_worker(self.client, scheduler_door))
         for first in range(0, self.machines.count, self.agents_per_process):
             count = min(self.agents_per_process, self.machines.count - first)
-            flags = ["--temporal", self.address, "--data-dir", str(self.root / "machines"), "--prefix", "m"]
+            temporal = self.agent_temporal.get(f"agents-{first}", self.address)
+            flags = ["--temporal", temporal, "--data-dir", str(self.root / "machines"), "--prefix", "m"]
             flags += ["--first", str(first), "--count", str(count), "--gpus", self.machines.declared]
             flags += ["--cpus", f"{self.machines.cpus:g}", "--memory-bytes", str(self.machines.memory_bytes)]
             flags += given
@@ -154,6 +156,22 @@ class Cluster:
         else:
             self.agents[self.agent_names.index(name)] = process
         return process
+
+    def add_services(self, suffix: str) -> tuple[str, str]:
+        """A second scheduler (its own door) and a control plane that calls it, beside the first ones, as a rolling
+        update starts them (services apart): their names, `control<suffix>` and `scheduler<suffix>`."""
+        door = f"127.0.0.1:{free_port()}"
+        control, scheduler = f"control{suffix}", f"scheduler{suffix}"
+        common = ["--temporal", self.address, *(["--settings", str(self.settings)] if self.settings else [])]
+        self.services[scheduler] = self._spawn(scheduler, "-m", "workers.cli", "scheduler", "--listen", door, *common)
+        self.services[control] = self._spawn(control, "-m", "workers.cli", "control", "--scheduler", door, *common)
+        return control, scheduler
+
+    def replace(self, old: str, new: str) -> None:
+        """End the service `old` (SIGTERM, as an update does) and call `new` by its name from now on."""
+        end_process(self.services[old])
+        self.services[old] = self.services.pop(new)
+        self.commands[old] = self.commands.pop(new)
 
     def process(self, name: str) -> subprocess.Popen[bytes]:
         return self.services[name] if name in self.services else self.agents[self.agent_names.index(name)]
