@@ -401,6 +401,7 @@ class Agent:
     async def run(self) -> None:
         runs = [asyncio.ensure_future(self.machine.run()), asyncio.ensure_future(self.lease.run())]
         watching = asyncio.ensure_future(self._watch_lease())
+        fencing = asyncio.ensure_future(self.activities.keep_fence())
         stopped = 0
         try:
             while True:
@@ -411,6 +412,7 @@ class Agent:
                     break
         finally:
             watching.cancel()
+            fencing.cancel()
             if self.activities.lost.is_set():
                 stopped = await self.activities.stop_own_tasks(self._grace)
             await self.shutdown()

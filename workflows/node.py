@@ -1,17 +1,21 @@
 """NodeWorkflow: one machine. Its agent registers through it; a heartbeating activity on the machine's own task
-queue is its lease, so renewals cost no history. A lease that times out makes the machine Down. What the machine
-becomes is decided in workflows/domain/machine/decisions.py; this workflow holds the lease and carries out the
-commands."""
+queue is its lease, so renewals cost no history. A lease that times out makes the machine Down, its workers free to
+run elsewhere once its agent's fence passed; one whose expiry came late (Temporal or the control plane was away) waits
+a probation first, and an agent that registers again in it was never lost (workflows/domain/machine/fence.py). What
+the machine becomes is decided in workflows/domain/machine/decisions.py; this workflow holds the lease and carries
+out the commands."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import datetime, timedelta
 from typing import Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from workflows import contracts
@@ -36,7 +40,9 @@ with workflow.unsafe.imports_passed_through():
         check,
         decide_node,
     )
+    from workflows.domain.machine.fence import expired_late, fenced_at, probation
     from workflows.domain.run.events import MachineLost
+    from workflows.domain.settings import Settings
     from workflows.messages import CordonRequest, DataLocationRequest, LeaseInput, NodeChangedInput, NodeInput
 
 DATA_LOCATION_ANSWER_SECONDS = 30  # a machine's agent takes up a chosen data location within this, or it is refused
@@ -44,6 +50,9 @@ PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=ti
 # Since this change a run that grew long continues as new while it holds the lease too, carrying the lease over;
 # runs started before it (replayed) waited for the lease to end first, however long their history grew.
 CONTINUE_HOLDING_PATCH = "node-continues-as-new-holding-its-lease"
+# Since this change a lease whose expiry came late waits a probation for its agent to register again; runs started
+# before it (replayed) counted their machine lost at once.
+PROBATION_PATCH = "node-lease-probation"
 
 LeaseEnd = Literal["expired", "replaced", "continue"]
 
@@ -57,6 +66,7 @@ class NodeWorkflow:
         self._registrations = 0
         self._held = 0
         self._lease: asyncio.Task[None] | None = None
+        self._renewed_at: datetime | None = None  # the last renewal of the lease that expired, on its agent's clock
 
     @workflow.run
     async def run(self, input: NodeInput) -> None:
@@ -80,8 +90,19 @@ class NodeWorkflow:
                 workflow.continue_as_new(
                     NodeInput(name=input.name, settings=settings, view=self._view, lease_held=True)
                 )
-            if end == "expired" and self._registrations == held:
-                await self._decide(LeaseExpired())
+            if end == "expired" and self._registrations == held and not await self._renewed_in_probation(settings):
+                await self._decide(LeaseExpired(fenced_at=fenced_at(workflow.now(), settings)))
+
+    async def _renewed_in_probation(self, settings: Settings) -> bool:
+        """Whether the lease expired late (the cluster was away) and its agent registered again within the
+        probation: the machine was never lost, and its workers run on."""
+        if not expired_late(self._renewed_at, workflow.now(), settings) or not workflow.patched(PROBATION_PATCH):
+            return False
+        held = self._registrations
+        workflow.logger.warning("%s: its lease expired late: waiting for its agent to renew", self._view.name)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await workflow.wait_condition(lambda: self._registrations != held, timeout=probation(settings))
+        return self._registrations != held
 
     async def _hold_lease(self, ttl: float, long_events: int, carried: bool) -> LeaseEnd:
         """Hold the lease until it expires, a new registration replaces it, or the history grew long enough to
@@ -114,7 +135,8 @@ class NodeWorkflow:
             may_continue = False  # a run from before the patch: it waits for the lease to end
         try:
             await lease
-        except ActivityError:
+        except ActivityError as error:
+            self._renewed_at = _renewed_at(error)
             return "expired"
         except asyncio.CancelledError:
             return "replaced"
@@ -131,8 +153,8 @@ class NodeWorkflow:
         match command:
             case Notify():
                 await self._notify()
-            case TellRuns(removed=removed, lost_at=lost_at):
-                await self._tell_runs(removed, lost_at)
+            case TellRuns(removed=removed, lost_at=lost_at, fenced_at=fenced):
+                await self._tell_runs(removed, lost_at, fenced)
             case NewLease():
                 self._replace_lease()
 
@@ -146,12 +168,13 @@ class NodeWorkflow:
         if refusal is not None:
             raise ApplicationError(refusal.message, *refusal.details, type=refusal.type)
 
-    async def _tell_runs(self, removed: bool, lost_at: datetime) -> None:
+    async def _tell_runs(self, removed: bool, lost_at: datetime, fenced: datetime | None = None) -> None:
         """Every run with a worker on this machine learns it is gone (its workers go Down), and when: the report
-        may reach a run after a new agent of the machine started one of its workers, which must not count lost."""
+        may reach a run after a new agent of the machine started one of its workers, which must not count lost; and
+        until when a copy of its workers may still run there (`fenced`)."""
         await workflow.execute_activity(
             contracts.tell_runs_machine_lost,
-            MachineLost(node=self._view.name, removed=removed, lost_at=lost_at),
+            MachineLost(node=self._view.name, removed=removed, lost_at=lost_at, fenced_at=fenced),
             task_queue=SCHEDULER_TASK_QUEUE,  # the scheduler knows every worker on the machine
             start_to_close_timeout=timedelta(seconds=60),
             retry_policy=PATIENT,
@@ -279,3 +302,17 @@ class NodeWorkflow:
     @workflow.query(name=contracts.VIEW.name)
     def view(self) -> NodeView:
         return self._view
+
+
+def _renewed_at(error: ActivityError) -> datetime | None:
+    """When the agent last renewed a lease that timed out, as it said with that renewal (its heartbeat's details);
+    None when it did not say (an agent from before, or no renewal at all)."""
+    cause = error.cause
+    details = cause.last_heartbeat_details if isinstance(cause, ActivityTimeout) else ()
+    if not details or not isinstance(details[0], str):
+        return None
+    try:
+        renewed = datetime.fromisoformat(details[0])
+    except ValueError:
+        return None
+    return renewed if renewed.tzinfo is not None else None

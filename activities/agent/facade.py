@@ -157,6 +157,15 @@ class AgentActivities:
         """How long no lease was held here: long past its TTL, the machine's workflow holds none for this agent."""
         return self._lease.idle_seconds()
 
+    async def keep_fence(self) -> None:
+        """Runs as long as the agent: at its fence (no renewal recorded by Temporal for `fence_seconds`) it stops
+        every worker of the machine (`Lease.keep_fence`)."""
+        await self._lease.keep_fence(self._housekeeping.stop_everything)
+
+    @property
+    def fenced(self) -> bool:
+        return self._lease.fenced
+
     @implements(contracts.hold_lease)
     async def hold_lease(self, input: LeaseInput) -> None:
         """Renew the machine's lease by heartbeating until the control plane cancels it; meanwhile report the

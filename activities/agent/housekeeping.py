@@ -119,6 +119,21 @@ class Housekeeping:
                 log.warning("%s: could not stop %s: %s", self.node_name, key.slug, result)
         return len(running)
 
+    async def stop_everything(self) -> int:
+        """Stop every worker that runs on this machine, whoever started it (the fence); returns how many."""
+        try:
+            running = await asyncio.to_thread(self._runtime.running)
+        except Exception as err:  # the engine does not answer: the next look tries again
+            log.warning("%s: could not list its workers to stop them: %s", self.node_name, err)
+            return 0
+        results = await asyncio.gather(
+            *(self._starter.stop(key, self._settings.stop_grace_seconds) for key in running), return_exceptions=True
+        )
+        for key, result in zip(running, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("%s: could not stop %s: %s", self.node_name, key.slug, result)
+        return len(running)
+
     async def delete_run(self, input: DeleteRunFilesInput) -> DeletedFiles:
         """Remove every attempt of a deleted run here (stopping any that still runs): directory or container, log
         and files. Called again, it finds nothing left."""

@@ -1,5 +1,7 @@
 """The machine's lease as its agent holds it: registration with the machine's workflow, the lease activity that renews
 it by heartbeating, what tells that it was lost (expired while the agent was away, or taken over by another agent),
+the fence (an agent whose renewals Temporal has not recorded for `Settings.fence_seconds` stops its workers, since
+its machine is lost and their runs start them elsewhere once that fence passed: workflows/domain/machine/fence.py),
 and the reports that ride beside it (the GPUs' health, the machine's pressure, its data location)."""
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
@@ -38,6 +40,7 @@ GPU_HEALTH_SECONDS = 5.0  # how often the lease's holder looks at the GPUs' heal
 PRESSURE_READ_SECONDS = 1.0  # a pressure read still going after this is collected at a later look
 PAUSE_FLOOR_SECONDS = 5.0  # a lease's loop unheard for this long (at least) counts the lease lost: it was paused
 REGISTER_RETRY_SECONDS = 60.0  # how long a registration the machine's workflow did not process is tried again
+FENCE_LOOK_SECONDS = 1.0  # how often the fence is looked at (at most: a tenth of the fence when that is shorter)
 
 
 class RegistrationRefused(Exception):
@@ -142,6 +145,11 @@ class Lease:
         self.registrations = 0  # how often this agent registered: a start begun before the latest one is fenced
         self._seen = time.monotonic()  # when hold_lease last ran here
         self._leases = 0  # hold_lease activities begun here: a newer one carries the lease of a run continued as new
+        # The latest renewal Temporal recorded (its time, read back from the machine's workflow) or registration it
+        # took: the fence is counted from it. On the server's clock, compared with this machine's (the skew).
+        self.confirmed = datetime.now(UTC)
+        self._confirming: asyncio.Task[None] | None = None
+        self.fenced = False  # it stopped its workers at its fence; cleared when it registers again
 
     def took(self, view: NodeView) -> None:
         """The machine's workflow took this agent's registration (its first, or again after its lease expired)."""
@@ -150,6 +158,8 @@ class Lease:
         self.lost_why = ""
         self.lost.clear()
         self._seen = time.monotonic()
+        self.confirmed = max(self.confirmed, datetime.now(UTC))
+        self.fenced = False
 
     def inventory(self) -> NodeInventory:
         """What the machine has, with its GPUs' health and its pressure as last seen: what it registers again."""
@@ -175,6 +185,7 @@ class Lease:
             or info.started_time - scheduled > ttl
             or (self.registered_at is not None and scheduled < self.registered_at)
             or self.lost.is_set()
+            or self.fenced
         )
 
     def changed(self, began: float, registrations: int) -> bool:
@@ -215,7 +226,10 @@ class Lease:
                 self._seen = now
                 if now >= due - period / 2:
                     renewed, due = now, now + input.renew_seconds
-                    activity.heartbeat()
+                    # With its time: a lease whose expiry reaches its workflow late (the cluster was away) is told
+                    # from one that went unrenewed (NodeWorkflow's probation).
+                    activity.heartbeat(datetime.now(UTC).isoformat())
+                    self._confirm(node_id(self.node_name), input.renew_seconds)
                 self._looks()
                 await asyncio.sleep(period)
         except asyncio.CancelledError:
@@ -235,6 +249,8 @@ class Lease:
             raise
         finally:
             reporting.cancel()
+            if self._confirming is not None:
+                self._confirming.cancel()
 
     async def _carried(self, lease: int, ttl: float) -> bool:
         """Whether the machine's workflow continued as new holding this lease (its former run's lease activity is
@@ -252,6 +268,51 @@ class Lease:
             return False
         log.info("%s: its lease went on in the machine's workflow continued as new", self.node_name)
         return True
+
+    # ---- the fence --------------------------------------------------------------------------------------------
+
+    def _confirm(self, workflow_id: str, renew_seconds: float) -> None:
+        """Read back, beside the lease's loop, when Temporal last recorded its renewal (the lease activity's last
+        heartbeat, as the machine's workflow describes it): what the fence counts from. Asked a moment after the
+        renewal, which the SDK sends within its throttle (1 s)."""
+        if self._confirming is None or self._confirming.done():
+            self._confirming = asyncio.ensure_future(self._read_renewal(workflow_id, min(1.5, renew_seconds / 2)))
+
+    async def _read_renewal(self, workflow_id: str, after: float) -> None:
+        await asyncio.sleep(after)
+        try:
+            described = await self._client.get_workflow_handle(workflow_id).describe()
+        except Exception as err:  # unheard: the fence counts on from the last one read
+            log.info("%s: could not read back its lease's renewal: %s", self.node_name, err)
+            return
+        for pending in described.raw_description.pending_activities:
+            if pending.activity_type.name == contracts.activity_name(contracts.hold_lease) and pending.HasField(
+                "last_heartbeat_time"
+            ):
+                self.confirmed = max(self.confirmed, pending.last_heartbeat_time.ToDatetime(tzinfo=UTC))
+
+    def unheard_seconds(self) -> float:
+        """How long ago Temporal last recorded a renewal of this machine's lease (or took its registration)."""
+        return (datetime.now(UTC) - self.confirmed).total_seconds()
+
+    async def keep_fence(self, stop_workers: Callable[[], Awaitable[int]]) -> None:
+        """Runs as long as the agent: once Temporal has recorded no renewal for the fence, stop every worker of the
+        machine (`stop_workers`). Its lease expired long before (the fence is longer than a lease): its runs count
+        the machine lost and start these workers elsewhere once the fence has surely passed, so no worker runs
+        twice. It takes no work until it registers again; a worker stopped here that its run still had (Temporal was
+        away longer than the fence) ends as its stop made it end."""
+        fence = self._settings.fence_seconds
+        while True:
+            await asyncio.sleep(min(FENCE_LOOK_SECONDS, fence / 10))
+            if self.fenced or self.unheard_seconds() <= fence:
+                continue
+            self.fenced = True
+            log.warning(
+                "%s: no renewal of its lease recorded by Temporal for %.0f s (its fence, %g s): stopping its workers",
+                self.node_name, self.unheard_seconds(), fence,
+            )  # fmt: skip
+            stopped = await stop_workers()
+            log.warning("%s: stopped %d worker(s) at its fence", self.node_name, stopped)
 
     # ---- reports beside the lease ----------------------------------------------------------------------------
 

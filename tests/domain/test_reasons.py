@@ -289,6 +289,11 @@ ADDITIONS: list[Row] = [
         "machine cannot host the node network (its workers run as processes on the machine's own network)",
     ),
     ("Placed", {"node": "n0"}, "Placed on n0"),
+    (
+        "WaitsForFence",
+        {"time": "2026-01-01 00:02:05", "node": "n0"},
+        "Restarts at 2026-01-01 00:02:05 UTC, once its copy on n0 has surely stopped",
+    ),
     ("PickedUp", {"node": "n0"}, "Picked up by n0"),
     ("NodeRegistered", {}, "Registered by its agent"),
     (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from datetime import timedelta
 
 import pytest
 from temporalio import activity
@@ -62,7 +63,11 @@ async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping:
             await asyncio.sleep(0.1)
         assert [v.state for v in machine.seen] == ["Ready", "Down", "Ready"]
         # its runs were told, and when it was lost: a run ignores it for a worker the new agent started since
-        assert machine.lost == [MachineLost(node=name, removed=False, lost_at=lost_at)]
+        # and until when a copy of its workers may run there: the agent's fence (4 leases: 4 s) counts from its
+        # last renewal, a lease (1 s) before it was lost at the latest, then each worker's stop grace (10 s) and the
+        # clocks' skew (5 s)
+        fenced = lost_at + timedelta(seconds=4 - 1 + 10 + 5)
+        assert machine.lost == [MachineLost(node=name, removed=False, lost_at=lost_at, fenced_at=fenced)]
         await handle.terminate()
 
 

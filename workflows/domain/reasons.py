@@ -103,6 +103,9 @@ class R:
     MachineRemoved = _t("MachineRemoved", "Machine removed from the cluster")
     MachineLostWhileStopping = _t("MachineLostWhileStopping", "Machine lost while stopping")
     MachineRemovedWhileStopping = _t("MachineRemovedWhileStopping", "Machine removed from the cluster while stopping")
+    # Not in the spec: a worker lost with its machine waits for that machine's agent to have surely stopped it (its
+    # fence) before it starts again elsewhere, when that comes after its back-off.
+    WaitsForFence = _t("WaitsForFence", "Restarts at {time} UTC, once its copy on {node} has surely stopped")
 
     # --- Restarts --------------------------------------------------------------------------------------------
     RetryBudgetExhausted = _t("RetryBudgetExhausted", "Retry budget exhausted after {restarts}/{budget} restarts")

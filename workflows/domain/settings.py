@@ -35,6 +35,17 @@ class Settings(BaseModel):
         30, gt=0, le=DAY_SECONDS, description="A machine is Down after this long unheard."
     )
     stop_grace_seconds: float = Field(10, ge=0, le=DAY_SECONDS, description="Between the stop signal and the kill.")
+    fence_after_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=DAY_SECONDS,
+        description="An agent whose lease Temporal has not recorded renewed for this long stops its workers (its "
+        "fence), and a lost machine's workers start again elsewhere only once its fence surely passed. The longest "
+        "Temporal or the control plane may be away with no worker stopped. Default: 4 leases (120 s).",
+    )
+    clock_skew_seconds: float = Field(
+        5, ge=0, le=DAY_SECONDS, description="How far machines' clocks may differ: added to a lost machine's fence."
+    )
     orphan_check_seconds: float = Field(
         5, gt=0, le=DAY_SECONDS, description="How often an agent looks for workers of runs no longer open."
     )
@@ -61,3 +72,17 @@ class Settings(BaseModel):
         if problem is not None:
             raise ValueError(problem)
         return self
+
+    @model_validator(mode="after")
+    def _fence(self) -> Settings:
+        if self.fence_after_seconds is not None and self.fence_after_seconds < self.node_lease_ttl_seconds:
+            raise ValueError(
+                f"fence_after_seconds ({self.fence_after_seconds:g}) is shorter than node_lease_ttl_seconds "
+                f"({self.node_lease_ttl_seconds:g}): an agent would stop its workers before its machine is lost"
+            )
+        return self
+
+    @property
+    def fence_seconds(self) -> float:
+        """How long an agent unheard by Temporal keeps its workers running: `fence_after_seconds`, else 4 leases."""
+        return self.fence_after_seconds if self.fence_after_seconds is not None else 4 * self.node_lease_ttl_seconds

@@ -84,7 +84,10 @@ class Removed(_Msg):
 
 
 class LeaseExpired(_Msg):
-    """The lease of the latest registration timed out: its agent stopped renewing it."""
+    """The lease of the latest registration timed out: its agent stopped renewing it. Its workers may run on until
+    `fenced_at` (`workflows/domain/machine/fence.py`); None: expired before the fence (replayed histories)."""
+
+    fenced_at: datetime | None = None
 
 
 NodeEvent = (
@@ -113,6 +116,7 @@ class TellRuns(_Msg):
 
     removed: bool
     lost_at: datetime
+    fenced_at: datetime | None = None  # until when its workers may still run there (its agent's fence)
 
 
 class NewLease(_Msg):
@@ -226,7 +230,10 @@ def decide_node(view: NodeView, event: NodeEvent, now: datetime) -> tuple[NodeVi
             view = view.model_copy(update={"holder": None})
             if view.state is NodeState.REMOVED:
                 return view, []
-            return _change(view, NodeState.DOWN, R.MachineLost(), now), [Notify(), TellRuns(removed=False, lost_at=now)]
+            return _change(view, NodeState.DOWN, R.MachineLost(), now), [
+                Notify(),
+                TellRuns(removed=False, lost_at=now, fenced_at=event.fenced_at),
+            ]
 
 
 def _not_registered(name: str) -> Refusal:

@@ -226,12 +226,15 @@ class TimerFired(_Msg):
 class MachineLost(_Msg):
     """A machine's lease expired (or it was removed) at `lost_at`, on its NodeWorkflow's clock (signal
     `machine_lost`): its workers are Down, but for an attempt whose start was reported at or after `lost_at` (a new
-    agent of the machine started it). None (senders and histories from before it) is about every worker there."""
+    agent of the machine started it). None (senders and histories from before it) is about every worker there.
+    A copy of a worker that ran there may run on until `fenced_at`, when its agent has surely stopped it: the worker
+    is not started again before then. None: no such wait (a removed machine; senders from before the fence)."""
 
     kind: Literal["machine_lost"] = Field("machine_lost", exclude=True)
     node: str
     removed: bool = False
     lost_at: datetime | None = None
+    fenced_at: datetime | None = None
 
 
 class CancelRequested(_Msg):

@@ -341,6 +341,7 @@ def _machine_lost(step: Step, event: MachineLost) -> None:
         lost = TaskEvent.MACHINE_REMOVED if event.removed else TaskEvent.MACHINE_LOST
         if task.state is not TaskState.STOPPING:
             task.last_failure = LastFailure(exit_code=None, reason=gone.text, log_tail="")
+        task.attempt.fenced_until = event.fenced_at
         step.end(task, lost, gone)
 
 

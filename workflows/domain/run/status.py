@@ -135,6 +135,8 @@ class Attempt(BaseModel):
     healthy: bool | None = None  # its readiness check: None until the machine first reports it
     external: dict[str, str] = Field(default_factory=dict)  # external_access: name -> "<address>:<port>" people use
     node_address: str | None = None  # network.mesh: its address on its machine's subnet, once started
+    # Its machine was lost while it ran: a copy may run on there until its agent's fence, so it starts again no sooner.
+    fenced_until: datetime | None = None
 
 
 class StopIntent(BaseModel):

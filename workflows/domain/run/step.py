@@ -110,13 +110,24 @@ class Step:
             if decision.final_reason:
                 record(task.status, task.history, task.state, decision.final_reason, self.now)
             return
-        task.after = RestartAt(at=decision.restart_at)
-        self.arm(Timer.RESTART, task, decision.restart_at)
+        at = self._after_fence(task, decision.restart_at)
+        task.after = RestartAt(at=at)
+        self.arm(Timer.RESTART, task, at)
         if task.state is TaskState.COMPLETED:
             return
         spec = self.job.spec
         if spec.failure_policy == "RestartJob" or (self.gang and task.id == spec.leader_id):
-            self.restart_all(task, decision.restart_at)
+            self.restart_all(task, at)
+
+    def _after_fence(self, task: TaskRecord, at: datetime) -> datetime:
+        """When a worker lost with its machine starts again: after its back-off, and never before its copy there has
+        surely stopped (its machine's fence), which its reason then says."""
+        fence = task.attempt.fenced_until
+        if fence is None or fence <= at:
+            return at
+        reason = R.WaitsForFence(time=fence.strftime("%Y-%m-%d %H:%M:%S"), node=task.node)
+        record(task.status, task.history, task.state, reason, self.now)
+        return fence
 
     def restart_all(self, failed: TaskRecord, at: datetime) -> None:
         """RestartJob (or a gang's leader failed): every worker on a machine is stopped and queued again with the
