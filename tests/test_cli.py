@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from workers.cli import DISTRIBUTION, load_settings, load_spec, parser, run, split_run
+from workers.cli import DISTRIBUTION, parser, run
 from workers.client import AstraeusError, new_output
+from workers.commands.inputs import load_settings, load_spec, split_run
 from workers.exits import ExitCode, exit_for_state
 
 ROOT = Path(__file__).parent.parent
