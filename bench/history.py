@@ -15,8 +15,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster
-from workers.client import run_result
 from workers.connect import ensure_search_attributes
+from workers.outcomes import run_result
 from workflows.contracts import CONTROL_TASK_QUEUE
 from workflows.domain.run.status import Status
 from workflows.domain.run.views import JobDescription

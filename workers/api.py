@@ -30,8 +30,10 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.scheduler_link import SchedulerLink
 from workers import admin, console
 from workers.api_auth import TokenBook
-from workers.client import AstraeusClient, AstraeusError, NotFound, RunPage, SessionRefused
+from workers.client import AstraeusClient
 from workers.console import SignIn
+from workers.errors import AstraeusError, NotFound, SessionRefused
+from workers.listing import RunPage
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import NewDrive
 from workflows.domain.inventory import NodeView

@@ -16,23 +16,10 @@ import shtab
 from temporalio.service import RPCError, RPCStatusCode
 
 from workers import collector
-from workers.client import AstraeusError, NotFound, Unreachable
 from workers.commands.admin import cmd_ca, cmd_quota, cmd_token
-from workers.commands.inputs import (
-    CA_DIR_HELP,
-    RUN_STATES,
-    byte_size,
-    natural,
-    positive,
-    seconds,
-)
+from workers.commands.inputs import CA_DIR_HELP, RUN_STATES, byte_size, natural, positive, seconds
 from workers.commands.machines import cmd_drive, cmd_nodes
-from workers.commands.options import (
-    GLOBAL_HELP,
-    THROUGH_API,
-    global_options,
-    target_of,
-)
+from workers.commands.options import GLOBAL_HELP, THROUGH_API, global_options, target_of
 from workers.commands.processes import cmd_agent, cmd_api, cmd_control, cmd_dev, cmd_scheduler
 from workers.commands.runs import (
     cmd_attach,
@@ -49,6 +36,7 @@ from workers.commands.runs import (
     cmd_submit,
     cmd_wait,
 )
+from workers.errors import AstraeusError, NotFound, Unreachable
 from workers.exits import ExitCode
 from workers.telemetry import Telemetry, TelemetryError, set_up
 from workflows.domain.constraints import RACK_LABEL

@@ -115,7 +115,7 @@ class JobWorkflow:
     @workflow.run
     async def run(self, input: JobInput) -> Status:
         if input.record is not None:
-            # What the run before folded stays in this run's input, where clients read it (workers/client.py).
+            # What the run before folded stays in this run's input, where clients read it (workers/folds.py).
             self._job = input.record.model_copy(update={"folded": Folded()})
             # Nothing is in flight in a new workflow run: it carries out what the record needs (the difference from
             # nothing). Afterwards each decision's commands carry the run on, as they did in the run before (since

@@ -21,7 +21,7 @@ from temporalio.worker import Worker
 
 from activities.control import ControlActivities
 from tests.workflows.fakes import NODE, FakeCluster, Script, pairs, unique
-from workers.client import run_result
+from workers.outcomes import run_result
 from workflows.contracts import CONTROL_TASK_QUEUE, node_task_queue
 from workflows.domain.run.events import TaskRunning
 from workflows.domain.run.views import JobDescription

@@ -15,7 +15,9 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
-from workers.client import AstraeusClient, AstraeusError, run_result
+from workers.client import AstraeusClient
+from workers.errors import AstraeusError
+from workers.outcomes import run_result
 from workflows import contracts
 from workflows.contracts import CONTROL_TASK_QUEUE
 from workflows.domain.run.events import Created, PlacementUpdate, TaskStarted

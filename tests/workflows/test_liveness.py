@@ -13,7 +13,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
-from workers.client import run_result
+from workers.outcomes import run_result
 from workflows.contracts import CONTROL_TASK_QUEUE
 from workflows.domain.run.events import MachineLost, Preempt
 from workflows.domain.run.status import Status

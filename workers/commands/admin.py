@@ -6,14 +6,9 @@ import argparse
 
 from pydantic import ValidationError
 
-from workers.client import AstraeusError
-from workers.commands.inputs import (
-    ca_dir,
-)
-from workers.commands.options import (
-    emit,
-    temporal_client,
-)
+from workers.commands.inputs import ca_dir
+from workers.commands.options import emit, temporal_client
+from workers.errors import AstraeusError
 from workflows.domain.scheduling.quotas import Quota
 from workflows.domain.spec import format_errors
 

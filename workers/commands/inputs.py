@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
-from workers.client import AstraeusError
+from workers.errors import AstraeusError
 from workflows.domain.run.status import RunState
 from workflows.domain.run.views import TERMINATED
 from workflows.domain.settings import Settings

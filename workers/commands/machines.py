@@ -6,12 +6,8 @@ import argparse
 
 from pydantic import ValidationError
 
-from workers.client import AstraeusError, NotFound
-from workers.commands.options import (
-    emit,
-    runs_client,
-    temporal_client,
-)
+from workers.commands.options import emit, runs_client, temporal_client
+from workers.errors import AstraeusError, NotFound
 from workers.render import render_nodes
 from workflows.domain.drives import NewDrive
 from workflows.domain.spec import format_errors

@@ -13,8 +13,9 @@ import shtab
 from pydantic import BaseModel
 from temporalio.client import Client
 
-from workers.client import AstraeusClient, AstraeusError, Unreachable
+from workers.client import AstraeusClient
 from workers.connect import ProfileError, Target, connect, target
+from workers.errors import AstraeusError, Unreachable
 from workers.http_client import HttpClient
 from workers.telemetry import Telemetry
 

@@ -13,17 +13,11 @@ from typing import Any, get_args
 from pydantic import ValidationError
 
 from activities.agent.runtime.base import RuntimeUnavailable
-from workers.client import AstraeusClient, AstraeusError
-from workers.commands.inputs import (
-    ca_dir,
-    given_path,
-    load_settings,
-)
-from workers.commands.options import (
-    connect_to,
-    temporal_client,
-)
+from workers.client import AstraeusClient
+from workers.commands.inputs import ca_dir, given_path, load_settings
+from workers.commands.options import connect_to, temporal_client
 from workers.connect import ensure_search_attributes
+from workers.errors import AstraeusError
 from workflows.domain.constraints import RACK_LABEL, Capability
 from workflows.domain.inventory import PortRange
 from workflows.domain.spec import format_errors

@@ -11,17 +11,9 @@ import os
 import sys
 from datetime import UTC, datetime
 
-from workers.client import AstraeusError
-from workers.commands.inputs import (
-    load_spec,
-    split_run,
-)
-from workers.commands.options import (
-    Runs,
-    emit,
-    runs_client,
-    temporal_client,
-)
+from workers.commands.inputs import load_spec, split_run
+from workers.commands.options import Runs, emit, runs_client, temporal_client
+from workers.errors import AstraeusError
 from workers.exits import ExitCode, exit_for_state
 from workers.render import render_describe, render_events, render_history, render_runs, render_status
 from workflows.domain.run.status import RUN_TERMINAL, Status

@@ -307,7 +307,7 @@ def unflatten(data: dict[str, Any]) -> dict[str, Any]:
 class Folded(BaseModel):
     """The entries compaction took out of a run's histories (the run's, and each worker's by id) during one run of
     its workflow, oldest first. Continue-as-new passes them on in the next run's input, where they stay: clients read
-    them back from there to serve the whole history (workers/client.py). Runs of protocol 4 and later keep them."""
+    them back from there to serve the whole history (workers/folds.py). Runs of protocol 4 and later keep them."""
 
     model_config = ConfigDict(extra="forbid")
 
