@@ -29,7 +29,7 @@ from workers.listing import RunPage, deleted_summary, list_runs, run_memo
 from workers.outcomes import ASK_AGAIN_SECONDS, Terminated, run_result, termination
 from workers.worker_io import ask_session, new_output, read_log
 from workflows import contracts
-from workflows.contracts import CONTROL_TASK_QUEUE, DRIVES_WORKFLOW_ID, In, Out
+from workflows.contracts import CONTROL_TASK_QUEUE, DRIVES_WORKFLOW_ID, In, Out, search_attributes
 from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.constraints import Drive
 from workflows.domain.inventory import NodeView
@@ -52,7 +52,7 @@ from workflows.domain.run.views import events as events_of
 from workflows.domain.scheduling.use import ClusterUse, cluster_use
 from workflows.domain.spec import JobSpec, job_id
 from workflows.domain.tombstones import DELETED, Tombstone
-from workflows.job import JobWorkflow, search_attributes
+from workflows.job import JobWorkflow
 from workflows.messages import (
     Attached,
     AttachInput,

@@ -357,6 +357,17 @@ class JobRecord(BaseModel):
 HEAD = 3
 
 
+def history_long(job: JobRecord, suggested: bool, length: int) -> bool:
+    """Whether the run's workflow is due to continue as new: Temporal `suggested` it, its history's `length` reached
+    `continue_as_new_events`, or (since protocol 4) the run holds `history_keep` entries folded out of one of its
+    histories."""
+    return (
+        suggested
+        or length >= job.settings.continue_as_new_events
+        or (job.protocol >= 4 and job.folded.most() >= job.settings.history_keep)
+    )
+
+
 def compact(history: list[StatusEntry], summarised: int, keep: int) -> tuple[int, list[StatusEntry]]:
     """Fold the middle of a history longer than `keep` into one summary entry; returns the new summarised count and
     the entries it folded, oldest first.
