@@ -36,12 +36,13 @@ from workers.errors import AstraeusError, NotFound, SessionRefused
 from workers.listing import RunPage
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import NewDrive
+from workflows.domain.group_parts import NAME_PATTERN
 from workflows.domain.inventory import NodeView
 from workflows.domain.run.status import RunState, Status, StatusEntry
 from workflows.domain.run.views import TERMINATED, JobDescription, TaskView
 from workflows.domain.scheduling.quotas import Quota
 from workflows.domain.scheduling.use import ClusterUse
-from workflows.domain.spec import NAME_PATTERN, JobSpec, format_errors, parse_spec
+from workflows.domain.spec import JobSpec, format_errors, parse_spec
 from workflows.domain.tokens import Token, may_see
 from workflows.domain.tombstones import DELETED, Tombstone
 from workflows.messages import (

@@ -38,10 +38,11 @@ from tests.activities.runtimes import check, probe_until, wait_until_ended
 from tests.docker_engine import IMAGE, DockerEngine
 from workers.devserver import free_port
 from workflows.domain.constraints import Drive
+from workflows.domain.group_parts import DriveSpec
 from workflows.domain.machine.attempts import PortMapping
 from workflows.domain.reasons import Reason
 from workflows.domain.refs import TaskRef
-from workflows.domain.spec import DriveSpec, GroupSpec
+from workflows.domain.spec import GroupSpec
 
 _attempts = itertools.count(1)
 

@@ -46,10 +46,10 @@ from activities.agent.runtime.base import (
     ran_too_long,
 )
 from activities.agent.runtime.probes import exited, http_get, timed_out
+from workflows.domain.group_parts import Readiness
 from workflows.domain.machine.attempts import PortMapping
 from workflows.domain.reasons import R, Reason, Template
 from workflows.domain.refs import TaskRef
-from workflows.domain.spec import Readiness
 from workflows.domain.subnets import gateway, highest_free
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
