@@ -31,7 +31,8 @@ from activities.agent.runtime.base import (
     RuntimeFailure,
     RuntimeUnavailable,
 )
-from activities.agent.runtime.docker import DockerRuntime, container_address, container_name
+from activities.agent.runtime.containers import container_name
+from activities.agent.runtime.docker import DockerRuntime, container_address
 from activities.agent.starter import SetupEnded, Starter
 from activities.identity import AttemptIdentity, ClusterCA, spiffe_id
 from tests.activities.runtimes import check, probe_until, wait_until_ended
