@@ -25,7 +25,7 @@ from workflows.domain.spec import format_errors
 
 async def cmd_dev(args: argparse.Namespace) -> int:
     from activities.agent.lease import RegistrationRefused
-    from workers.api import DEFAULT_LISTEN
+    from workers.api_serving import DEFAULT_LISTEN
     from workers.devserver import DevServerError
     from workers.embedded import Embedded
 
@@ -71,7 +71,8 @@ def _say_ready(nodes: int) -> None:
 def _dev_ports(embedded: Any, listen: str | None) -> Any:
     """`dev`'s ports, checked before anything starts: Temporal's, and the API's (bound here, so that it is ours);
     every taken one is named at once, and nothing runs."""
-    from workers.api import PortInUse, bind
+    from workers.api_answers import PortInUse
+    from workers.api_serving import bind
     from workers.devserver import port_free, refuse_taken
 
     taken = [(port, what) for port, what in embedded.server.ports() if not port_free(port)]
@@ -96,8 +97,9 @@ async def _serve_api(embedded: Any, sock: Any, nodes: int) -> None:
     time; `astraeus token revoke` it when done), and the console's address with a one-time sign-in link for it."""
     from activities.scheduler_link import SchedulerLink
     from workers.admin import create_token
-    from workers.api import api_app, serve
+    from workers.api import api_app
     from workers.api_auth import TokenBook
+    from workers.api_serving import serve
     from workers.console import SignIn
 
     client = AstraeusClient(embedded.client, control_build=embedded.control_build)
@@ -161,8 +163,9 @@ async def cmd_scheduler(args: argparse.Namespace) -> int:
 
 async def cmd_api(args: argparse.Namespace) -> int:
     from activities.scheduler_link import SchedulerLink
-    from workers.api import DEFAULT_LISTEN, api_app, bind, openapi_document, serve
+    from workers.api import api_app, openapi_document
     from workers.api_auth import TokenBook
+    from workers.api_serving import DEFAULT_LISTEN, bind, serve
 
     if args.openapi:
         print(json.dumps(openapi_document(), indent=2))
