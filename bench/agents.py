@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from bench.common import run_and_exit
-from workers.cli import load_settings
+from workers.commands.inputs import load_settings
 from workers.connect import connect
 from workers.services import AgentOptions, start_agent
 

@@ -40,7 +40,9 @@ from bench.common import HistoryFigures, Pauses, ms, now, read_history, run_and_
 from bench.floor import Floor, run_floor
 from bench.runs import spec_for
 from bench.server_metrics import ServerOps, between, logged, settled
-from workers.client import AstraeusClient, AstraeusError, run_result
+from workers.client import AstraeusClient
+from workers.errors import AstraeusError
+from workers.outcomes import run_result
 from workflows.contracts import SA_NAMESPACE, SA_STATE
 from workflows.domain.spec import job_id
 

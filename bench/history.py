@@ -15,14 +15,14 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster
-from workers.client import run_result
 from workers.connect import ensure_search_attributes
-from workflows.contracts import CONTROL_TASK_QUEUE
+from workers.outcomes import run_result
+from workflows.contracts import CONTROL_TASK_QUEUE, search_attributes
 from workflows.domain.run.status import Status
 from workflows.domain.run.views import JobDescription
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
-from workflows.job import JobWorkflow, search_attributes
+from workflows.job import JobWorkflow
 from workflows.messages import JobInput
 
 BIN = Path(sys.executable).parent

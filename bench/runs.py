@@ -38,9 +38,10 @@ from bench.common import (
     table,
     wait_for_machines,
 )
-from workers.client import AstraeusClient, AstraeusError
+from workers.client import AstraeusClient
 from workers.devserver import free_port
 from workers.embedded import Embedded
+from workers.errors import AstraeusError
 from workflows.domain.spec import JobSpec, job_id, parse_spec
 
 NAMESPACE = "default"

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from workers.cli import DISTRIBUTION, load_settings, load_spec, parser, run, split_run
-from workers.client import AstraeusError, new_output
+from workers.cli import DISTRIBUTION, parser, run
+from workers.commands.inputs import load_settings, load_spec, split_run
+from workers.errors import AstraeusError
 from workers.exits import ExitCode, exit_for_state
+from workers.worker_io import new_output
 
 ROOT = Path(__file__).parent.parent
 

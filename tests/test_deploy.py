@@ -18,7 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from workers.cli import load_settings, parser
+from workers.cli import parser
+from workers.commands.inputs import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import yaml
 
-from workers.client import AstraeusError, NotFound, Unreachable
+from workers.errors import AstraeusError, NotFound, Unreachable
 from workers.http_client import HttpClient
 from workflows.domain.spec import parse_spec
 

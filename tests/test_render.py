@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from workers.client import RunSummary
+from workers.listing import RunSummary
 from workers.render import age, render_events, render_nodes, render_runs, size
 from workflows.domain.inventory import GpuInfo, NodeInventory, NodeState, NodeView
 from workflows.domain.run.views import Event

@@ -12,7 +12,8 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from workers.client import AstraeusClient, AstraeusError, NotFound
+from workers.client import AstraeusClient
+from workers.errors import AstraeusError, NotFound
 from workflows import contracts
 from workflows.contracts import (
     DRIVES_WORKFLOW_ID,

@@ -6,161 +6,62 @@ answers, as `--json` prints it; what the API adds is who may ask (`workers/api_a
 other run the answer is 404, word for word what a run that does not exist gets.
 """
 
-import asyncio
-import contextlib
-import errno
 import json
 import logging
-import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from datetime import datetime
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal, cast
 
-import uvicorn
 import yaml
 from fastapi import Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field, ValidationError
-from temporalio.service import RPCError, RPCStatusCode
+from pydantic import ValidationError
 
 from activities.scheduler_link import SchedulerLink
 from workers import admin, console
+from workers.api_answers import (
+    SPEC_BODY,
+    AttachBody,
+    BadInput,
+    CordonBody,
+    Forbidden,
+    Health,
+    History,
+    InteractiveToken,
+    InteractiveTokenBody,
+    QuotaBody,
+    StopRequest,
+    Submitted,
+    Unauthorized,
+    WhoAmI,
+    answer_errors,
+    answers,
+)
 from workers.api_auth import TokenBook
-from workers.client import AstraeusClient, AstraeusError, NotFound, RunPage, SessionRefused
+from workers.client import AstraeusClient
 from workers.console import SignIn
+from workers.errors import NotFound
+from workers.listing import RunPage
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import NewDrive
+from workflows.domain.group_parts import NAME_PATTERN
 from workflows.domain.inventory import NodeView
-from workflows.domain.run.status import RunState, Status, StatusEntry
+from workflows.domain.run.status import RunState, Status
 from workflows.domain.run.views import TERMINATED, JobDescription, TaskView
 from workflows.domain.scheduling.quotas import Quota
 from workflows.domain.scheduling.use import ClusterUse
-from workflows.domain.spec import NAME_PATTERN, JobSpec, format_errors, parse_spec
+from workflows.domain.spec import JobSpec, format_errors, parse_spec
 from workflows.domain.tokens import Token, may_see
 from workflows.domain.tombstones import DELETED, Tombstone
-from workflows.messages import (
-    SESSION_OUTPUT_MAX_BYTES,
-    SESSION_TIMEOUT_MAX_SECONDS,
-    SESSION_TTL_MAX_SECONDS,
-    Attached,
-    DataLocationRequest,
-)
+from workflows.messages import Attached, DataLocationRequest
 
 log = logging.getLogger("astraeus.api")
 SCHEDULER_AWAY_SECONDS = 30.0
-DEFAULT_LISTEN = "127.0.0.1:7245"  # `astraeus api --listen` (the scheduler's door is 7244)
 RUN_STATES = [*(s.value for s in RunState), TERMINATED]
 SSE = "text/event-stream"
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
-
-
-class BadInput(AstraeusError):
-    """A request the API cannot read: answered 422, naming the field."""
-
-
-class Forbidden(AstraeusError):
-    """A workspace token asked to change what only an admin may change (machines, quotas)."""
-
-
-class PortInUse(AstraeusError):
-    """The API's port is taken (by another `astraeus api` or `astraeus dev`, say)."""
-
-
-class Unauthorized(Exception):
-    """No token, or one that is not (or no longer) valid: answered 401 and nothing more."""
-
-
-class Submitted(BaseModel):
-    """`POST /jobs`: the run, as `astraeus submit --json` prints it."""
-
-    run: str
-    id: str
-    namespace: str
-    name: str
-
-
-class History(BaseModel):
-    """`GET /jobs/{ns}/{name}/history`: as `astraeus history --json` prints it."""
-
-    run: list[StatusEntry]
-    tasks: dict[str, list[StatusEntry]]
-
-
-class StopRequest(BaseModel):
-    reason: str | None = Field(None, max_length=1024, description='why (default "Stopped by scheduler")')
-
-
-class InteractiveTokenBody(BaseModel):
-    ttl_seconds: int = Field(3600, ge=1, le=SESSION_TTL_MAX_SECONDS, description="how long it is valid")
-
-
-class InteractiveToken(BaseModel):
-    """A token for one attempt of a task (made by this API process and kept nowhere: keep it), and its expiry."""
-
-    token: str
-    expires_at: datetime
-
-
-class AttachBody(BaseModel):
-    token: str = Field(max_length=128, description="an interactive token issued for the task's current attempt")
-    argv: list[str] = Field(min_length=1, max_length=4096, description="the command and its arguments")
-    stdin: str = Field("", max_length=SESSION_OUTPUT_MAX_BYTES, description="its input, whole")
-    timeout_seconds: float = Field(60, gt=0, le=SESSION_TIMEOUT_MAX_SECONDS)
-
-
-class CordonBody(BaseModel):
-    reason: str = Field("", max_length=1024)
-
-
-class QuotaBody(BaseModel):
-    gpus: int | None = Field(None, ge=0)
-    cpu: float | None = Field(None, ge=0)
-    memory_bytes: int | None = Field(None, ge=0)
-    pools: list[str] = Field(default_factory=list)
-
-
-class Health(BaseModel):
-    ok: bool
-
-
-class WhoAmI(BaseModel):
-    """`GET /whoami`: the token asking, so that a page shows only what it may do (the console's admin forms)."""
-
-    id: str
-    namespace: str | None = Field(description="Its workspace; None: an admin token.")
-    admin: bool
-
-
-SPEC_BODY = {
-    "required": True,
-    "description": "A run spec, as `astraeus submit` reads it: JSON, or YAML with a YAML content type.",
-    "content": {
-        "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
-        "application/yaml": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
-    },
-}
-WHY = {
-    401: "no token, or not a valid one (nothing more is said)",
-    403: "only an admin token may change it; an interactive token refused (the error says why)",
-    404: "no such run, task or machine, or one the token's workspace may not see",
-    409: "the run's state refuses it: it ended, the task is stopping, the name is taken, no machine holds the task",
-    422: "bad input, naming the field",
-    503: "Temporal stopped answering",
-}
-
-
-def answers(*codes: int, ok: str | None = None) -> dict[int | str, dict[str, Any]]:
-    """The answers a route may give besides its own 200 (`ok`: its media type, when it is not JSON)."""
-    documented: dict[int | str, dict[str, Any]] = {
-        c: {"description": WHY[c]} for c in sorted({401, 404, 422, 503, *codes})
-    }
-    if ok is not None:
-        documented[200] = {"content": {ok: {"schema": {"type": "string"}}}}
-    return documented
 
 
 class Usage:
@@ -213,7 +114,7 @@ def api_app(
         if not token.admin:
             raise Forbidden(f"only an admin token may change {what}")
 
-    _errors(app)
+    answer_errors(app)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
     async def healthz() -> Health:
@@ -527,75 +428,3 @@ async def _primed(stream: AsyncIterator[str]) -> AsyncIterator[str]:
             yield item
 
     return rest()
-
-
-def _errors(app: FastAPI) -> None:
-    """How errors read: `{"error": message}`, the CLI's words; 401 says nothing."""
-
-    def answer(status: int) -> Callable[[Request, Exception], Awaitable[Response]]:
-        async def handle(request: Request, error: Exception) -> Response:
-            return JSONResponse({"error": str(error)}, status_code=status)
-
-        return handle
-
-    async def unauthorized(request: Request, error: Exception) -> Response:
-        return Response(status_code=401, headers={"www-authenticate": "Bearer"})
-
-    async def invalid(request: Request, error: Exception) -> Response:
-        assert isinstance(error, RequestValidationError)
-        lines = [
-            f"{'.'.join(str(p) for p in e['loc'] if p not in ('query', 'path'))}: {e['msg']}" for e in error.errors()
-        ]
-        return JSONResponse({"error": "\n".join(lines)}, status_code=422)
-
-    async def unavailable(request: Request, error: Exception) -> Response:
-        assert isinstance(error, RPCError)
-        if error.status != RPCStatusCode.UNAVAILABLE:
-            raise error
-        return JSONResponse({"error": f"Temporal stopped answering: {error}"}, status_code=503)
-
-    app.add_exception_handler(Unauthorized, unauthorized)
-    app.add_exception_handler(NotFound, answer(404))
-    app.add_exception_handler(Forbidden, answer(403))
-    app.add_exception_handler(SessionRefused, answer(403))
-    app.add_exception_handler(BadInput, answer(422))
-    # What else the client refuses is refused by the run's state: it ended, a worker is stopping, a name is taken.
-    app.add_exception_handler(AstraeusError, answer(409))
-    app.add_exception_handler(RequestValidationError, invalid)
-    app.add_exception_handler(RPCError, unavailable)
-
-
-async def serve(app: FastAPI, sock: socket.socket, stop: asyncio.Event | None = None) -> None:
-    """Serve the API on a bound socket: until SIGINT or SIGTERM (uvicorn's own handlers), or, in a process that
-    keeps its own handlers (`astraeus dev`), until `stop` is set."""
-    config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, server_header=False)
-    server = uvicorn.Server(config) if stop is None else _OwnSignals(config)
-    sock.listen(1024)
-    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
-    if stop is not None:
-        await stop.wait()
-        server.should_exit = True
-    await serving
-
-
-class _OwnSignals(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield  # the process's own handlers stay
-
-
-def bind(address: str) -> socket.socket:
-    """A socket bound to HOST:PORT, so that a port in use is said at once, naming it."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise BadInput(f"--listen {address}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host.strip("[]"), int(port)))
-    except OSError as error:
-        sock.close()
-        kind = PortInUse if error.errno == errno.EADDRINUSE else AstraeusError
-        raise kind(f"the API cannot listen on {address}: {error.strerror}") from None
-    return sock

@@ -3,68 +3,46 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import gc
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from datetime import UTC, datetime
+from typing import Any
 
-from pydantic import BaseModel
 from temporalio.client import (
     Client,
-    WorkflowExecution,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
-    WorkflowHistoryEventFilterType,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import (
-    SearchAttributeKey,
-    SearchAttributePair,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
-from temporalio.exceptions import (
-    ActivityError,
-    ApplicationError,
-    CancelledError,
-    TerminatedError,
-    TimeoutError,
-    WorkflowAlreadyStartedError,
-)
+from temporalio.common import SearchAttributeKey, SearchAttributePair, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import session_token
 from activities.deletion import deleted, tombstones
+from workers.errors import AstraeusError, NotFound, SessionRefused
+from workers.folds import Inputs, folds_of
+from workers.listing import RunPage, deleted_summary, list_runs, run_memo
+from workers.outcomes import ASK_AGAIN_SECONDS, Terminated, run_result, termination
+from workers.worker_io import ask_session, new_output, read_log
 from workflows import contracts
-from workflows.contracts import (
-    CONTROL_TASK_QUEUE,
-    DRIVES_WORKFLOW_ID,
-    PRIORITY_KEY,
-    SA_NAMESPACE,
-    SA_STATE,
-    STATE_KEY,
-    In,
-    Out,
-)
+from workflows.contracts import CONTROL_TASK_QUEUE, DRIVES_WORKFLOW_ID, In, Out, search_attributes
 from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.constraints import Drive
 from workflows.domain.inventory import NodeView
 from workflows.domain.refs import TaskRef
 from workflows.domain.requests import Allocation
-from workflows.domain.run.status import TASK_ENDED, Folded, JobRecord, RunState, Status
+from workflows.domain.run.status import TASK_ENDED, RunState, Status
 from workflows.domain.run.views import (
-    TERMINATED,
     Event,
     JobDescription,
     TaskView,
     page,
     paged,
     summarised,
-    summarised_record,
     terminated_description,
     terminated_events,
     terminated_status,
@@ -74,26 +52,18 @@ from workflows.domain.run.views import events as events_of
 from workflows.domain.scheduling.use import ClusterUse, cluster_use
 from workflows.domain.spec import JobSpec, job_id
 from workflows.domain.tombstones import DELETED, Tombstone
-from workflows.job import JobWorkflow, search_attributes
-from workflows.logs import LogsWorkflow
+from workflows.job import JobWorkflow
 from workflows.messages import (
-    RUN_FAILED,
     Attached,
     AttachInput,
     DeleteRunInput,
     GrantSessionInput,
     JobInput,
-    LogsInput,
-    ReadLogInput,
     SessionInput,
-    SessionOutput,
     StopTaskRequest,
 )
-from workflows.sessions import SessionWorkflow
 
 CREATING_SECONDS = 60.0  # how long a read waits for a run just submitted to make its record
-ASK_AGAIN_SECONDS = 0.1  # between two reads of a run being created, or two waits for its end
-NO_CLOSE_EVENT = "No completion event found"  # what the SDK raises when a wait for the close event ends empty
 _LET_GO_SECONDS = 0.1  # AstraeusClient.close: time for the SDK's threads to let go of a dropped connection
 
 # A submit is admitted behind the work of the runs already admitted. Every write of a workflow's state waits for the
@@ -123,141 +93,6 @@ def listed_builds(build_id: str) -> list[str]:
     return ["unversioned", f"unversioned:{build_id}"]
 
 
-class AstraeusError(Exception):
-    """Bad input: the message names what is wrong; nothing changed."""
-
-
-class NotFound(AstraeusError):
-    """No such run, worker, machine or quota."""
-
-
-class Unreachable(AstraeusError):
-    """Temporal cannot be reached."""
-
-
-class SessionRefused(AstraeusError):
-    """An interactive token refused, or a worker that hosts no session: the message says why."""
-
-
-class Terminated(BaseModel):
-    """How a run's workflow was terminated in Temporal: the reason recorded, and when."""
-
-    why: str
-    at: datetime
-
-
-async def terminated(handle: WorkflowHandle[Any, Any]) -> Terminated | None:
-    """Whether the run's workflow was terminated (the UI's Terminate button): then it decides nothing more, and
-    what its queries answer is what the run last recorded. Raises RPCError NOT_FOUND when there is no such run."""
-    described = await handle.describe()
-    if described.status != WorkflowExecutionStatus.TERMINATED:
-        return None
-    return await _termination(handle, described.close_time)
-
-
-async def _termination(handle: WorkflowHandle[Any, Any], closed: datetime | None) -> Terminated:
-    why = ""
-    async for event in handle.fetch_history_events(event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT):
-        if event.HasField("workflow_execution_terminated_event_attributes"):
-            why = event.workflow_execution_terminated_event_attributes.reason
-            closed = closed or event.event_time.ToDatetime(tzinfo=UTC)
-    return Terminated(why=why, at=closed or datetime.now(UTC))
-
-
-async def _result(handle: WorkflowHandle[Any, Any]) -> Any:
-    """The workflow's result. Temporal's time-skipping test server may end the long poll for the close event with
-    neither an event nor a page token, which the SDK reports as "No completion event found" (the .NET and Ruby SDKs
-    wait again: temporalio/sdk-dotnet#78, temporalio/sdk-ruby#506): so do we."""
-    while True:
-        try:
-            return await handle.result()
-        except RuntimeError as error:
-            if str(error) != NO_CLOSE_EVENT:
-                raise
-        await asyncio.sleep(ASK_AGAIN_SECONDS)
-
-
-async def run_result(handle: WorkflowHandle[Any, Any]) -> Status:
-    """Wait until the run's workflow closes, and return the run's Status however it closed: a Completed run's
-    workflow returns it; a Failed one's fails (RunFailed) with it as details; a Cancelled one's is Canceled, and the
-    Status is read with the `status` query; a terminated one's is Terminated, with the reason Temporal recorded."""
-    try:
-        return Status.model_validate(await _result(handle))  # a dict unless the handle was typed
-    except WorkflowFailureError as error:
-        cause = error.cause
-        if isinstance(cause, ApplicationError) and cause.type == RUN_FAILED and cause.details:
-            return Status.model_validate(cause.details[0])
-        if isinstance(cause, CancelledError):
-            return await contracts.query(handle, contracts.STATUS)
-        if isinstance(cause, TerminatedError):
-            status = await contracts.query(handle, contracts.STATUS)
-            ended = await _termination(handle, (await handle.describe()).close_time)
-            return terminated_status(status, ended.why, ended.at)
-        raise
-
-
-class RunSummary(BaseModel):
-    """One run as `astraeus ls` shows it: read from the visibility store, never by asking the run."""
-
-    namespace: str
-    name: str
-    state: str
-    created_at: datetime
-    priority: int | None = None
-    workers: int | None = None  # as its spec asks (a group of total_gpus: its machines, else 1)
-    gpus: int | None = None  # GPUs its spec asks for in all
-    deleted_by: str | None = None  # a deleted run (state Deleted, listed with include_deleted): who deleted it
-    deleted_at: datetime | None = None
-    last_state: str | None = None  # ... and the state it was in then
-
-
-class RunPage(BaseModel):
-    """A page of `ls`: the runs, newest first, and the token of the next page (None on the last)."""
-
-    runs: list[RunSummary]
-    next_page: str | None = None
-
-
-def run_memo(spec: JobSpec, now: datetime) -> dict[str, Any]:
-    """What `ls` shows of a run that its search attributes do not hold: written once at submit, carried across
-    continue-as-new by Temporal."""
-    workers = sum((g.machines or 1) if g.planned else g.replicas for g in spec.groups)
-    gpus = sum(g.total_gpus or 0 if g.planned else g.replicas * g.gpus for g in spec.groups)
-    return {"workers": workers, "gpus": gpus, "created_at": now.isoformat()}
-
-
-async def summary(wf: WorkflowExecution) -> RunSummary:
-    """A run's line of `ls`, from its visibility record alone (search attributes and memo)."""
-    _, ns, name = wf.id.split("/", 2)
-    attrs = wf.typed_search_attributes
-    state = TERMINATED if wf.status == WorkflowExecutionStatus.TERMINATED else attrs.get(STATE_KEY) or "?"
-    memo = await wf.memo()
-    created = datetime.fromisoformat(memo["created_at"]) if "created_at" in memo else wf.start_time
-    return RunSummary(namespace=ns, name=name, state=state, created_at=created, priority=attrs.get(PRIORITY_KEY),
-                      workers=memo.get("workers"), gpus=memo.get("gpus"))  # fmt: skip
-
-
-def deleted_summary(tombstone: Tombstone) -> RunSummary:
-    """A deleted run's line of `ls --include-deleted`, from its tombstone."""
-    return RunSummary(
-        namespace=tombstone.namespace,
-        name=tombstone.name,
-        state=DELETED,
-        created_at=tombstone.created_at or tombstone.deleted_at,
-        deleted_by=tombstone.deleted_by,
-        deleted_at=tombstone.deleted_at,
-        last_state=tombstone.last_state,
-    )
-
-
-class _Given(NamedTuple):
-    """What a run of a run's workflow was continued with, for its history: the entries the run before it folded
-    (None: no run before it kept any), and that run's id."""
-
-    folded: Folded | None
-    previous: str
-
-
 class AstraeusClient:
     """Astraeus's verbs over a Temporal client. Use it as `async with AstraeusClient(...) as client:` (or call
     `close`) in a script, so that the process ends cleanly. `control_build`: the build of the control plane's worker
@@ -267,7 +102,7 @@ class AstraeusClient:
     def __init__(self, client: Client, control_build: str | None = None) -> None:
         self.temporal = client
         self.control_build = control_build
-        self._inputs: dict[tuple[str, str], _Given] = {}  # by workflow and run id
+        self._inputs: Inputs = {}  # by workflow and run id
 
     async def __aenter__(self) -> AstraeusClient:
         return self
@@ -404,7 +239,7 @@ class AstraeusClient:
         await self._not_deleted(namespace, name, described.status, described.run_id)
         if described.status != WorkflowExecutionStatus.TERMINATED:
             return None
-        return await _termination(handle, described.close_time)
+        return await termination(handle, described.close_time)
 
     async def status(self, namespace: str, name: str) -> Status:
         """The run's status; Terminated (with Temporal's reason) when its workflow was terminated."""
@@ -433,7 +268,7 @@ class AstraeusClient:
     async def _whole(self, namespace: str, name: str) -> tuple[JobDescription, Terminated | None]:
         """The run as its latest workflow run describes it, each history whole, and how its workflow was terminated,
         if it was. A long history is folded in the run's record (its first entries, a summary entry, its latest
-        ones): the entries folded are put back from the runs of the workflow that kept them (`_folds`)."""
+        ones): the entries folded are put back from the runs of the workflow that kept them (workers/folds.py)."""
         handle = self._handle(namespace, name)
         try:
             info = await handle.describe()
@@ -445,51 +280,12 @@ class AstraeusClient:
         latest = self.temporal.get_workflow_handle(handle.id, run_id=info.run_id)  # one run answers every question
         described = await self._ask(latest, namespace, name, contracts.DESCRIBE)
         if summarised(described):
-            folds = await self._folds(latest, namespace, name)
+            own = await self._ask(latest, namespace, name, contracts.FOLDED)
+            folds = await folds_of(self.temporal, self._inputs, latest, own)
             described = described if folds is None else unfolded(described, folds)
         if info.status != WorkflowExecutionStatus.TERMINATED:
             return described, None
-        return described, await _termination(latest, info.close_time)
-
-    async def _folds(self, latest: WorkflowHandle[Any, Any], namespace: str, name: str) -> list[Folded] | None:
-        """What each run of the workflow folded out of the run's histories, oldest first: the latest run answers for
-        itself, and each earlier one's is in the input the run after it was continued with. None when Temporal no
-        longer keeps one of them (it keeps a closed run for its namespace's retention): the summary entry stays."""
-        folds: list[Folded] = [await self._ask(latest, namespace, name, contracts.FOLDED)]
-        run_id = latest.run_id
-        while run_id:
-            given = await self._given(latest.id, run_id)
-            if given is None:
-                return None
-            if given.folded is None:
-                return folds[::-1]
-            folds.append(given.folded)
-            run_id = given.previous
-        return None
-
-    async def _given(self, workflow_id: str, run_id: str) -> _Given | None:
-        """What one run of a workflow was continued with (its input never changes: it is read once), or None when
-        Temporal no longer has that run."""
-        if (workflow_id, run_id) in self._inputs:
-            return self._inputs[workflow_id, run_id]
-        handle = self.temporal.get_workflow_handle(workflow_id, run_id=run_id)
-        try:
-            async for event in handle.fetch_history_events(page_size=1):
-                started = event.workflow_execution_started_event_attributes
-                break
-            else:
-                return None
-        except RPCError as error:
-            if error.status != RPCStatusCode.NOT_FOUND:
-                raise
-            return None
-        (job,) = await self.temporal.data_converter.decode(started.input.payloads, [JobInput])
-        record: JobRecord | None = job.record
-        # None for the first run, one of a run that keeps nothing it folds, or one that nothing was folded before.
-        kept = record is not None and record.protocol >= 4 and summarised_record(record)
-        given = _Given(record.folded if record is not None and kept else None, started.continued_execution_run_id)
-        self._inputs[workflow_id, run_id] = given
-        return given
+        return described, await termination(latest, info.close_time)
 
     async def result(self, namespace: str, name: str) -> Status:
         """Wait until the run ends; its final Status (Completed, Failed, Cancelled, or Terminated)."""
@@ -553,7 +349,7 @@ class AstraeusClient:
         task = await self._task(namespace, name, task_id)
         if task.node is None:
             raise AstraeusError(f"worker {task_id} of run {name} is on no machine now ({task.status.state})")
-        return await self._read_log(namespace, name, task, task.node, lines, max_bytes)
+        return await read_log(self.temporal, namespace, name, task, task.node, lines, max_bytes)
 
     async def follow_logs(
         self, namespace: str, name: str, task_id: str, poll_seconds: float = 1.0
@@ -567,7 +363,7 @@ class AstraeusClient:
             if task.node is not None:
                 if task.attempt != attempt:
                     attempt, shown = task.attempt, ""
-                text = await self._read_log(namespace, name, task, task.node, 100_000, 1 << 20)
+                text = await read_log(self.temporal, namespace, name, task, task.node, 100_000, 1 << 20)
                 yield new_output(shown, text)
                 shown = text
             if over:
@@ -581,27 +377,6 @@ class AstraeusClient:
             raise NotFound(f"run {namespace}/{name} has no worker {task_id}")
         return task
 
-    async def _read_log(self, namespace: str, name: str, task: TaskView, node: str, lines: int, max_bytes: int) -> str:
-        ref = TaskRef(namespace=namespace, job=name, task_id=task.id, attempt=task.attempt)
-        read = ReadLogInput(ref=ref, lines=lines, max_bytes=max_bytes)
-        request = LogsInput(node=node, read=read)
-        try:
-            result = await self.temporal.execute_workflow(
-                LogsWorkflow.run,
-                request,
-                id=f"logs/{namespace}/{name}/{task.id}/{uuid.uuid4()}",
-                task_queue=CONTROL_TASK_QUEUE,
-                execution_timeout=timedelta(seconds=request.answer_within_seconds + 10),
-            )
-        except WorkflowFailureError as error:
-            cause = error.cause.cause if isinstance(error.cause, ActivityError) else error.cause
-            if isinstance(cause, TimeoutError):
-                why = f"it did not answer within {request.answer_within_seconds:g} s (is its agent running?)"
-            else:
-                why = str(cause)
-            raise AstraeusError(f"cannot read the log of {task.id} on machine {node}: {why}") from None
-        return result.text
-
     async def interactive_token(
         self, namespace: str, name: str, task_id: str, ttl_seconds: int = 3600
     ) -> tuple[str, datetime]:
@@ -611,7 +386,9 @@ class AstraeusClient:
         token = session_token.new_token()
         ref = TaskRef(namespace=namespace, job=name, task_id=task.id, attempt=task.attempt)
         grant = GrantSessionInput(ref=ref, public_key=session_token.public_key(token), ttl_seconds=ttl_seconds)
-        answer = await self._session(namespace, name, task, SessionInput(node=task.node or "", grant=grant))
+        answer = await ask_session(
+            self.temporal, namespace, name, task, SessionInput(node=task.node or "", grant=grant)
+        )
         assert answer.granted is not None
         return token, answer.granted.expires_at
 
@@ -630,7 +407,9 @@ class AstraeusClient:
             signed = session_token.sign(token, request)
         except session_token.BadToken as err:
             raise SessionRefused(f"token refused: {err}") from None
-        answer = await self._session(namespace, name, task, SessionInput(node=task.node or "", attach=signed))
+        answer = await ask_session(
+            self.temporal, namespace, name, task, SessionInput(node=task.node or "", attach=signed)
+        )
         assert answer.attached is not None
         return answer.attached
 
@@ -639,25 +418,6 @@ class AstraeusClient:
         if task.node is None or task.status.state not in ("Running", "Stale"):
             raise AstraeusError(f"worker {task_id} of run {name} is not running ({task.status.state})")
         return task
-
-    async def _session(self, namespace: str, name: str, task: TaskView, request: SessionInput) -> SessionOutput:
-        timeout = request.answer_within_seconds + (request.attach.timeout_seconds if request.attach else 0)
-        try:
-            return await self.temporal.execute_workflow(
-                SessionWorkflow.run,
-                request,
-                id=f"{contracts.session_id_prefix(namespace, name)}{task.id}/{uuid.uuid4()}",
-                task_queue=CONTROL_TASK_QUEUE,
-                execution_timeout=timedelta(seconds=timeout + 20),
-            )
-        except WorkflowFailureError as error:
-            cause = error.cause.cause if isinstance(error.cause, ActivityError) else error.cause
-            if isinstance(cause, TimeoutError):
-                why = f"it did not answer within {request.answer_within_seconds:g} s (is its agent running?)"
-                raise AstraeusError(f"machine {request.node}: {why}") from None
-            if isinstance(cause, ApplicationError) and cause.type == "SessionRefused":
-                raise SessionRefused(cause.message) from None
-            raise AstraeusError(cause.message if isinstance(cause, ApplicationError) else str(cause)) from None
 
     async def ls(
         self,
@@ -677,39 +437,12 @@ class AstraeusClient:
                 raise AstraeusError(f"state {DELETED}: only with include_deleted")
             runs = [deleted_summary(t) for t in await tombstones(self.temporal, namespace)]
             return RunPage(runs=runs[:limit])
-        listed, run_ids = await self._listed(namespace, state, limit, page)
+        listed, run_ids = await list_runs(self.temporal, namespace, state, limit, page)
         gone = {t.run_id for t in await tombstones(self.temporal, namespace)} if listed.runs else set()
         runs = [r for r, run_id in zip(listed.runs, run_ids, strict=True) if run_id not in gone]
         if include_deleted and listed.next_page is None and state is None:
             runs += [deleted_summary(t) for t in await tombstones(self.temporal, namespace)]
         return RunPage(runs=runs, next_page=listed.next_page)
-
-    async def _listed(
-        self, namespace: str | None, state: str | None, limit: int, page: str | None
-    ) -> tuple[RunPage, list[str]]:
-        """A page of runs as visibility lists them (deleted ones among them), and each one's workflow run id."""
-        query = f'WorkflowType="{contracts.JOB_WORKFLOW}"'
-        if namespace:
-            query += f' AND {SA_NAMESPACE}="{_quote(namespace)}"'
-        if state == TERMINATED:
-            query += ' AND ExecutionStatus="Terminated"'
-        elif state:
-            query += f' AND {SA_STATE}="{_quote(state)}" AND ExecutionStatus!="Terminated"'
-        try:
-            token = base64.urlsafe_b64decode(page) if page else None
-        except ValueError:
-            raise AstraeusError(f"--page {page}: not a page token that ls printed") from None
-        listed = self.temporal.list_workflows(query, page_size=limit, next_page_token=token)
-        try:
-            await listed.fetch_next_page(page_size=limit)
-        except RPCError as error:
-            if page and error.status != RPCStatusCode.UNAVAILABLE:  # the server cannot read it (INTERNAL here)
-                raise AstraeusError(f"--page {page}: not a page token that ls printed") from None
-            raise
-        runs = [await summary(wf) for wf in listed.current_page or []]
-        run_ids = [wf.run_id or "" for wf in listed.current_page or []]
-        after = listed.next_page_token
-        return RunPage(runs=runs, next_page=base64.urlsafe_b64encode(after).decode() if after else None), run_ids
 
     async def nodes(self) -> list[NodeView]:
         views = []
@@ -738,19 +471,3 @@ class AstraeusClient:
             if error.status != RPCStatusCode.NOT_FOUND:
                 raise
             return []
-
-
-def new_output(shown: str, text: str) -> str:
-    """What `text`, the latest tail of a log, adds to `shown`, the tail read before. A tail is a window that slides
-    forward as the log grows: the new one begins at a line of the old one (the earliest that matches, the longest
-    overlap), or after it when more than a window was written meanwhile (then all of it is new)."""
-    start = 0
-    while not text.startswith(shown[start:]):
-        start = shown.find("\n", start) + 1 or len(shown)
-    return text[len(shown) - start :]
-
-
-def _quote(value: str) -> str:
-    if '"' in value or "\\" in value:
-        raise AstraeusError(f"filter value {value!r} may not contain quotes or backslashes")
-    return value

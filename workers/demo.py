@@ -9,8 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from workers.cli import load_spec
 from workers.client import AstraeusClient
+from workers.commands.inputs import load_spec
 from workers.devserver import DevServerError, free_port
 from workers.embedded import Embedded
 from workers.render import render_describe, render_events

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 from pydantic import TypeAdapter
 
-from workers.client import AstraeusError, NotFound, RunPage, Unreachable
+from workers.errors import AstraeusError, NotFound, Unreachable
+from workers.listing import RunPage
 from workflows.domain.inventory import NodeView
 from workflows.domain.run.status import RUN_TERMINAL, Status
 from workflows.domain.run.views import TERMINATED, Event, JobDescription, page

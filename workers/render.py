@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from workers.client import RunSummary
 from workers.console.advice import FAILURES
+from workers.listing import RunSummary
 from workflows.domain.inventory import NodeView
 from workflows.domain.run.status import Status, StatusEntry
 from workflows.domain.run.views import Event, JobDescription

@@ -8,21 +8,13 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributePair, SearchAttributeUpdate, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError, TimeoutType
+from temporalio.common import SearchAttributeUpdate
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from workflows import contracts
-    from workflows.contracts import (
-        CONTROL_TASK_QUEUE,
-        NAMESPACE_KEY,
-        NODES_KEY,
-        PRIORITY_KEY,
-        SCHEDULER_TASK_QUEUE,
-        STATE_KEY,
-        node_task_queue,
-    )
-    from workflows.domain.reasons import R, Reason, error_text
+    from workflows.contracts import CONTROL_TASK_QUEUE, NODES_KEY, SCHEDULER_TASK_QUEUE, STATE_KEY, node_task_queue
+    from workflows.domain.reasons import R, error_text
     from workflows.domain.refs import TaskRef
     from workflows.domain.run import events as ev
     from workflows.domain.run.effects import (
@@ -35,18 +27,10 @@ with workflow.unsafe.imports_passed_through():
         one_offs,
     )
     from workflows.domain.run.job import FirstPlacement, decide, fail_undecided, is_settled
-    from workflows.domain.run.status import (
-        RUN_TERMINAL,
-        TASK_ENDED,
-        Folded,
-        JobRecord,
-        RunState,
-        Status,
-        TaskState,
-    )
-    from workflows.domain.run.tasks import allocation, group_of, new_job, nodes_in_use, task_request
+    from workflows.domain.run.refusals import Refusal, refuse_cancel, refuse_stop
+    from workflows.domain.run.status import RUN_TERMINAL, Folded, JobRecord, RunState, Status, history_long
+    from workflows.domain.run.tasks import asked_of_scheduler, attempts_on, group_of, new_job, nodes_in_use
     from workflows.domain.run.views import Event, JobDescription, describe, events
-    from workflows.domain.spec import JobSpec
 from workflows.messages import (
     RUN_FAILED,
     AttemptsOnNode,
@@ -67,31 +51,14 @@ from workflows.messages import (
     TaskExit,
 )
 
-# The scheduler and agents come back after a crash: keep retrying calls to them, gently.
-PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
-# A supervisor is never retried by Temporal: the workflow decides (a missed heartbeat makes the worker Stale).
-ONCE = RetryPolicy(maximum_attempts=1)
-
 # (task id, attempt): one attempt of one task of this run, what its supervisor and its start in flight are keyed by.
 AttemptKey = tuple[str, int]
 T = TypeVar("T")
-In = TypeVar("In")
 
 # A change of behaviour that histories recorded before it must not see on replay (workflow.patched): Temporal's
 # cancellation request became the run's cancel (it used to close the workflow at once, its workers running). It
 # may arrive before the run knows its protocol (messages.PROTOCOL), which versions the rest.
 CANCEL_REQUEST_PATCH = "cancel-request-cancels-the-run"
-
-
-def search_attributes(spec: JobSpec, state: str) -> TypedSearchAttributes:
-    """The run's listable attributes (set at start by the client, kept current by the workflow)."""
-    return TypedSearchAttributes(
-        [
-            SearchAttributePair(NAMESPACE_KEY, spec.namespace),
-            SearchAttributePair(STATE_KEY, state),
-            SearchAttributePair(PRIORITY_KEY, spec.priority),
-        ]
-    )
 
 
 @workflow.defn(name=contracts.JOB_WORKFLOW)
@@ -115,7 +82,7 @@ class JobWorkflow:
     @workflow.run
     async def run(self, input: JobInput) -> Status:
         if input.record is not None:
-            # What the run before folded stays in this run's input, where clients read it (workers/client.py).
+            # What the run before folded stays in this run's input, where clients read it (workers/folds.py).
             self._job = input.record.model_copy(update={"folded": Folded()})
             # Nothing is in flight in a new workflow run: it carries out what the record needs (the difference from
             # nothing). Afterwards each decision's commands carry the run on, as they did in the run before (since
@@ -132,7 +99,7 @@ class JobWorkflow:
                     contracts.load_settings,
                     LoadSettingsInput(spec=input.spec, at=began),
                     start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=PATIENT,
+                    retry_policy=contracts.PATIENT,
                     local_retry_threshold=timedelta(seconds=2),
                     summary="load settings and place",
                 )
@@ -188,7 +155,7 @@ class JobWorkflow:
             try:
                 return await operation()
             except (asyncio.CancelledError, ActivityError) as error:
-                if not _cancellation(error) or workflow.cancellation_reason() is None:
+                if not contracts.cancellation(error) or workflow.cancellation_reason() is None:
                     raise
                 if not workflow.patched(CANCEL_REQUEST_PATCH):
                     raise  # recorded when a cancellation request closed the workflow at once
@@ -224,12 +191,12 @@ class JobWorkflow:
                 CancelRunInput(workflow_id=info.workflow_id, run_id=info.run_id, reason=reason),
                 task_queue=CONTROL_TASK_QUEUE,
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=PATIENT,
+                retry_policy=contracts.PATIENT,
                 summary="close the workflow as cancelled",
             )
             await workflow.wait_condition(lambda: workflow.cancellation_reason() is not None)
         except (asyncio.CancelledError, ActivityError) as error:
-            if not _cancellation(error):
+            if not contracts.cancellation(error):
                 raise
 
     def _settled(self) -> bool:
@@ -241,11 +208,7 @@ class JobWorkflow:
         as new at a quiet moment (no call in flight that a new run cannot redo)."""
         assert self._job is not None
         info = workflow.info()
-        long = (
-            info.is_continue_as_new_suggested()
-            or info.get_current_history_length() >= self._job.settings.continue_as_new_events
-            or (self._job.protocol >= 4 and self._job.folded.most() >= self._job.settings.history_keep)
-        )
+        long = history_long(self._job, info.is_continue_as_new_suggested(), info.get_current_history_length())
         return long and not self._busy and not is_settled(self._job)
 
     async def _continue_as_new(self) -> None:
@@ -356,7 +319,7 @@ class JobWorkflow:
             PlanInput(request=command.request, total_gpus=command.total_gpus, machines=command.machines),
             task_queue=SCHEDULER_TASK_QUEUE,
             start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=PATIENT,
+            retry_policy=contracts.PATIENT,
             summary=f"plan group {command.group}",
         )
         self._inbox.append(ev.GroupPlanned(group=command.group, **plan.model_dump()))
@@ -369,7 +332,7 @@ class JobWorkflow:
             f"release {command.task_id}",
         )
 
-    async def _scheduler(self, call: Callable[[In], Awaitable[T]], message: In, summary: str) -> T:
+    async def _scheduler(self, call: Callable[[contracts.In], Awaitable[T]], message: contracts.In, summary: str) -> T:
         """Call the scheduler: since protocol 3 a local activity through the scheduler's door (one marker event,
         and no workflow task of its own: activities/scheduler_link.py), before that an activity on its queue."""
         assert self._job is not None
@@ -378,7 +341,7 @@ class JobWorkflow:
                 call,
                 message,
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=PATIENT,
+                retry_policy=contracts.PATIENT,
                 # While the scheduler is away, a retry after more than 2 s waits on a timer, the workflow task
                 # ended: the run answers queries meanwhile (the restarted scheduler's rebuild asks each run).
                 local_retry_threshold=timedelta(seconds=2),
@@ -389,7 +352,7 @@ class JobWorkflow:
             message,
             task_queue=SCHEDULER_TASK_QUEUE,
             start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=PATIENT,
+            retry_policy=contracts.PATIENT,
             summary=summary,
         )
 
@@ -410,11 +373,13 @@ class JobWorkflow:
                 task_queue=node_task_queue(command.node),
                 start_to_close_timeout=timedelta(minutes=10),
                 heartbeat_timeout=timedelta(seconds=60),
-                retry_policy=PATIENT,
+                retry_policy=contracts.PATIENT,
                 summary=f"start {command.task_id} on {command.node}",
             )
         except ActivityError as error:
-            failed = ev.TaskSetupFailed(task_id=command.task_id, attempt=command.attempt, reason=_failure(error))
+            failed = ev.TaskSetupFailed(
+                task_id=command.task_id, attempt=command.attempt, reason=contracts.start_failure(error)
+            )
             self._inbox.append(failed)
             return
         finally:
@@ -461,7 +426,7 @@ class JobWorkflow:
                 "task_queue": node_task_queue(node),
                 "start_to_close_timeout": timedelta(days=3650),
                 "heartbeat_timeout": timedelta(seconds=settings.stale_grace_seconds),
-                "retry_policy": ONCE,
+                "retry_policy": contracts.ONCE,
                 "summary": f"{'run' if starting else 'supervise'} {task_id} on {node}",
             }
             watch: Awaitable[TaskExit]
@@ -478,13 +443,15 @@ class JobWorkflow:
                 if isinstance(error.cause, CancelledError):
                     return  # the worker left its machine, or the run continues as new
                 if starting and (task_id, attempt) not in self._reported_running:
-                    if _setup_failed(error):
-                        failed = ev.TaskSetupFailed(task_id=task_id, attempt=attempt, reason=_failure(error))
+                    if contracts.setup_failed(error):
+                        failed = ev.TaskSetupFailed(
+                            task_id=task_id, attempt=attempt, reason=contracts.start_failure(error)
+                        )
                         self._inbox.append(failed)
                         return
                     await workflow.sleep(1)  # the agent restarted, or was busy: start again (it finds its own)
                     continue
-                if _heartbeat_missed(error):
+                if contracts.heartbeat_missed(error):
                     self._inbox.append(ev.HeartbeatLate(task_id=task_id, attempt=attempt))
                 else:
                     await workflow.sleep(1)  # the agent restarted, or refused: watch again
@@ -517,7 +484,7 @@ class JobWorkflow:
             task_queue=node_task_queue(command.node),
             start_to_close_timeout=timedelta(seconds=grace + 60),
             heartbeat_timeout=timedelta(seconds=30),
-            retry_policy=PATIENT,
+            retry_policy=contracts.PATIENT,
             summary=f"stop {command.task_id} on {command.node}",
         )
         key = (command.task_id, command.attempt)
@@ -569,11 +536,7 @@ class JobWorkflow:
 
     @cancel.validator
     def _validate_cancel(self) -> None:
-        job = self._record()
-        if job.state in RUN_TERMINAL:
-            raise ApplicationError(f"run {job.spec.namespace}/{job.spec.name} already ended: {job.state}")
-        if job.cancel_requested:
-            raise ApplicationError(f"run {job.spec.namespace}/{job.spec.name} is already being cancelled")
+        _refuse(refuse_cancel(self._record()))
 
     @workflow.update(name=contracts.DELETE.name)
     def delete(self) -> Status:
@@ -590,17 +553,7 @@ class JobWorkflow:
 
     @request_stop.validator
     def _validate_stop(self, request: StopTaskRequest) -> None:
-        job = self._record()
-        try:
-            task = job.task(request.task_id)
-        except KeyError as missing:
-            raise ApplicationError(str(missing.args[0]), type="UnknownTask") from None
-        if task.final:
-            raise ApplicationError(
-                f"worker {task.id} of run {job.spec.name} already ended: {task.state}", type="TaskEnded"
-            )
-        if task.state is TaskState.STOPPING:
-            raise ApplicationError(f"worker {task.id} of run {job.spec.name} is already stopping", type="Stopping")
+        _refuse(refuse_stop(self._record(), request.task_id))
 
     @workflow.query(name=contracts.STATUS.name)
     def status(self) -> Status:
@@ -624,15 +577,13 @@ class JobWorkflow:
     def attempts_on(self, query: AttemptsQuery) -> AttemptsOnNode:
         """The attempts this run has on a machine now: an agent starts, and keeps running, only those (fencing)."""
         job = self._record()
-        attempts = {t.id: t.attempt.number for t in job.tasks if t.node == query.node and t.on_node}
-        return AttemptsOnNode(open=job.state not in RUN_TERMINAL, attempts=attempts)
+        return AttemptsOnNode(open=job.state not in RUN_TERMINAL, attempts=attempts_on(job, query.node))
 
     @workflow.query(name=contracts.SCHEDULER_VIEW.name)
     def scheduler_view(self) -> SchedulerView:
         """What this run asks of the scheduler, for a scheduler that rebuilds its view."""
         job = self._record()
-        pending = [task_request(job, t) for t in job.tasks if t.waiting and not t.final and not t.gated]
-        placed = [allocation(job, t) for t in job.tasks if t.node is not None and t.state not in TASK_ENDED]
+        pending, placed = asked_of_scheduler(job)
         return SchedulerView(job_id=job.id, namespace=job.spec.namespace, pending=pending, placed=placed)
 
     def _record(self) -> JobRecord:
@@ -641,28 +592,6 @@ class JobWorkflow:
         return self._job
 
 
-def _cancellation(error: BaseException) -> bool:
-    """Whether `error` is how a cancellation of this coroutine shows: at a timer or condition, or at an activity."""
-    if isinstance(error, asyncio.CancelledError):
-        return True
-    return isinstance(error, ActivityError) and isinstance(error.cause, CancelledError)
-
-
-def _heartbeat_missed(error: ActivityError) -> bool:
-    cause = error.cause
-    return isinstance(cause, TimeoutError) and cause.type == TimeoutType.HEARTBEAT
-
-
-def _setup_failed(error: ActivityError) -> bool:
-    """The agent said why the worker cannot be set up or started (a reason of its own, final)."""
-    cause = error.cause
-    return isinstance(cause, ApplicationError) and bool(cause.type) and cause.non_retryable
-
-
-def _failure(error: ActivityError) -> Reason:
-    """The reason an agent put on a failed start (its code as the error's type, its sentence as the message); an
-    unexplained failure is a start failure."""
-    cause = error.cause
-    if isinstance(cause, ApplicationError) and cause.type:
-        return Reason(cause.type, cause.message)
-    return R.ContainerStartFailed(error=str(cause or error))
+def _refuse(refusal: Refusal | None) -> None:
+    if refusal is not None:
+        raise ApplicationError(refusal.text, type=refusal.type)

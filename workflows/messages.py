@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workflows.domain.constraints import Drive
+from workflows.domain.group_parts import Readiness
 from workflows.domain.inventory import NodeView
 from workflows.domain.mesh import MeshMember
 from workflows.domain.refs import TaskRef
@@ -19,7 +20,7 @@ from workflows.domain.run.status import JobRecord
 from workflows.domain.scheduling.placement import Allocation, TaskRequest
 from workflows.domain.scheduling.quotas import Quota
 from workflows.domain.settings import Settings
-from workflows.domain.spec import GroupSpec, JobSpec, Readiness
+from workflows.domain.spec import GroupSpec, JobSpec
 from workflows.domain.tokens import Token
 from workflows.domain.tombstones import Tombstone
 

@@ -28,13 +28,14 @@ from activities.agent.lease import Lease
 from activities.agent.runtime.base import Observed, Runtime, readable
 from activities.agent.starter import SetupEnded, Starter
 from workflows import contracts
+from workflows.domain.group_parts import Readiness
 from workflows.domain.inventory import NodeInventory
 from workflows.domain.machine.attempts import Attempts
 from workflows.domain.reasons import R, Reason
 from workflows.domain.refs import TaskRef
 from workflows.domain.run.events import TaskHealth, TaskProgress, TaskRunning
 from workflows.domain.settings import Settings
-from workflows.domain.spec import Readiness, job_id
+from workflows.domain.spec import job_id
 from workflows.messages import StartTaskInput, TaskExit
 
 log = logging.getLogger(__name__)

@@ -36,9 +36,9 @@ from activities.agent.runtime import egress
 from activities.agent.runtime.base import Runtime, RuntimeFailure, RuntimeUnavailable
 from activities.agent.runtime.docker import DOCKER_EGRESS
 from activities.agent.runtime.process import PROCESS_SANDBOX
+from workflows.domain.group_parts import Capabilities
 from workflows.domain.reasons import R
 from workflows.domain.scheduling.placement import NODE_MESH, NODE_NETWORK
-from workflows.domain.spec import Capabilities
 
 MODEL_SERVER_TIMEOUT_SECONDS = 5.0
 OUTBOUND_NEEDS = "its agent was started without --outbound-policy"

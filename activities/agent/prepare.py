@@ -21,9 +21,10 @@ from activities.agent.drives import DriveStore
 from activities.agent.runtime.base import Mount, RegistryAuth, RuntimeFailure, forget_attempts
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import source_path
+from workflows.domain.group_parts import DriveSpec, SecretSpec
 from workflows.domain.reasons import R, Reason
 from workflows.domain.refs import TaskRef
-from workflows.domain.spec import DriveSpec, GroupSpec, SecretSpec
+from workflows.domain.spec import GroupSpec
 
 # Host paths no worker may mount, whatever the machine allows: the system's own, and the agent's (its secrets).
 SYSTEM_PATHS = ("/proc", "/sys", "/dev", "/boot", "/etc", "/run", "/var/run", "/var/lib/docker")

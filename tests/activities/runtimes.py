@@ -10,8 +10,8 @@ from contextlib import suppress
 from pathlib import Path
 
 from activities.agent.runtime.base import Observed, Runtime
+from workflows.domain.group_parts import Readiness
 from workflows.domain.refs import TaskRef
-from workflows.domain.spec import Readiness
 
 
 def wait_until_ended(runtime: Runtime, task_key: TaskRef, seconds: float = 20.0) -> Observed:

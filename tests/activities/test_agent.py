@@ -26,11 +26,12 @@ from activities.agent import AgentActivities
 from activities.agent.prepare import Preparer
 from activities.agent.runtime.base import Observed
 from activities.agent.runtime.process import ProcessRuntime
+from workflows.domain.group_parts import Readiness
 from workflows.domain.inventory import GpuInfo, NodeInventory
 from workflows.domain.refs import TaskRef
 from workflows.domain.run.events import TaskHealth, TaskRunning
 from workflows.domain.settings import Settings
-from workflows.domain.spec import GroupSpec, Readiness, job_id
+from workflows.domain.spec import GroupSpec, job_id
 from workflows.messages import StartTaskInput, StartTaskResult, StopTaskInput, SuperviseInput, TaskExit
 
 

@@ -23,8 +23,8 @@ from activities.agent.runtime import egress
 from activities.agent.runtime.base import RuntimeFailure, RuntimeUnavailable
 from activities.agent.runtime.docker import DOCKER_EGRESS
 from activities.agent.runtime.process import PROCESS_SANDBOX, ProcessRuntime
+from workflows.domain.group_parts import Capabilities, OutboundPolicy
 from workflows.domain.reasons import Reason
-from workflows.domain.spec import Capabilities, OutboundPolicy
 
 TOOLLESS = "its agent was started without --tool-gateway"
 

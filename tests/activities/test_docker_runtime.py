@@ -31,17 +31,19 @@ from activities.agent.runtime.base import (
     RuntimeFailure,
     RuntimeUnavailable,
 )
-from activities.agent.runtime.docker import DockerRuntime, container_address, container_name
+from activities.agent.runtime.containers import container_name
+from activities.agent.runtime.docker import DockerRuntime, container_address
 from activities.agent.starter import SetupEnded, Starter
 from activities.identity import AttemptIdentity, ClusterCA, spiffe_id
 from tests.activities.runtimes import check, probe_until, wait_until_ended
 from tests.docker_engine import IMAGE, DockerEngine
 from workers.devserver import free_port
 from workflows.domain.constraints import Drive
+from workflows.domain.group_parts import DriveSpec
 from workflows.domain.machine.attempts import PortMapping
 from workflows.domain.reasons import Reason
 from workflows.domain.refs import TaskRef
-from workflows.domain.spec import DriveSpec, GroupSpec
+from workflows.domain.spec import GroupSpec
 
 _attempts = itertools.count(1)
 

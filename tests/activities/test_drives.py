@@ -15,9 +15,10 @@ from activities.agent.prepare import Prepared, Preparer, Waiting
 from activities.agent.runtime.base import Mount
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import DriveReport
+from workflows.domain.group_parts import DriveSpec
 from workflows.domain.reasons import Reason
 from workflows.domain.refs import TaskRef
-from workflows.domain.spec import DriveSpec, GroupSpec
+from workflows.domain.spec import GroupSpec
 
 KEY = TaskRef(namespace="default", job="run", task_id="w-0", attempt=1)
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from workflows.domain.group_parts import ExternalAccess
 from workflows.domain.inventory import GpuInfo, PortRange
 from workflows.domain.machine.attempts import (
     Admitted,
@@ -19,7 +20,6 @@ from workflows.domain.machine.attempts import (
     assign_ports,
 )
 from workflows.domain.refs import TaskRef
-from workflows.domain.spec import ExternalAccess
 
 T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
 

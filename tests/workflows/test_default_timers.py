@@ -21,13 +21,13 @@ from temporalio.worker import Worker
 
 from activities.control import ControlActivities
 from tests.workflows.fakes import NODE, FakeCluster, Script, pairs, unique
-from workers.client import run_result
-from workflows.contracts import CONTROL_TASK_QUEUE, node_task_queue
+from workers.outcomes import run_result
+from workflows.contracts import CONTROL_TASK_QUEUE, node_task_queue, search_attributes
 from workflows.domain.run.events import TaskRunning
 from workflows.domain.run.views import JobDescription
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id, parse_spec
-from workflows.job import JobWorkflow, search_attributes
+from workflows.job import JobWorkflow
 from workflows.messages import JobInput, RunTaskInput, SuperviseInput, TaskExit
 
 

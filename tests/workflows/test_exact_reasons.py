@@ -10,7 +10,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, unique
 from tests.workflows.test_job_workflow import pairs, spec, start
-from workers.client import run_result
+from workers.outcomes import run_result
 from workflows.domain.reasons import ANOTHER_NAMESPACE
 from workflows.domain.run.events import Preempt
 from workflows.domain.run.status import Status

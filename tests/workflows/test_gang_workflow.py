@@ -9,7 +9,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, unique
 from tests.workflows.test_job_workflow import pairs, start
-from workers.client import run_result
+from workers.outcomes import run_result
 from workflows.domain.run.views import JobDescription
 from workflows.domain.spec import JobSpec, parse_spec
 

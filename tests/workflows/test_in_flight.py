@@ -10,7 +10,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
 from tests.workflows.test_liveness import spec, start, until
-from workers.client import run_result
+from workers.outcomes import run_result
 from workflows.domain.run.views import JobDescription
 from workflows.messages import StopTaskRequest
 

@@ -15,9 +15,11 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
-from workers.client import AstraeusClient, AstraeusError, run_result
+from workers.client import AstraeusClient
+from workers.errors import AstraeusError
+from workers.outcomes import run_result
 from workflows import contracts
-from workflows.contracts import CONTROL_TASK_QUEUE
+from workflows.contracts import CONTROL_TASK_QUEUE, search_attributes
 from workflows.domain.run.events import Created, PlacementUpdate, TaskStarted
 from workflows.domain.run.job import decide
 from workflows.domain.run.status import Status
@@ -25,7 +27,7 @@ from workflows.domain.run.tasks import new_job
 from workflows.domain.run.views import JobDescription
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
-from workflows.job import JobWorkflow, search_attributes
+from workflows.job import JobWorkflow
 from workflows.messages import JobInput, StopTaskRequest
 
 

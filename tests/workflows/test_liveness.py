@@ -13,14 +13,14 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
-from workers.client import run_result
-from workflows.contracts import CONTROL_TASK_QUEUE
+from workers.outcomes import run_result
+from workflows.contracts import CONTROL_TASK_QUEUE, search_attributes
 from workflows.domain.run.events import MachineLost, Preempt
 from workflows.domain.run.status import Status
 from workflows.domain.run.views import JobDescription
 from workflows.domain.settings import Settings
 from workflows.domain.spec import JobSpec, parse_spec
-from workflows.job import JobWorkflow, search_attributes
+from workflows.job import JobWorkflow
 from workflows.messages import JobInput
 
 QUICK = Settings(stale_grace_seconds=1, heartbeat_ttl_seconds=3)

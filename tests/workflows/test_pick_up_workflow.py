@@ -8,7 +8,7 @@ from temporalio.worker import Worker
 
 from tests.workflows.fakes import Script, fake_cluster, unique
 from tests.workflows.test_job_workflow import pairs, spec, start
-from workers.client import run_result
+from workers.outcomes import run_result
 from workflows.contracts import node_task_queue
 from workflows.domain.run.status import Status
 from workflows.domain.run.views import JobDescription

@@ -14,7 +14,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.workflows.fakes import Script, fake_cluster, unique
 from tests.workflows.test_liveness import spec, start
-from workers.client import AstraeusClient, run_result
+from workers.client import AstraeusClient
+from workers.outcomes import run_result
 from workflows.domain.run.status import Folded, Status, StatusEntry
 from workflows.domain.run.views import JobDescription, events
 from workflows.domain.settings import Settings

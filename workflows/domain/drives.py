@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from workflows.domain.bounds import MAX_BYTES, PathText
 from workflows.domain.constraints import Drive
-from workflows.domain.spec import Name
+from workflows.domain.group_parts import Name
 
 SOURCE_NEEDS = (
     "a directory the machines of its site can read: an absolute path or a file:// URL (copying over a network "

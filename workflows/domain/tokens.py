@@ -8,7 +8,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.domain.spec import Name
+from workflows.domain.group_parts import Name
 
 TOKEN_ID_PATTERN = r"^tok-[0-9a-f]{8}$"
 

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.domain.spec import Name
+from workflows.domain.group_parts import Name
 
 DELETED = "Deleted"  # how the runs list shows a deleted run (not a state any run holds)
 KEPT_TOMBSTONES = 5000  # the newest kept; an older one is forgotten (its run's name was free long since)

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from workflows.domain.group_parts import PullPolicy, Readiness
 from workflows.domain.machine.attempts import PortMapping
 from workflows.domain.reasons import Reason
 from workflows.domain.refs import TaskRef
-from workflows.domain.spec import PullPolicy, Readiness
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import socket
 import struct
 import threading
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from typing import Any
 
 import docker
@@ -42,19 +40,26 @@ from activities.agent.runtime.base import (
     RuntimeFailure,
     RuntimeUnavailable,
     ignore_progress,
-    port_environment,
     ran_too_long,
 )
+from activities.agent.runtime.containers import (
+    LABEL_PREFIX,
+    attempt_of,
+    container_environment,
+    container_labels,
+    container_name,
+    engine_time,
+    node_network_name,
+    trim_bytes,
+)
 from activities.agent.runtime.probes import exited, http_get, timed_out
-from workflows.domain.machine.attempts import PortMapping
+from workflows.domain.group_parts import Readiness
 from workflows.domain.reasons import R, Reason, Template
 from workflows.domain.refs import TaskRef
-from workflows.domain.spec import Readiness
 from workflows.domain.subnets import gateway, highest_free
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"  # a network's bridge named by its maker
-LABEL_PREFIX = "astraeus."
 # What the engine says of a container that was created and never started.
 _NEVER_STARTED = "0001-01-01T00:00:00Z"
 _RUNNING_STATES = ["running", "paused", "restarting"]
@@ -62,16 +67,6 @@ _EXEC_POLL_SECONDS = 0.05
 _SIGKILLED = 128 + 9
 # How long after a container's end its out-of-memory event may still reach the engine.
 _OOM_EVENT_GRACE_SECONDS = 1.0
-
-
-def node_network_name(node: str) -> str:
-    """The machine's node network in its engine (several machines may share one engine)."""
-    return f"astraeus-node-{node}"
-
-
-def container_name(key: TaskRef) -> str:
-    """The attempt's container: the engine keeps names unique, so a retried start finds its own."""
-    return f"astraeus.{key.slug}"
 
 
 class DockerRuntime:
@@ -213,7 +208,7 @@ class DockerRuntime:
         state = container.attrs["State"]
         if state["Status"] in _RUNNING_STATES:
             return Observed(running=True)
-        ended = _timestamp(state.get("FinishedAt"))
+        ended = engine_time(state.get("FinishedAt"))
         oom = self._oom_killed(container)
         return Observed(running=False, exit_code=int(state["ExitCode"]), oom=oom, ended_at=ended)
 
@@ -247,7 +242,7 @@ class DockerRuntime:
         held: dict[str, list[int]] = {}
         for container in self._containers(status=_RUNNING_STATES):
             labels = container.labels
-            key = _key_of(labels)
+            key = attempt_of(labels)
             if key is not None:
                 gpus = labels.get(LABEL_PREFIX + "gpus", "")
                 held[key.slug] = [int(index) for index in gpus.split(",") if index]
@@ -257,7 +252,7 @@ class DockerRuntime:
         """The machine's ports held by containers that still run, by attempt slug (from their labels)."""
         held: dict[str, dict[str, int]] = {}
         for container in self._containers(status=_RUNNING_STATES):
-            key = _key_of(container.labels)
+            key = attempt_of(container.labels)
             text = container.labels.get(LABEL_PREFIX + "ports", "")
             if key is not None and text:
                 pairs = (item.partition("=") for item in text.split(","))
@@ -266,12 +261,12 @@ class DockerRuntime:
 
     def attempts(self) -> list[TaskRef]:
         """Every attempt this machine has a container for, running or ended."""
-        keys = (_key_of(container.labels) for container in self._containers())
+        keys = (attempt_of(container.labels) for container in self._containers())
         return sorted((key for key in keys if key is not None), key=lambda key: key.slug)
 
     def running(self) -> list[TaskRef]:
         """The attempts whose container the engine says runs (or is paused, or restarting), from their labels."""
-        keys = (_key_of(container.labels) for container in self._containers(status=_RUNNING_STATES))
+        keys = (attempt_of(container.labels) for container in self._containers(status=_RUNNING_STATES))
         return sorted((key for key in keys if key is not None), key=lambda key: key.slug)
 
     def delete(self, key: TaskRef) -> None:
@@ -312,8 +307,8 @@ class DockerRuntime:
             "image": launch.image,
             "command": launch.command,
             "name": container_name(key),
-            "labels": _labels(key, self.node, launch.gpu_indices, launch.ports),
-            "environment": _environment(key, launch),
+            "labels": container_labels(key, self.node, launch.gpu_indices, launch.ports),
+            "environment": container_environment(key, launch),
             "detach": True,
             "mounts": [
                 DockerMount(target=m.target, source=m.source, type=m.kind, read_only=m.read_only) for m in launch.mounts
@@ -433,8 +428,8 @@ class DockerRuntime:
         if int(state["ExitCode"]) != _SIGKILLED or not container.attrs["HostConfig"].get("Memory"):
             return False
         if container.id not in self._oom:
-            started = _timestamp(state.get("StartedAt")) or 0.0
-            ended = _timestamp(state.get("FinishedAt")) or time.time()
+            started = engine_time(state.get("StartedAt")) or 0.0
+            ended = engine_time(state.get("FinishedAt")) or time.time()
             until = max(time.time(), ended + _OOM_EVENT_GRACE_SECONDS)
             filters = {"type": "container", "container": container.id, "event": "oom"}
             with _engine():
@@ -550,59 +545,3 @@ def container_address(container: Container) -> str | None:
     networks = settings.get("Networks") or {}
     addresses = [str(networks[name].get("IPAddress") or "") for name in sorted(networks)]
     return next((address for address in addresses if address), None)
-
-
-def _labels(key: TaskRef, node: str, gpus: list[int], ports: list[PortMapping]) -> dict[str, str]:
-    return {
-        # Its external access, name=machine's port: what an agent that restarts reads as held (ports_in_use).
-        LABEL_PREFIX + "ports": ",".join(f"{p.name}={p.host_port}" for p in ports),
-        LABEL_PREFIX + "namespace": key.namespace,
-        LABEL_PREFIX + "job": key.job,
-        LABEL_PREFIX + "task": key.task_id,
-        LABEL_PREFIX + "attempt": str(key.attempt),
-        LABEL_PREFIX + "node": node,
-        LABEL_PREFIX + "gpus": ",".join(str(index) for index in gpus),
-    }
-
-
-def _key_of(labels: dict[str, str]) -> TaskRef | None:
-    try:
-        return TaskRef(
-            namespace=labels[LABEL_PREFIX + "namespace"],
-            job=labels[LABEL_PREFIX + "job"],
-            task_id=labels[LABEL_PREFIX + "task"],
-            attempt=int(labels[LABEL_PREFIX + "attempt"]),
-        )
-    except (KeyError, ValueError):
-        return None
-
-
-def _environment(key: TaskRef, launch: Launch) -> dict[str, str]:
-    """The launch's environment, then ours. GPUs are the NVIDIA runtime's to number inside the container."""
-    return {
-        **launch.env,
-        "ASTRAEUS_TASK": key.task_id,
-        "ASTRAEUS_RUN": key.job,
-        "ASTRAEUS_JOB": key.job,  # the same as ASTRAEUS_RUN, deprecated: kept for a release
-        "ASTRAEUS_NAMESPACE": key.namespace,
-        "ASTRAEUS_ATTEMPT": str(key.attempt),
-        **port_environment(launch.ports, mapped=not launch.host_network),
-    }
-
-
-def trim_bytes(data: bytes, max_bytes: int) -> bytes:
-    """The last `max_bytes` bytes of `data`, from a character's start (a cut character would decode longer)."""
-    if len(data) <= max_bytes:
-        return data
-    return data[-max_bytes:].lstrip(bytes(range(0x80, 0xC0)))
-
-
-def _timestamp(text: str | None) -> float | None:
-    """The engine's RFC 3339 time (nanoseconds, "Z") as seconds since the epoch; None when unset or unreadable."""
-    if not text or text.startswith("0001-"):
-        return None
-    trimmed = re.sub(r"(\.\d{6})\d+", r"\1", text).replace("Z", "+00:00")
-    try:
-        return datetime.fromisoformat(trimmed).timestamp()
-    except ValueError:
-        return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import http.client
 
-from workflows.domain.spec import HttpGet
+from workflows.domain.group_parts import HttpGet
 
 
 def timed_out(timeout_seconds: float) -> str:

@@ -39,9 +39,9 @@ from activities.agent.runtime.cgroups import MemoryCgroups, Unenforced, find_mem
 from activities.agent.runtime.forkserver import ForkServer, ForkServerError
 from activities.agent.runtime.probes import exited, http_get, timed_out
 from activities.agent.runtime.shim import end_cgroup, write_atomically
+from workflows.domain.group_parts import Readiness
 from workflows.domain.reasons import R
 from workflows.domain.refs import TaskRef
-from workflows.domain.spec import Readiness
 
 # Programs workers may run with `python3 -m NAME` (the gang example's all-reduce): only this directory goes on their
 # PYTHONPATH, never Astraeus's own packages or its dependencies, which would shadow a worker's.

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from workflows.domain.group_parts import ExternalAccess
 from workflows.domain.inventory import GpuInfo, PortRange
 from workflows.domain.refs import TaskRef
-from workflows.domain.spec import ExternalAccess
 
 
 class Phase(StrEnum):

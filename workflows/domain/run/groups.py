@@ -3,10 +3,10 @@ for run (or pass their readiness check)."""
 
 from __future__ import annotations
 
+from workflows.domain.group_parts import Dependency
 from workflows.domain.reasons import R, Reason
 from workflows.domain.run.status import RUN_TERMINAL, JobRecord, TaskRecord, TaskState, record
 from workflows.domain.run.step import Step
-from workflows.domain.spec import Dependency
 
 RUNNING = (TaskState.RUNNING, TaskState.STALE)
 

@@ -309,7 +309,7 @@ def unflatten(data: dict[str, Any]) -> dict[str, Any]:
 class Folded(BaseModel):
     """The entries compaction took out of a run's histories (the run's, and each worker's by id) during one run of
     its workflow, oldest first. Continue-as-new passes them on in the next run's input, where they stay: clients read
-    them back from there to serve the whole history (workers/client.py). Runs of protocol 4 and later keep them."""
+    them back from there to serve the whole history (workers/folds.py). Runs of protocol 4 and later keep them."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -357,6 +357,17 @@ class JobRecord(BaseModel):
 
 # A folded history keeps its first HEAD entries, then the summary entry, then its latest ones.
 HEAD = 3
+
+
+def history_long(job: JobRecord, suggested: bool, length: int) -> bool:
+    """Whether the run's workflow is due to continue as new: Temporal `suggested` it, its history's `length` reached
+    `continue_as_new_events`, or (since protocol 4) the run holds `history_keep` entries folded out of one of its
+    histories."""
+    return (
+        suggested
+        or length >= job.settings.continue_as_new_events
+        or (job.protocol >= 4 and job.folded.most() >= job.settings.history_keep)
+    )
 
 
 def compact(history: list[StatusEntry], summarised: int, keep: int) -> tuple[int, list[StatusEntry]]:

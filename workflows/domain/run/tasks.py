@@ -7,7 +7,16 @@ from datetime import datetime
 
 from workflows.domain.reasons import R
 from workflows.domain.requests import Allocation, TaskRequest, placed_drives, request_fields
-from workflows.domain.run.status import TASK_ON_NODE, JobRecord, RunState, Status, TaskRecord, TaskState, record
+from workflows.domain.run.status import (
+    TASK_ENDED,
+    TASK_ON_NODE,
+    JobRecord,
+    RunState,
+    Status,
+    TaskRecord,
+    TaskState,
+    record,
+)
 from workflows.domain.settings import Settings
 from workflows.domain.spec import GroupSpec, JobSpec
 
@@ -165,3 +174,16 @@ def nodes_in_use(job: JobRecord) -> list[str]:
 
 def heartbeat_ttl(job: JobRecord, task: TaskRecord) -> float:
     return group_of(job, task).heartbeat_ttl_seconds or job.settings.heartbeat_ttl_seconds
+
+
+def attempts_on(job: JobRecord, node: str) -> dict[str, int]:
+    """The attempt of each worker the run has on `node` now: an agent starts, and keeps running, only those."""
+    return {t.id: t.attempt.number for t in job.tasks if t.node == node and t.on_node}
+
+
+def asked_of_scheduler(job: JobRecord) -> tuple[list[TaskRequest], list[Allocation]]:
+    """What the run asks of the scheduler (for a scheduler that rebuilds its view): its waiting workers' requests,
+    and what its placed workers hold."""
+    pending = [task_request(job, t) for t in job.tasks if t.waiting and not t.final and not t.gated]
+    placed = [allocation(job, t) for t in job.tasks if t.node is not None and t.state not in TASK_ENDED]
+    return pending, placed

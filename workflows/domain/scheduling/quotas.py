@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workflows.domain.group_parts import Name
 from workflows.domain.reasons import R, Reason, number
 from workflows.domain.requests import Allocation, TaskRequest
-from workflows.domain.spec import Name
 
 RESOURCES = ("gpus", "cpu", "memory_bytes")
 
