@@ -25,7 +25,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.agent.housekeeping import RETURNED_KEPT_SECONDS
 from activities.agent.lease import Lease
-from activities.agent.runtime.base import Observed, Runtime, readable
+from activities.agent.runtime.base import Held, Observed, Runtime, readable
 from activities.agent.starter import SetupEnded, Starter
 from workflows import contracts
 from workflows.domain.group_parts import Readiness
@@ -188,13 +188,19 @@ class Supervisor:
             heartbeat = heartbeat_seconds(settings)
             settled = min(POLL_SECONDS_SETTLED, heartbeat)
             paused, looked = 0.0, time.monotonic()
+            look_at = looked + settings.orphan_check_seconds
             while observed.running:
+                if observed.held is not None and self._attempts.held_first_seen(ref):
+                    _say_held(ref, observed.held)
                 _beat()
                 if ended is None:
                     await asyncio.sleep(POLL_SECONDS if time.monotonic() < settled_at else settled)
                     observed = await asyncio.to_thread(self._runtime.observe, ref)
-                elif await _readable(ended, heartbeat):  # else its shim lives: nothing to look at
+                elif await _readable(ended, heartbeat) or time.monotonic() >= look_at:
+                    # Its end, or a look every orphan_check_seconds: a shim that cannot write its worker's exit (a full
+                    # disk) lives on holding it, which only a look sees. Else its shim lives: nothing to look at.
                     observed = await asyncio.to_thread(self._runtime.observe, ref)
+                    look_at = time.monotonic() + settings.orphan_check_seconds
                 paused, looked = max(paused, time.monotonic() - looked), time.monotonic()
         finally:
             if ended is not None:
@@ -274,6 +280,15 @@ class Supervisor:
 # each later one (it sends them at most every 0.8 of the heartbeat timeout, the grace).
 _first_beat_at: ContextVar[float] = ContextVar("first_beat_at", default=0.0)
 FIRST_BEAT_INTERVALS = 3
+
+
+def _say_held(ref: TaskRef, held: Held) -> None:
+    """The agent's log says why an attempt that ended still reads running: its shim holds what it cannot write."""
+    did = "started" if held.record == "pid" else "exited"
+    log.warning(
+        "%s: %s %s but its %s cannot be written to %s (filesystem %s): %s; kept until there is room",
+        ref.slug, ref.task_id, did, held.record, held.directory, held.filesystem, held.error,
+    )  # fmt: skip
 
 
 def heartbeat_seconds(settings: Settings) -> float:

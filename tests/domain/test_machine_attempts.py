@@ -208,3 +208,11 @@ def test_attempts_are_listed_by_slug() -> None:
     for task in ("w-2", "w-0", "w-1"):
         attempts.ours(ref(task))
     assert [r.task_id for r in attempts.ours_all()] == ["w-0", "w-1", "w-2"]
+
+
+def test_a_held_record_is_said_once_per_attempt() -> None:
+    attempts = Attempts()
+    assert [attempts.held_first_seen(ref()) for _ in range(3)] == [True, False, False]
+    assert attempts.held_first_seen(ref("w-1"))
+    attempts.watch_began(ref())  # a watch that re-attaches does not say it again
+    assert not attempts.held_first_seen(ref())

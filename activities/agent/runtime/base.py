@@ -75,6 +75,17 @@ def ignore_progress(reason: Reason) -> None:
 
 
 @dataclass(frozen=True)
+class Held:
+    """A record of an attempt its runtime could not write yet (a full disk, say), kept in memory until it can: the
+    attempt reads running meanwhile, so that its run waits for its exit rather than counting it lost."""
+
+    record: str  # "exit" or "oom" (its worker ended), "pid" (its worker runs)
+    directory: str  # where it is to be written
+    filesystem: str  # the mount point of that directory's filesystem
+    error: str  # why it cannot be: "No space left on device"
+
+
+@dataclass(frozen=True)
 class Observed:
     """What the runtime sees of an attempt now."""
 
@@ -83,6 +94,7 @@ class Observed:
     oom: bool = False
     not_found: bool = False
     ended_at: float | None = field(default=None, compare=False)  # when it exited (epoch seconds), if known
+    held: Held | None = None  # running, but a record of it cannot be written yet
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 An attempt lives in `root/<slug>/`: `launch.json` (what was asked), `shim.pid`, `pid` (the worker, leader of
 its own process group), `log` (stdout and stderr), `cgroup` (the path of its memory cgroup, if it has one), `oom`
 (there if the kernel killed it for memory) and `exit` (its code, written by the shim when it ends).
-The files are the truth, so an agent that restarts finds its attempts again.
+The files are the truth, so an agent that restarts finds its attempts again. A shim that cannot write one (a full disk)
+keeps it and lives on until it can, saying so in its name: the attempt reads running, `Observed.held` says why.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from activities.agent.runtime.base import (
     EXEC_TIMED_OUT,
     ExecRefused,
     Executed,
+    Held,
     Launch,
     Observed,
     OnProgress,
@@ -38,7 +40,7 @@ from activities.agent.runtime.base import (
 from activities.agent.runtime.cgroups import MemoryCgroups, Unenforced, find_memory_cgroups
 from activities.agent.runtime.forkserver import ForkServer, ForkServerError
 from activities.agent.runtime.probes import exited, http_get, timed_out
-from activities.agent.runtime.shim import end_cgroup, write_atomically
+from activities.agent.runtime.shim import end_cgroup, held, write_atomically
 from workflows.domain.group_parts import Readiness
 from workflows.domain.reasons import R
 from workflows.domain.refs import TaskRef
@@ -63,9 +65,9 @@ class ProcessRuntime:
         self.root = root
         self.memory = memory if memory is not None else find_memory_cgroups()
         self._forkserver = ForkServer()
-        # A pidfd of each shim this instance spawned, by attempt slug, while it lives: readable once it ended.
-        # The agent's threads look at them at once; one of them closes a pidfd, under the lock, once it ended.
-        self._spawned: dict[str, int] = {}
+        # Each shim this instance spawned, by attempt slug, while it lives: its pidfd (readable once it ended) and
+        # its pid. The agent's threads look at them at once; one of them closes a pidfd, under the lock, once it ended.
+        self._spawned: dict[str, _Spawned] = {}
         self._spawned_lock = threading.Lock()
 
     def prepare(self) -> None:
@@ -103,15 +105,17 @@ class ProcessRuntime:
         _refuse_what_cannot_run(launch)
 
     def observe(self, key: TaskRef) -> Observed:
-        """Exited with a code, running while its shim lives, else not found (no directory, or a dead shim)."""
-        if self._spawned_alive(key):  # one this instance spawned: a poll of its pidfd, no file read
-            return Observed(running=True)
+        """Exited with a code, running while its shim lives (holding a record it cannot write, maybe: `held`), else
+        not found (no directory, or a dead shim)."""
         directory = self._dir(key)
+        shim_pid = self._spawned_pid(key)
+        if shim_pid is not None:  # one this instance spawned: a poll of its pidfd and a read of its name, no file read
+            return Observed(running=True, held=_held_by(shim_pid, directory))
         code = _read_int(directory / "exit")
         if code is None:
             shim_pid = _read_int(directory / "shim.pid")
             if shim_pid is not None and _runs_shim_of(shim_pid, directory):
-                return Observed(running=True)
+                return Observed(running=True, held=_held_by(shim_pid, directory))
             # The shim writes the exit file just before it ends: look again after seeing it gone.
             code = _read_int(directory / "exit")
         if code is None:
@@ -128,7 +132,7 @@ class ProcessRuntime:
         with self._spawned_lock:
             if not self._spawned_alive_locked(key):
                 return None
-            return os.dup(self._spawned[key.slug])
+            return os.dup(self._spawned[key.slug].pidfd)
 
     def probe(self, key: TaskRef, readiness: Readiness) -> tuple[bool, str]:
         """An HTTP GET to 127.0.0.1 (the worker shares the machine's network), or the command run as the worker
@@ -143,8 +147,9 @@ class ProcessRuntime:
         return _run_check(readiness.command, directory, env, readiness.timeout_seconds)
 
     def stop(self, key: TaskRef, grace_seconds: float) -> None:
-        """SIGTERM the worker's process group, SIGKILL it after the grace period; returns once it ended."""
-        if not self.observe(key).running:
+        """SIGTERM the worker's process group, SIGKILL it after the grace period; returns once it ended (its shim
+        may hold its exit still, which its watch reads once written)."""
+        if _worker_ended(self.observe(key)):
             return
         directory = self._dir(key)
         # A start may still be in flight: its worker's pid comes within moments.
@@ -254,7 +259,7 @@ class ProcessRuntime:
         finally:
             os.close(ready_for_shim)
         with suppress(ProcessLookupError), self._spawned_lock:  # ended already: its files say how
-            self._spawned[key.slug] = os.pidfd_open(pid)
+            self._spawned[key.slug] = _Spawned(pidfd=os.pidfd_open(pid), pid=pid)
         return ready
 
     def _wait_until_started(self, key: TaskRef, directory: Path, ready: int) -> None:
@@ -275,23 +280,60 @@ class ProcessRuntime:
         with self._spawned_lock:
             return self._spawned_alive_locked(key)
 
+    def _spawned_pid(self, key: TaskRef) -> int | None:
+        """The pid of the shim this instance spawned for `key` while it lives (its pidfd not readable yet)."""
+        with self._spawned_lock:
+            return self._spawned[key.slug].pid if self._spawned_alive_locked(key) else None
+
     def _spawned_alive_locked(self, key: TaskRef) -> bool:
-        pidfd = self._spawned.get(key.slug)
-        if pidfd is None:
+        spawned = self._spawned.get(key.slug)
+        if spawned is None:
             return False
-        if not readable(pidfd, 0):
+        if not readable(spawned.pidfd, 0):
             return True
         del self._spawned[key.slug]
-        os.close(pidfd)
+        os.close(spawned.pidfd)
         return False
 
     def _wait_until_ended(self, key: TaskRef, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
-        while self.observe(key).running:
+        while not _worker_ended(self.observe(key)):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(_POLL_SECONDS)
         return True
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spawned:
+    """A shim this runtime spawned, while it lives."""
+
+    pidfd: int  # readable once it ended
+    pid: int  # valid while the pidfd is not readable
+
+
+def _worker_ended(observed: Observed) -> bool:
+    """Whether the attempt's worker ended: its exit is written, or its shim holds it (a full disk). Its process
+    group is not signalled then: once reaped, its id may name another."""
+    return not observed.running or (observed.held is not None and observed.held.record != "pid")
+
+
+def _held_by(shim_pid: int, directory: Path) -> Held | None:
+    """What the live shim `shim_pid` of `directory` holds, from its name (which needs no disk to say it)."""
+    try:
+        holding = held(Path(f"/proc/{shim_pid}/comm").read_text().strip())
+    except OSError:  # ended meanwhile, or not Linux
+        return None
+    if holding is None:
+        return None
+    name, number = holding
+    return Held(record=name, directory=str(directory), filesystem=_mount_point(directory), error=os.strerror(number))
+
+
+def _mount_point(path: Path) -> str:
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return str(path)
 
 
 def _environment(key: TaskRef, launch: Launch) -> dict[str, str]:

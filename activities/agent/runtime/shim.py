@@ -6,8 +6,9 @@ which writes DIR/shim.pid (the server answers the agent once it did), starts the
 DIR/exit, and closes the agent's pipe once the worker started or could not start. A forked shim costs about 3 ms of CPU
 where a fresh interpreter cost 13 to 16 (one runs per worker). With a memory cgroup CG (made by the agent, its limit
 set), the worker joins it before it runs the command; once the worker ended the shim writes DIR/oom if the kernel killed
-anything in it for memory, ends what is left in it and removes it. It uses the standard library only, and the fewest
-modules of it (it forks and execs the worker itself)."""
+anything in it for memory, ends what is left in it and removes it. A record it cannot write (a full disk) it keeps in
+memory and writes again until it can, living on meanwhile, its name saying which record it holds and why (`held`). It
+uses the standard library only, and the fewest modules of it (it forks and execs the worker itself)."""
 
 from __future__ import annotations
 
@@ -25,14 +26,78 @@ from typing import Any
 _CGROUP_END_SECONDS = 5.0
 _MAX_FD = os.sysconf("SC_OPEN_MAX")
 _MAX_REQUEST = 1 << 20  # a request is its command and environment, as JSON
+# A record that cannot be written is tried again after 1 s, then 2, 4, then every 5: a sleep, never a busy loop.
+_HELD_FIRST_SECONDS = 1.0
+_HELD_LONGEST_SECONDS = 5.0
+# While it holds a record, the shim's name (/proc/<pid>/comm, at most 15 bytes, kept by the kernel: it needs no disk)
+# is `held <record> <errno>`, e.g. "held exit 28": the agent reads it there (`held`).
+_HELD = "held"
 
 
 def write_atomically(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` so that a reader sees the whole file or none of it."""
+    """Write `text` so that a reader sees the whole file or none of it. A write that fails leaves no file behind."""
     tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"  # one writer per file, but a name of its own all the same
-    with open(tmp, "w") as file:
-        file.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as file:
+            file.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:  # never made, or its directory is gone
+            pass
+        raise
+
+
+def record(
+    path: str,
+    text: str,
+    holding: Callable[[], None] = lambda: None,
+    given_up: Callable[[], bool] = lambda: False,
+    write: Callable[[str, str], None] = write_atomically,
+    sleep: Callable[[float], None] = time.sleep,
+    name: Callable[[str], None] | None = None,
+) -> bool:
+    """Write one of the attempt's records (`pid`, `oom`, `exit`), once. A write that fails (a full disk: ENOSPC,
+    EDQUOT, or any OSError) loses nothing: the text is kept here and written again after 1 s, then 2, 4, then every
+    5 s, and meanwhile the shim's name says which record it holds and why (`name`, /proc/self/comm by default), and
+    `holding()` is called once. True once written; False if `given_up()` said so first (a pid no longer needed)."""
+    rename = _rename if name is None else name
+    delay, said = _HELD_FIRST_SECONDS, None
+    while True:
+        try:
+            write(path, text)
+        except OSError as err:
+            if said is None:
+                holding()
+            if err.errno != said:
+                said = err.errno or 0
+                rename(f"{_HELD} {os.path.basename(path)} {said}")
+        else:
+            if said is not None:
+                rename("astraeus-shim")
+            return True
+        if given_up():
+            return False
+        sleep(delay)
+        delay = min(2 * delay, _HELD_LONGEST_SECONDS)
+
+
+def held(name: str) -> tuple[str, int] | None:
+    """What a shim named `name` (its /proc/<pid>/comm) holds: the record it could not write and the errno why;
+    None for a shim that holds nothing."""
+    parts = name.split()
+    if len(parts) != 3 or parts[0] != _HELD or not parts[2].isdigit():
+        return None
+    return parts[1], int(parts[2])
+
+
+def _rename(name: str) -> None:
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(name[:15])
+    except OSError:  # no procfs: the shim holds its record all the same
+        pass
 
 
 def supervise(
@@ -41,6 +106,7 @@ def supervise(
     """Run `command` in its own process group (and in `cgroup`, if given) with the environment `env`, wait for it,
     and record its exit code as a shell would. Closes `ready_fd` once the worker's pid (or its exit code, when it
     could not start) is written."""
+    ready = _once(ready_fd)
     with open(os.path.join(directory, "log"), "ab") as log:
         try:
             procs = None if cgroup is None else os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)
@@ -48,18 +114,21 @@ def supervise(
             log.write(f"shim: cannot put the worker in its memory cgroup {cgroup}: {err.strerror}\n".encode())
             code = 126
         else:
-            code = _run(directory, command, log, procs, ready_fd, env)
+            code = _run(directory, command, log, procs, ready, env)
+    # Kept until written, however long that takes (a full disk): a missing exit would make the agent count the
+    # worker lost and run it again. The agent need not wait for the worker's start meanwhile.
     if cgroup is not None and end_cgroup(cgroup):
-        write_atomically(os.path.join(directory, "oom"), "1\n")  # before exit: the exit file is the last word
-    write_atomically(os.path.join(directory, "exit"), f"{code}\n")
-    _close(ready_fd)
+        record(os.path.join(directory, "oom"), "1\n", holding=ready)  # before exit: the exit file is the last word
+    record(os.path.join(directory, "exit"), f"{code}\n", holding=ready)
+    ready()
     return code
 
 
 def _run(directory: str | os.PathLike[str], command: list[str], log: io.BufferedWriter, procs: int | None,
-         ready_fd: int | None, env: dict[str, str]) -> int:  # fmt: skip
+         ready: Callable[[], None], env: dict[str, str]) -> int:  # fmt: skip
     """Start the worker (joining the cgroup whose `cgroup.procs` is open as `procs` between fork and exec, so that
-    the command never runs outside its limit), write its pid, wait for it and return its exit code."""
+    the command never runs outside its limit), write its pid (until written, or until the worker ended), call
+    `ready`, wait for the worker and return its exit code."""
     try:
         pid = _spawn(command, log.fileno(), procs, env)
     except _NotStarted as err:
@@ -67,8 +136,8 @@ def _run(directory: str | os.PathLike[str], command: list[str], log: io.Buffered
         return err.code
     finally:
         _close(procs)
-    write_atomically(os.path.join(directory, "pid"), f"{pid}\n")
-    _close(ready_fd)
+    record(os.path.join(directory, "pid"), f"{pid}\n", holding=ready, given_up=lambda: _ended(pid))
+    ready()
     # As in a container, what the worker leaves in its group ends with it. Kill the group before
     # reaping the worker: until then its id cannot be reused, so killpg names no one else's group.
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
@@ -79,6 +148,22 @@ def _run(directory: str | os.PathLike[str], command: list[str], log: io.Buffered
     _, status = os.waitpid(pid, 0)
     returncode = os.waitstatus_to_exitcode(status)
     return 128 - returncode if returncode < 0 else returncode
+
+
+def _ended(pid: int) -> bool:
+    """Whether the worker `pid` ended, without reaping it."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None
+
+
+def _once(fd: int | None) -> Callable[[], None]:
+    """A function that closes `fd` the first time it is called, and does nothing after (the number may be reused)."""
+    fds = [fd]
+
+    def close() -> None:
+        if fds:
+            _close(fds.pop())
+
+    return close
 
 
 class _NotStarted(Exception):

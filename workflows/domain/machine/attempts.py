@@ -70,6 +70,7 @@ class Attempt:
     ours: bool = False  # this agent started or watched it: stopped when the lease is lost
     unwatched: bool = False  # its watch ended before it did: its end may be told to its run at a later look
     returned_at: float | None = None  # when its exit was returned to its run (seconds of the caller's clock)
+    held_said: bool = False  # its runtime could not write a record of it (a full disk), and the agent's log said so
 
     @property
     def holding(self) -> bool:
@@ -163,6 +164,15 @@ class Attempts:
     def unwatched(self, ref: TaskRef) -> None:
         """Its watch ended before it did, or returned an exit that may reach no one: told at a later look."""
         self._change(ref, unwatched=True)
+
+    def held_first_seen(self, ref: TaskRef) -> bool:
+        """Its runtime holds a record of it that cannot be written: True the first time (the agent's log says why
+        once per attempt, not at every look)."""
+        attempt = self._change(ref)
+        if attempt.held_said:
+            return False
+        self._change(ref, held_said=True)
+        return True
 
     def told(self, ref: TaskRef) -> None:
         """Its end was told to its run at a look (or there is nothing to tell)."""
