@@ -62,9 +62,11 @@ def _utcnow() -> datetime:
 
 
 class SchedulerService:
-    def __init__(self, client: Client, clock: Callable[[], datetime] = _utcnow) -> None:
+    def __init__(self, client: Client, clock: Callable[[], datetime] = _utcnow, epoch: int = 0) -> None:
         self._client = client
         self._clock = clock
+        self.epoch = epoch  # the term of the scheduler's lease this view serves (its placements are of it)
+        self._stopped: str | None = None  # why it places nothing more (its lease was lost), once it does not
         self._requests: dict[JobTaskKey, TaskRequest] = {}
         self._allocations: dict[JobTaskKey, Allocation] = {}
         self._nodes: dict[str, NodeView] = {}
@@ -163,6 +165,17 @@ class SchedulerService:
             if error.status != RPCStatusCode.NOT_FOUND:
                 raise
             return []  # no drive was ever made
+
+    def stop(self, why: str) -> None:
+        """Its scheduler lost its lease: decide nothing more, and send nothing decided but not yet sent (the next
+        holder rebuilds what the runs asked for and decides again). A pass asked for from now on fails, saying why."""
+        self._stopped = why
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
+        if self.sweeping is not None:
+            self.sweeping.cancel()
+        self.outbox.close()
 
     def _view(self) -> tuple[list[TaskRequest], list[Allocation], list[NodeView]]:
         return list(self._requests.values()), list(self._allocations.values()), list(self._nodes.values())
@@ -308,6 +321,10 @@ class SchedulerService:
     def _run_due(self) -> None:
         due, self._due = self._due, None
         assert due is not None
+        if self._stopped is not None:
+            due.set_exception(RuntimeError(f"the scheduler places nothing: {self._stopped}"))
+            due.exception()  # retrieved here too: a change whose caller went away must not warn
+            return
         began = time.monotonic()
         try:
             self._pass()
@@ -339,6 +356,11 @@ class SchedulerService:
         )
         for decision in plan.decisions:
             self._carry_out(decision, now)
+        placed = [
+            f"{d.request.job_id}/{d.request.task_id}#{d.request.attempt} on {d.node}" for d in plan.decisions if d.node
+        ]
+        if placed:
+            log.info("epoch %d: placed %s", self.epoch, ", ".join(placed))
         for preemption in plan.preemptions:
             self._preempt(preemption)
         metrics.observe_pass(plan, now)
@@ -435,8 +457,18 @@ class Outbox:
         self._queues: dict[str, list[tuple[str, BaseModel]]] = {}  # by run, in the order decided
         self._gate: asyncio.Semaphore | None = None
         self._drains: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def close(self) -> None:
+        """Send nothing more: what waits is dropped, what is being sent is cancelled."""
+        self._closed = True
+        for drain in list(self._drains):
+            drain.cancel()
+        self._queues.clear()
 
     def put(self, job_id: str, name: str, message: BaseModel) -> None:
+        if self._closed:
+            return
         queue = self._queues.get(job_id)
         if queue is not None:
             queue.append((name, message))  # its drain is running: it sends this one after the others
@@ -455,12 +487,12 @@ class Outbox:
         if self._gate is None:
             self._gate = asyncio.Semaphore(self._limit)
         async with self._gate:
-            queue = self._queues[job_id]
+            queue = self._queues.get(job_id, [])
             while queue:
                 name, message = queue[0]
                 await self._send_patiently(job_id, name, message)
                 queue.pop(0)
-            del self._queues[job_id]
+            self._queues.pop(job_id, None)
 
     async def _send_patiently(self, job_id: str, name: str, message: BaseModel) -> None:
         delay = 0.1
@@ -475,6 +507,11 @@ class Outbox:
         log.error(
             "signal %s to %s given up after %d tries; the run asks again when it restarts", name, job_id, RESEND_TRIES
         )
+
+
+def _placement(decision: Decision) -> str:
+    request = decision.request
+    return f"{request.job_id} {request.task_id}#{request.attempt} on {decision.node}"
 
 
 def _restored(alloc: Allocation, priority: int | None, now: datetime) -> Allocation:

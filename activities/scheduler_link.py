@@ -61,35 +61,59 @@ PLACED = TypeAdapter(list[PlaceResult])
 RELEASES = TypeAdapter(list[ReleaseInput])
 
 
-def scheduler_app(service: SchedulerService, token: str | None) -> Starlette:
+EPOCH_HEADER = "x-astraeus-scheduler-epoch"  # on every answer of a scheduler that holds the lease: its term
+
+
+def scheduler_app(door: SchedulerDoor, token: str | None) -> Starlette:
     """POST /place and /release: a JSON list of the activities' inputs (the calls of one control process that
     leave together), answered by the list of their results, in order. The calls of one request are decided
-    together: they join the same scheduling pass."""
+    together: they join the same scheduling pass. Each call is served by the door's service of the moment: while it
+    has none (a standby, a scheduler that lost its lease or rebuilds its view) every call is refused with 503 and
+    why, for its local activity to try again."""
 
     def refused(request: Request) -> Response | None:
         if token and not secrets.compare_digest(request.headers.get("authorization", ""), f"Bearer {token}"):
             return JSONResponse({"error": "the scheduler's token is missing or wrong"}, status_code=401)
         return None
 
-    async def call(request: Request, inputs: TypeAdapter[list[Any]], handle: Callable[[Any], Awaitable[Any]]) -> Any:
+    def serving(request: Request) -> SchedulerService | Response:
         if (refusal := refused(request)) is not None:
             return refusal
+        service = door.service
+        if service is None:
+            return JSONResponse({"error": door.refusal}, status_code=503, headers={"retry-after": "1"})
+        return service
+
+    def answer(service: SchedulerService, body: bytes) -> Response:
+        return Response(body, media_type=JSON, headers={EPOCH_HEADER: str(service.epoch)})
+
+    async def call(request: Request, inputs: TypeAdapter[list[Any]], handle: Callable[..., Awaitable[Any]]) -> Any:
+        service = serving(request)
+        if isinstance(service, Response):
+            return service
         try:
             messages = inputs.validate_json(await request.body())
         except ValidationError as error:
             return JSONResponse({"error": str(error)}, status_code=400)
-        return await asyncio.gather(*(handle(message) for message in messages))
+        return service, await asyncio.gather(*(handle(service, message) for message in messages))
 
     async def place(request: Request) -> Response:
-        answer = await call(request, PLACES, service.place)
-        return answer if isinstance(answer, Response) else Response(PLACED.dump_json(answer), media_type=JSON)
+        answer_ = await call(request, PLACES, SchedulerService.place)
+        if isinstance(answer_, Response):
+            return answer_
+        service, results = answer_
+        return answer(service, PLACED.dump_json(results))
 
     async def release(request: Request) -> Response:
-        answer = await call(request, RELEASES, service.release)
-        return answer if isinstance(answer, Response) else JSONResponse([None] * len(answer))
+        answer_ = await call(request, RELEASES, SchedulerService.release)
+        if isinstance(answer_, Response):
+            return answer_
+        service, results = answer_
+        return answer(service, NOTHING.dump_json([None] * len(results)))
 
     async def usage(request: Request) -> Response:
-        return refused(request) or Response(service.usage().model_dump_json(), media_type=JSON)
+        service = serving(request)
+        return service if isinstance(service, Response) else answer(service, service.usage().model_dump_json().encode())
 
     routes = [Route("/place", place, methods=["POST"]), Route("/release", release, methods=["POST"])]
     return Starlette(routes=[*routes, Route("/usage", usage, methods=["GET"])])
@@ -97,10 +121,12 @@ def scheduler_app(service: SchedulerService, token: str | None) -> Starlette:
 
 class SchedulerDoor:
     """The door's socket, bound as soon as it is made, so that the control plane can be told its address (and a
-    second scheduler on it is refused) before the scheduler has rebuilt its view. It listens only once the view is
-    rebuilt: a call before that is refused at once, and tried again by its local activity. A call must not wait for
-    the rebuild, which asks every open run what it holds: a run whose workflow task waits on this door cannot answer
-    until that task ends (the chaos suite measured 73 s for that wait against 4.5 s)."""
+    second scheduler on it is refused) before the scheduler has rebuilt its view. Until it listens a call is refused
+    by the socket; once it listens, a call is served by `service` while the scheduler holds its lease with a view
+    rebuilt, and refused at once otherwise (503, saying why: a standby, a lease lost, a view being rebuilt), to be
+    tried again by its local activity. A call must not wait for the rebuild, which asks every open run what it holds:
+    a run whose workflow task waits on this door cannot answer until that task ends (the chaos suite measured 73 s
+    for that wait against 4.5 s)."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, token: str | None = None) -> None:
         host, port = parse_address(address)
@@ -118,12 +144,28 @@ class SchedulerDoor:
         self._token = token if token is not None else os.environ.get(TOKEN_VARIABLE) or None
         self._server: uvicorn.Server | None = None
         self._serving: asyncio.Future[None] | None = None
-        self.service: SchedulerService | None = None  # once open: what a control plane in this process calls
+        self.service: SchedulerService | None = None  # while it serves: what a control plane in this process calls
+        self.refusal = "its door is not open yet"  # why it serves no call, while it does not
+
+    def serve(self, service: SchedulerService) -> None:
+        """Serve calls with `service` from now on (its scheduler holds the lease, its view rebuilt)."""
+        self.service = service
+
+    def refuse(self, why: str) -> None:
+        """Refuse every call from now on, saying why (a standby, a lease lost, a view being rebuilt)."""
+        self.service, self.refusal = None, why
 
     async def open(self, service: SchedulerService) -> None:
-        """Serve calls (those waiting first), until closed."""
+        """Listen, and serve calls with `service` (those waiting first), until closed."""
+        await self.listen()
+        self.serve(service)
+
+    async def listen(self) -> None:
+        """Answer calls, until closed: served while it has a service, refused (503) while it has none."""
+        if self._serving is not None:
+            return
         config = uvicorn.Config(
-            scheduler_app(service, self._token),
+            scheduler_app(self, self._token),
             lifespan="off",
             log_level="warning",
             access_log=False,
@@ -131,13 +173,12 @@ class SchedulerDoor:
             server_header=False,
             timeout_graceful_shutdown=1,
         )
-        self._server = _Server(config)
         try:
             self._socket.listen(1024)
         except OSError as error:  # another scheduler listens there already (it bound the port while rebuilding)
             raise OSError(f"the scheduler cannot listen on {self.address}: {error.strerror}") from None
+        self._server = _Server(config)
         self._serving = asyncio.ensure_future(self._server.serve(sockets=[self._socket]))
-        self.service = service
 
     async def close(self) -> None:
         self.service = None
@@ -204,7 +245,7 @@ class SchedulerLink:
             return answers.validate_json(await self._request("POST", path, questions.dump_json(inputs)))
         service = self._door.service
         if service is None:
-            raise RuntimeError(f"the scheduler at {self.address} did not answer {path}: its door is not open yet")
+            raise RuntimeError(f"the scheduler at {self.address} did not answer {path}: {self._door.refusal}")
         return list(await asyncio.gather(*(handle(service, message) for message in inputs)))
 
     async def usage(self) -> ClusterUse:

@@ -20,8 +20,16 @@ from activities.agent import AgentActivities
 from activities.agent.drives import DriveActivities
 from activities.control import ControlActivities
 from activities.scheduler import SchedulerService
+from activities.scheduler_lease import SchedulerLeaseHolder
 from activities.scheduler_link import SchedulerLink
-from workers.services import Serves, control_serves, lease_serves, machine_serves, scheduler_serves
+from workers.services import (
+    Serves,
+    control_serves,
+    lease_serves,
+    machine_serves,
+    scheduler_lease_serves,
+    scheduler_serves,
+)
 from workflows import contracts
 from workflows.domain.settings import Settings
 from workflows.messages import PlaceInput, PlaceResult
@@ -38,7 +46,7 @@ WORKFLOW_MODULES = [
     "identity",
     "sessions",
 ]
-WORKFLOW_MODULES += ["subnets"]
+WORKFLOW_MODULES += ["subnets", "scheduler_lease"]
 SOURCE = Path(contracts.__file__).parent
 MACHINE, INSTANCE = "m1", "host:42:cafe"
 
@@ -48,6 +56,7 @@ QUEUE_KINDS = {
     "SCHEDULER_TASK_QUEUE": "scheduler",
     "node_task_queue": "machine",
     "lease_task_queue": "lease",
+    "scheduler_lease_task_queue": "scheduler_lease",
     "local": "control",
 }
 
@@ -78,6 +87,7 @@ def processes() -> dict[str, Serves]:
         "scheduler": scheduler_serves(_unbuilt(SchedulerService)),
         "machine": machine_serves(agent),
         "lease": lease_serves(agent),
+        "scheduler_lease": scheduler_lease_serves(_unbuilt(SchedulerLeaseHolder, instance=INSTANCE)),
     }
 
 
@@ -231,6 +241,7 @@ def handler_problems(
 def test_every_activity_a_workflow_calls_is_registered_on_the_queue_it_is_sent_to() -> None:
     calls = workflow_calls()
     assert {c.activity for c in calls} >= {"load_settings", "place", "release", "run_task", "hold_lease", "read_log"}
+    assert "hold_scheduler_lease" in {c.activity for c in calls}
     assert activity_problems(calls, processes()) == []
 
 
@@ -240,17 +251,18 @@ def test_every_signal_query_and_update_is_handled_by_its_workflow_with_the_decla
 
 def test_the_processes_poll_the_queues_the_workflows_address() -> None:
     served = processes()
-    assert [served[k].task_queue for k in ("control", "scheduler", "machine", "lease")] == [
+    assert [served[k].task_queue for k in ("control", "scheduler", "machine", "lease", "scheduler_lease")] == [
         contracts.CONTROL_TASK_QUEUE,
         contracts.SCHEDULER_TASK_QUEUE,
         contracts.node_task_queue(MACHINE),
         contracts.lease_task_queue(MACHINE, INSTANCE),
+        contracts.scheduler_lease_task_queue(INSTANCE),
     ]
     defined = [workflow._Definition.must_from_class(cls).name for cls in served["control"].workflows]
     names = [contracts.JOB_WORKFLOW, contracts.NODE_WORKFLOW, contracts.LOGS_WORKFLOW, contracts.QUOTAS_WORKFLOW]
     names += [contracts.TOKENS_WORKFLOW, contracts.DELETE_RUN_WORKFLOW, contracts.DELETED_RUNS_WORKFLOW]
     names += [contracts.DRIVES_WORKFLOW, contracts.IDENTITY_WORKFLOW, contracts.SESSION_WORKFLOW]
-    names += [contracts.SUBNETS_WORKFLOW]
+    names += [contracts.SUBNETS_WORKFLOW, contracts.SCHEDULER_LEASE_WORKFLOW]
     assert (defined, contracts.IDENTITY_WORKFLOW) == (names, "IdentityWorkflow")
     assert contracts.SESSION_WORKFLOW == "SessionWorkflow"
 
@@ -272,6 +284,7 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
             *("stop_task", "supervise_task", "use_data_location"),
         ],
         "lease": ["hold_lease"],
+        "scheduler_lease": ["hold_scheduler_lease"],
     }
     # Stubs renamed in Python keep the names histories recorded.
     renamed = [contracts.plan_group, contracts.tell_runs_machine_lost]
@@ -299,6 +312,7 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "drives",
         "subnets",
         "mesh_peers",
+        "lease",
     ]
     assert [m.name for m in contracts.UPDATES] == [
         "cancel",
@@ -323,6 +337,7 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "report_drive",
         "assign_subnet",
         "free_subnet",
+        "claim",
     ]
     assert (contracts.CONTROL_TASK_QUEUE, contracts.SCHEDULER_TASK_QUEUE) == ("astraeus-control", "astraeus-scheduler")
     assert (contracts.node_task_queue("m1"), contracts.lease_task_queue("m1", "h:1:t")) == (
@@ -337,6 +352,11 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
     assert (contracts.TOKENS_WORKFLOW, contracts.TOKENS_WORKFLOW_ID) == ("TokensWorkflow", "tokens")
     assert (contracts.DRIVES_WORKFLOW, contracts.DRIVES_WORKFLOW_ID) == ("DrivesWorkflow", "drives")
     assert (contracts.SUBNETS_WORKFLOW, contracts.SUBNETS_WORKFLOW_ID) == ("SubnetsWorkflow", "subnets")
+    assert (contracts.SCHEDULER_LEASE_WORKFLOW, contracts.SCHEDULER_LEASE_WORKFLOW_ID) == (
+        "SchedulerLeaseWorkflow",
+        "scheduler",
+    )
+    assert contracts.scheduler_lease_task_queue("h:1:t") == "astraeus-scheduler@h:1:t"
     assert [contracts.SA_NAMESPACE, contracts.SA_STATE, contracts.SA_PRIORITY, contracts.SA_NODES] == [
         "AstraeusNamespace",
         "AstraeusState",

@@ -72,7 +72,7 @@ class Embedded:
             control = ControlWorker(self.client, self.settings, door, ca_dir=self.data_dir / "ca")  # the door: no HTTP
             self.control_build = control.build_id
             self._run(control)
-            self._run(await scheduler_worker(self.client, door))
+            self._run(await scheduler_worker(self.client, door, self.settings))
             for i in range(self.node_count):
                 options = AgentOptions(
                     name=f"local-{i}",

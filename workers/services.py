@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -21,7 +21,7 @@ from activities.agent.capabilities import Services, machine_capabilities
 from activities.agent.drives import DriveStore
 from activities.agent.gpus import GpusUnavailable, GpuWatch, NvmlWatch, read_inventory_gpus
 from activities.agent.identities import Identities
-from activities.agent.lease import EXPIRED, TAKEN_OVER, LeaseLost, RegistrationRefused, new_instance, register
+from activities.agent.lease import EXPIRED, TAKEN_OVER, LeaseLost, RegistrationRefused, register
 from activities.agent.machine import PROCFS, SYSFS, PressureWatch, data_free_bytes, read_rdma_ports
 from activities.agent.mesh import Mesh
 from activities.agent.prepare import Preparer
@@ -31,9 +31,18 @@ from activities.agent.runtime.docker import DockerRuntime
 from activities.agent.runtime.process import ProcessRuntime
 from activities.agent.sessions import Sessions
 from activities.control import DEFAULT_CA_DIR, ControlActivities
+from activities.instances import new_instance
 from activities.scheduler import SchedulerService
+from activities.scheduler_lease import LeaseHeld, SchedulerLeaseHolder
 from activities.scheduler_link import DEFAULT_ADDRESS, SchedulerDoor, SchedulerLink
-from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id, node_task_queue
+from workflows.contracts import (
+    CONTROL_TASK_QUEUE,
+    SCHEDULER_TASK_QUEUE,
+    lease_task_queue,
+    node_id,
+    node_task_queue,
+    scheduler_lease_task_queue,
+)
 from workflows.deleted_runs import DeletedRunsWorkflow
 from workflows.deletion import DeleteRunWorkflow
 from workflows.domain.inventory import NetworkPort, NodeInventory, PortRange
@@ -45,6 +54,7 @@ from workflows.job import JobWorkflow
 from workflows.logs import LogsWorkflow
 from workflows.node import NodeWorkflow
 from workflows.quotas import QuotasWorkflow
+from workflows.scheduler_lease import SchedulerLeaseWorkflow
 from workflows.sessions import SessionWorkflow
 from workflows.subnets import SubnetsWorkflow
 from workflows.tokens import TokensWorkflow
@@ -109,6 +119,7 @@ def control_serves(control: ControlActivities, link: SchedulerLink) -> Serves:
             IdentityWorkflow,
             SessionWorkflow,
             SubnetsWorkflow,
+            SchedulerLeaseWorkflow,
         ],
         [
             control.load_settings,
@@ -158,6 +169,11 @@ def machine_serves(activities: AgentActivities) -> Serves:
     )
 
 
+def scheduler_lease_serves(lease: SchedulerLeaseHolder) -> Serves:
+    """A scheduler process's own lease queue."""
+    return Serves(scheduler_lease_task_queue(lease.instance), activities=[lease.hold])
+
+
 def lease_serves(activities: AgentActivities) -> Serves:
     """A node agent's own lease queue."""
     return Serves(lease_task_queue(activities.node_name, activities.instance), activities=[activities.hold_lease])
@@ -202,43 +218,162 @@ class ControlWorker:
 
 
 class SchedulerWorker:
-    """The scheduler service's Temporal worker (node_changed, quotas_changed, ...; place and release for runs of
-    protocols before 3), its door (place and release for the others) and its sweep, which run only while the
-    worker does."""
+    """A scheduler process: its lease's worker (on its own queue), its door, and, for each term it holds the lease,
+    a view rebuilt from the durable truth with its Temporal worker (node_changed, quotas_changed, ...; place and
+    release for runs of protocols before 3) and its sweep. A second scheduler waits as a standby: it polls no
+    scheduler queue, its door refuses every call saying who holds the lease, and it claims the lease again every
+    sixth of its TTL, taking over once the holder's lease expired. A scheduler that loses its lease (paused or cut off
+    past its TTL, or taken over) places nothing from that moment: its door refuses, its worker stops, what it decided
+    but did not send is dropped; when it holds the lease again it rebuilds its view and places again."""
 
-    def __init__(self, service: SchedulerService, worker: Worker, door: SchedulerDoor) -> None:
-        self.service = service
-        self.worker = worker
+    def __init__(
+        self,
+        client: Client,
+        door: SchedulerDoor,
+        lease: SchedulerLeaseHolder,
+        new_service: Callable[[int], Awaitable[SchedulerService]] | None = None,
+    ) -> None:
+        self._client = client
         self.door = door
+        self.lease = lease
+        self._new_service = new_service or self._rebuilt
+        self.service: SchedulerService | None = None  # the term's, while it holds the lease
+        self.worker: Worker | None = None  # the term's worker on SCHEDULER_TASK_QUEUE
+        self._lease_worker = serving(
+            client,
+            scheduler_lease_serves(lease),
+            graceful_shutdown_timeout=timedelta(seconds=1),
+            max_heartbeat_throttle_interval=LEASE_HEARTBEAT_THROTTLE,  # every renewal reaches the server when made
+            default_heartbeat_throttle_interval=LEASE_HEARTBEAT_THROTTLE,
+        )
+        self._lease_running: asyncio.Future[None] | None = None
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        """Poll the lease's queue and claim the lease; once granted, rebuild the view (before returning: the embedded
+        default starts its machines after it). A fresh cluster's first claim is granted at once."""
+        if self._lease_running is None:
+            self._lease_running = asyncio.ensure_future(self._lease_worker.run())
+        await self._begin_term()
+
+    async def _rebuilt(self, epoch: int) -> SchedulerService:
+        service = SchedulerService(self._client, epoch=epoch)
+        await service.rebuild()
+        return service
+
+    async def _begin_term(self) -> bool:
+        """Claim the lease and, once granted, rebuild a view for the term: True when it holds both. False while
+        another scheduler holds the lease (its door says so) or Temporal does not answer."""
+        try:
+            granted = await self.lease.claim()
+        except LeaseHeld as held:
+            if self.door.refusal != str(held):
+                log.warning("the scheduler waits as a standby: %s", held)
+            self.door.refuse(str(held))
+            return False
+        except Exception as error:  # Temporal does not answer, or no control plane runs the lease's workflow yet
+            log.warning("the scheduler could not claim its lease (tried again): %s", error)
+            self.door.refuse(f"the scheduler could not claim its lease: {error}")
+            return False
+        epoch = granted.epoch
+        log.warning("the scheduler %s holds the lease, epoch %d: rebuilding its view", self.lease.instance, epoch)
+        self.door.refuse(f"the scheduler holds the lease (epoch {epoch}) and rebuilds its view")
+        try:
+            service = await self._new_service(epoch)
+        except Exception:
+            log.exception("the scheduler could not rebuild its view (epoch %d); it gives its term up", epoch)
+            self.lease.lose("its view could not be rebuilt")
+            return False
+        if not self.lease.holds(epoch):
+            service.stop(self.lease.why)
+            return False
+        self.service = service
+        self.worker = serving(self._client, scheduler_serves(service), max_concurrent_activities=100)
+        return True
 
     async def run(self) -> None:
-        self.service.sweeping = asyncio.ensure_future(self.service.sweep_forever())
+        if self._lease_running is None:
+            self._lease_running = asyncio.ensure_future(self._lease_worker.run())
         try:
-            await self.door.open(self.service)
-            await self.worker.run()
+            await self.door.listen()
+            while not self._stopping.is_set():
+                if self.service is None and not await self._begin_term():
+                    await self._pause(self.lease.ttl / 6)
+                    continue
+                await self._serve_term()
         finally:
-            self.service.sweeping.cancel()
+            await self._close()
+
+    async def _close(self) -> None:
+        """Stop polling the lease's queue, and close the door."""
+        if self._lease_running is not None:
+            with contextlib.suppress(Exception):
+                await self._lease_worker.shutdown()
+            with contextlib.suppress(BaseException):
+                await self._lease_running
+        await self.door.close()
+
+    async def _serve_term(self) -> None:
+        """Serve until the lease is lost or the process shuts down; then place nothing more."""
+        service, worker = self.service, self.worker
+        assert service is not None and worker is not None
+        epoch = service.epoch
+        service.sweeping = asyncio.ensure_future(service.sweep_forever())
+        running = asyncio.ensure_future(worker.run())
+        self.door.serve(service)
+        try:
+            while self.lease.holds(epoch) and not self._stopping.is_set() and not running.done():
+                await self._pause(self.lease.ttl / 6, running)
+        finally:
+            why = self.lease.why or "the scheduler is shutting down"
+            if not self.lease.holds(epoch) and not self.lease.lost.is_set():
+                self.lease.lose(f"no renewal reached it for {self.lease.ttl:g} s")
+                why = self.lease.why
+            self.door.refuse(why)  # first: nothing is placed from here on
+            service.stop(why)
             with contextlib.suppress(asyncio.CancelledError):
-                await self.service.sweeping
-            await self.door.close()
+                await service.sweeping
+            with contextlib.suppress(Exception):
+                await worker.shutdown()
+            self.service = self.worker = None
+            await asyncio.gather(running, return_exceptions=True)
+        if not self._stopping.is_set() and running.done() and not running.cancelled():
+            running.result()  # the worker failed: the process ends, saying why
+
+    async def _pause(self, seconds: float, *also: asyncio.Future[None]) -> None:
+        """Wait `seconds`, or less when the lease is lost, the process shuts down, or one of `also` ends."""
+        waits: list[asyncio.Future[Any]] = [
+            asyncio.ensure_future(self.lease.lost.wait()),
+            asyncio.ensure_future(self._stopping.wait()),
+        ]
+        try:
+            await asyncio.wait([*waits, *also], timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def shutdown(self) -> None:
-        await self.worker.shutdown()
+        self._stopping.set()
+        if self.worker is not None:
+            with contextlib.suppress(Exception):
+                await self.worker.shutdown()
 
 
-async def scheduler_worker(client: Client, door: SchedulerDoor | None = None) -> SchedulerWorker:
-    """Rebuilds the scheduler's view from the durable truth, then serves place / release (at its door, default
-    DEFAULT_ADDRESS, bound before the rebuild and opened after it) and node_changed, and sweeps away runs that
-    closed without giving their room back."""
+async def scheduler_worker(
+    client: Client, door: SchedulerDoor | None = None, settings: Settings | None = None
+) -> SchedulerWorker:
+    """A scheduler process: it claims the scheduler's lease and, when granted, rebuilds its view from the durable
+    truth before returning; then (run) it serves place / release at its door (default DEFAULT_ADDRESS, bound before
+    the rebuild), node_changed and the others on its queue, and sweeps away runs that closed without giving their
+    room back, for as long as it holds the lease. Refused the lease, it waits as a standby."""
     door = door or SchedulerDoor()
-    service = SchedulerService(client)
+    scheduler = SchedulerWorker(client, door, SchedulerLeaseHolder(client, settings or Settings()))
     try:
-        await service.rebuild()
+        await scheduler.start()
     except BaseException:
-        await door.close()
+        await scheduler._close()
         raise
-    worker = serving(client, scheduler_serves(service), max_concurrent_activities=100)
-    return SchedulerWorker(service, worker, door)
+    return scheduler
 
 
 @dataclass

@@ -48,6 +48,7 @@ from workflows.domain.run.events import (
 )
 from workflows.domain.run.status import Folded, Status
 from workflows.domain.run.views import Event, JobDescription
+from workflows.domain.scheduling.lease import ClaimLease, SchedulerLease
 from workflows.domain.scheduling.planning import TaskPlan
 from workflows.domain.scheduling.quotas import Quota
 from workflows.domain.spec import JobSpec
@@ -70,6 +71,7 @@ from workflows.messages import (
     EndRunInput,
     ForgetRunInput,
     GrantSessionInput,
+    HoldSchedulerLeaseInput,
     IssuedIdentity,
     IssueIdentityInput,
     LeaseInput,
@@ -115,6 +117,11 @@ def node_task_queue(name: str) -> str:
     return f"astraeus-node-{name}"
 
 
+def scheduler_lease_task_queue(instance: str) -> str:
+    """The task queue of the scheduler's lease: its holder's own ("host:pid:token"), polled by that process only."""
+    return f"{SCHEDULER_TASK_QUEUE}@{instance}"
+
+
 def lease_task_queue(name: str, holder: str | None) -> str:
     """The task queue of the machine's lease: its holder's own, so that no other agent of that name (one that lost
     the lease and came back) ever runs it; the machine's queue for an agent that gives no instance."""
@@ -134,12 +141,14 @@ DRIVES_WORKFLOW = "DrivesWorkflow"
 IDENTITY_WORKFLOW = "IdentityWorkflow"
 SESSION_WORKFLOW = "SessionWorkflow"
 SUBNETS_WORKFLOW = "SubnetsWorkflow"
+SCHEDULER_LEASE_WORKFLOW = "SchedulerLeaseWorkflow"
 
 QUOTAS_WORKFLOW_ID = "quotas"
 TOKENS_WORKFLOW_ID = "tokens"  # the HTTP API's tokens (their digests), for every API process alike
 DELETED_RUNS_WORKFLOW_ID = "deleted-runs"  # the tombstones of deleted runs
 DRIVES_WORKFLOW_ID = "drives"  # the cluster's catalogue of drives
 SUBNETS_WORKFLOW_ID = "subnets"  # the node network: each machine's subnet
+SCHEDULER_LEASE_WORKFLOW_ID = "scheduler"  # the scheduler's lease: one scheduler places at a time
 
 # Visibility queries of the open runs and machines.
 OPEN_JOBS = f'WorkflowType="{JOB_WORKFLOW}" AND ExecutionStatus="Running"'
@@ -417,6 +426,15 @@ async def hold_lease(input: LeaseInput) -> None:
     raise NotImplementedError
 
 
+# The scheduler holding its lease (scheduler_lease_task_queue(instance)).
+
+
+@activity.defn
+async def hold_scheduler_lease(input: HoldSchedulerLeaseInput) -> None:
+    """The scheduler's lease: heartbeats while its holder lives and places."""
+    raise NotImplementedError
+
+
 # ---- signals, queries and updates -------------------------------------------------------------------------------
 
 In = TypeVar("In")
@@ -533,9 +551,13 @@ TOMBSTONES: Query[TombstonesQuery, list[Tombstone]] = Query(
     DELETED_RUNS_WORKFLOW, "tombstones", TombstonesQuery, list[Tombstone]
 )
 
+# SchedulerLeaseWorkflow's update (a scheduler process claims the lease: refused while another holds it) and query.
+CLAIM: Update[ClaimLease, SchedulerLease] = Update(SCHEDULER_LEASE_WORKFLOW, "claim", ClaimLease, SchedulerLease)
+LEASE: Query[None, SchedulerLease] = Query(SCHEDULER_LEASE_WORKFLOW, "lease", None, SchedulerLease)
+
 SIGNALS = [PLACEMENT, PREEMPT, TASK_PROGRESS, TASK_RUNNING, TASK_HEALTH, MACHINE_LOST, TASK_EXITED_WHILE_LOST]
 QUERIES = [STATUS, DESCRIBE, EVENTS, FOLDED, ATTEMPTS_ON, SCHEDULER_VIEW, VIEW, QUOTAS, TOKENS, TOMBSTONES, DRIVES]
-QUERIES += [SUBNETS, MESH_PEERS]
+QUERIES += [SUBNETS, MESH_PEERS, LEASE]
 UPDATES = [
     CANCEL,
     REQUEST_STOP,
@@ -550,7 +572,7 @@ UPDATES = [
     REMOVE,
 ]
 UPDATES += [SET_QUOTA, REMOVE_QUOTA, ADD_TOKEN, REVOKE_TOKEN, DELETE, ADD_TOMBSTONE]
-UPDATES += [CREATE_DRIVE, REMOVE_DRIVE, REPORT_DRIVE, ASSIGN_SUBNET, FREE_SUBNET]
+UPDATES += [CREATE_DRIVE, REMOVE_DRIVE, REPORT_DRIVE, ASSIGN_SUBNET, FREE_SUBNET, CLAIM]
 
 
 async def signal(handle: WorkflowHandle[Any, Any], sent: Signal[In], message: In) -> None:

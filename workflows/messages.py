@@ -17,6 +17,7 @@ from workflows.domain.mesh import MeshMember
 from workflows.domain.refs import TaskRef
 from workflows.domain.run.events import PlacementUpdate
 from workflows.domain.run.status import JobRecord
+from workflows.domain.scheduling.lease import SchedulerLease
 from workflows.domain.scheduling.placement import Allocation, TaskRequest
 from workflows.domain.scheduling.quotas import Quota
 from workflows.domain.settings import Settings
@@ -357,6 +358,15 @@ class LeaseInput(_Msg):
     renew_seconds: float
 
 
+class HoldSchedulerLeaseInput(_Msg):
+    """Activity `hold_scheduler_lease`, on the holder's own queue: the lease of epoch `epoch`, renewed every
+    `renew_seconds`."""
+
+    instance: str
+    epoch: int
+    renew_seconds: float
+
+
 class ReadLogInput(_Msg):
     """Activity `read_log`: the last `lines` lines of an attempt's output, at most `max_bytes` of it."""
 
@@ -465,6 +475,16 @@ class NodeInput(_Msg):
     # The former run held the lease of `view.holder` when it continued as new: this one holds it on at once, telling
     # no one (the agent's former lease activity ends without counting the lease lost).
     lease_held: bool = False
+
+
+# ---- SchedulerLeaseWorkflow -------------------------------------------------------------------------------------
+
+
+class SchedulerLeaseInput(_Msg):
+    """The scheduler's lease workflow: new (no lease yet), or continued as new with the lease as it was (`lease`,
+    held by no one: it continues as new only between leases)."""
+
+    lease: SchedulerLease = Field(default_factory=SchedulerLease)
 
 
 class CordonRequest(_Msg):

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -24,6 +21,7 @@ from temporalio.service import RPCError
 from activities.agent.drives import DriveActivities
 from activities.agent.gpus import GpuWatch
 from activities.agent.machine import PressureWatch
+from activities.instances import gone
 from workflows import contracts
 from workflows.contracts import CONTROL_TASK_QUEUE, node_id
 from workflows.domain.inventory import GpuInfo, NodeInventory, NodeView
@@ -50,26 +48,6 @@ class RegistrationRefused(Exception):
 class LeaseLost(Exception):
     """The agent lost its machine's lease (it expired while the agent was away, or another agent took over): it
     stopped its workers and ends; the message says why."""
-
-
-def new_instance() -> str:
-    """This agent process, as the machine's lease names it: host, process id and a token of its own."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-
-
-def gone(holder: str) -> bool:
-    """Whether the agent `holder` ("host:pid:token") was a process of this host that no longer runs."""
-    host, _, rest = holder.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # it runs, as another user
-    return False
 
 
 async def register(client: Client, node: NodeInventory, settings: Settings, instance: str = "") -> NodeView:

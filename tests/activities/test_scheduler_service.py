@@ -14,11 +14,9 @@ from pydantic import BaseModel
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.testing import WorkflowEnvironment
 
 from activities.scheduler import NODES_REFRESH_SECONDS, SchedulerService
 from tests.domain.builders import T0, holding, machine, request
-from tests.workflows.fakes import unique
 from workflows.domain.constraints import Drive
 from workflows.domain.inventory import NodeView
 from workflows.domain.reasons import Reason
@@ -475,24 +473,3 @@ async def test_a_run_placed_at_once_is_answered_in_the_call_and_not_signalled() 
         ("w-1", None, None, Reason("NoMachineFits", "No machine fits: 1 of 1 machines ready")),
     ]
     assert cluster.signals == []
-
-
-async def test_the_scheduler_processes_sweep_ends_with_its_worker(time_skipping: WorkflowEnvironment) -> None:
-    """A scheduler shut down (the embedded default's exit, a benchmark's cluster) leaves no sweep behind that would
-    go on calling a server that is gone."""
-    from temporalio.worker import Worker
-
-    from activities.scheduler_link import SchedulerDoor
-    from workers.services import SchedulerWorker
-
-    service = SchedulerService(time_skipping.client)
-    worker = Worker(time_skipping.client, task_queue=unique("scheduler"), activities=[service.place])
-    scheduler = SchedulerWorker(service, worker, SchedulerDoor("127.0.0.1:0"))
-    running = asyncio.ensure_future(scheduler.run())
-    while scheduler.service.sweeping is None:
-        await asyncio.sleep(0.01)
-    sweeping = scheduler.service.sweeping
-    assert not sweeping.done()
-    await scheduler.shutdown()
-    await asyncio.wait_for(running, 10)
-    assert sweeping.cancelled()

@@ -149,14 +149,14 @@ async def cmd_scheduler(args: argparse.Namespace) -> int:
     from activities.scheduler_link import SchedulerDoor
     from workers.services import scheduler_worker
 
-    load_settings(args.settings)
+    settings = load_settings(args.settings)
     listen = scheduler_address(args.listen)
     client = await connect_to(args)
     try:
         door = SchedulerDoor(listen)
     except OSError as error:
         raise AstraeusError(f"scheduler: {error}") from None
-    worker = await scheduler_worker(client, door)
+    worker = await scheduler_worker(client, door, settings)
     await worker.run()
     return 0
 

@@ -34,6 +34,9 @@ class Settings(BaseModel):
     node_lease_ttl_seconds: float = Field(
         30, gt=0, le=DAY_SECONDS, description="A machine is Down after this long unheard."
     )
+    scheduler_lease_ttl_seconds: float = Field(
+        15, gt=0, le=DAY_SECONDS, description="A scheduler unheard this long loses its lease; a standby takes over."
+    )
     stop_grace_seconds: float = Field(10, ge=0, le=DAY_SECONDS, description="Between the stop signal and the kill.")
     fence_after_seconds: float | None = Field(
         None,
