@@ -17,9 +17,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from bench.common import run_and_exit
+from workers.agent_process import AgentOptions, start_agent
 from workers.commands.inputs import load_settings
 from workers.connect import connect
-from workers.services import AgentOptions, start_agent
 
 
 def machine_name(prefix: str, index: int) -> str:

@@ -28,11 +28,12 @@ from activities.scheduler_link import SchedulerDoor
 from bench.agents import machine_name
 from bench.chaos_checks import Interval
 from bench.common import children_of, own_cpu_seconds, pid_cpu_seconds, proc_stat, wait_for_machines
+from workers.agent_process import Part
 from workers.client import AstraeusClient
 from workers.connect import TEMPORAL_NAMESPACE, connect
 from workers.devserver import DevServer, free_port
 from workers.embedded import shut_down
-from workers.services import ControlWorker, Part, scheduler_worker
+from workers.services import ControlWorker, scheduler_worker
 from workflows.contracts import SCHEDULER_TASK_QUEUE
 from workflows.domain.settings import Settings
 

@@ -13,9 +13,10 @@ from types import TracebackType
 from temporalio.client import Client
 
 from activities.scheduler_link import SchedulerDoor
+from workers.agent_process import AgentOptions, Part, start_agent
 from workers.connect import connect
 from workers.devserver import DevServer
-from workers.services import AgentOptions, ControlWorker, Part, scheduler_worker, start_agent
+from workers.services import ControlWorker, scheduler_worker
 from workers.telemetry import Telemetry
 from workflows.domain.settings import Settings
 

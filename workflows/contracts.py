@@ -14,14 +14,12 @@ messages only, so workflows may import it (sandbox-safe); the pure core (`workfl
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from temporalio import activity
-from temporalio import exceptions as temporal_errors
 from temporalio.common import (
     RetryPolicy,
     SearchAttributeKey,
@@ -29,9 +27,7 @@ from temporalio.common import (
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
 )
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutType
 
-from workflows.domain import reasons
 from workflows.domain.constraints import Drive
 from workflows.domain.drives import DriveReport, NewDrive
 from workflows.domain.inventory import NodeView
@@ -212,39 +208,12 @@ def search_attributes(spec: JobSpec, state: str) -> TypedSearchAttributes:
     )
 
 
-# ---- calling activities: how a workflow retries them, and how their failures read --------------------------------
+# ---- calling activities: how a workflow retries them (how their failures read: workflows/activity_failures.py) -----
 
 # The scheduler and agents come back after a crash: keep retrying calls to them, gently.
 PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
 # A supervisor is never retried by Temporal: the workflow decides (a missed heartbeat makes the worker Stale).
 ONCE = RetryPolicy(maximum_attempts=1)
-
-
-def cancellation(error: BaseException) -> bool:
-    """Whether `error` is how a cancellation of this coroutine shows: at a timer or condition, or at an activity."""
-    if isinstance(error, asyncio.CancelledError):
-        return True
-    return isinstance(error, ActivityError) and isinstance(error.cause, CancelledError)
-
-
-def heartbeat_missed(error: ActivityError) -> bool:
-    cause = error.cause
-    return isinstance(cause, temporal_errors.TimeoutError) and cause.type == TimeoutType.HEARTBEAT
-
-
-def setup_failed(error: ActivityError) -> bool:
-    """The agent said why the worker cannot be set up or started (a reason of its own, final)."""
-    cause = error.cause
-    return isinstance(cause, ApplicationError) and bool(cause.type) and cause.non_retryable
-
-
-def start_failure(error: ActivityError) -> reasons.Reason:
-    """The reason an agent put on a failed start (its code as the error's type, its sentence as the message); an
-    unexplained failure is a start failure."""
-    cause = error.cause
-    if isinstance(cause, ApplicationError) and cause.type:
-        return reasons.Reason(cause.type, cause.message)
-    return reasons.R.ContainerStartFailed(error=str(cause or error))
 
 
 # ---- activities -------------------------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain.tombstones import Tombstone
     from workflows.messages import DeleteRunFilesInput, DeleteRunInput, EndRunInput, ForgetRunInput
 
-PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
 # A machine gets this long to pick its part up, a few times: one that does not is down, and cleans up on its return.
 MACHINE_PICKS_UP = timedelta(seconds=10)
 MACHINE_TRIES = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
@@ -78,7 +77,7 @@ class DeleteRunWorkflow:
             ForgetRunInput(tombstone=tombstone),
             task_queue=CONTROL_TASK_QUEUE,
             start_to_close_timeout=timedelta(minutes=5),
-            retry_policy=PATIENT,
+            retry_policy=contracts.PATIENT,
             summary=f"forget {input.namespace}/{input.name}",
         )
         return tombstone

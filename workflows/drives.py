@@ -9,7 +9,6 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -18,8 +17,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain.constraints import Drive
     from workflows.domain.drives import DriveReport, NewDrive, in_use_refusal, reported
     from workflows.messages import DrivesChangedInput, DrivesInput, RemoveDriveRequest
-
-PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
 
 
 @workflow.defn(name=contracts.DRIVES_WORKFLOW)
@@ -47,7 +44,7 @@ class DrivesWorkflow:
                 DrivesChangedInput(drives=self._list()),
                 task_queue=SCHEDULER_TASK_QUEUE,
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=PATIENT,
+                retry_policy=contracts.PATIENT,
                 summary="tell the scheduler",
             )
 
@@ -75,7 +72,7 @@ class DrivesWorkflow:
                 request,
                 task_queue=SCHEDULER_TASK_QUEUE,
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=PATIENT,
+                retry_policy=contracts.PATIENT,
                 summary="who uses it",
             )
             if users.runs:

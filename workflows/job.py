@@ -12,7 +12,7 @@ from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows import contracts
+    from workflows import activity_failures, contracts
     from workflows.contracts import CONTROL_TASK_QUEUE, NODES_KEY, SCHEDULER_TASK_QUEUE, STATE_KEY, node_task_queue
     from workflows.domain.reasons import R, error_text
     from workflows.domain.refs import TaskRef
@@ -155,7 +155,7 @@ class JobWorkflow:
             try:
                 return await operation()
             except (asyncio.CancelledError, ActivityError) as error:
-                if not contracts.cancellation(error) or workflow.cancellation_reason() is None:
+                if not activity_failures.cancellation(error) or workflow.cancellation_reason() is None:
                     raise
                 if not workflow.patched(CANCEL_REQUEST_PATCH):
                     raise  # recorded when a cancellation request closed the workflow at once
@@ -196,7 +196,7 @@ class JobWorkflow:
             )
             await workflow.wait_condition(lambda: workflow.cancellation_reason() is not None)
         except (asyncio.CancelledError, ActivityError) as error:
-            if not contracts.cancellation(error):
+            if not activity_failures.cancellation(error):
                 raise
 
     def _settled(self) -> bool:
@@ -378,7 +378,7 @@ class JobWorkflow:
             )
         except ActivityError as error:
             failed = ev.TaskSetupFailed(
-                task_id=command.task_id, attempt=command.attempt, reason=contracts.start_failure(error)
+                task_id=command.task_id, attempt=command.attempt, reason=activity_failures.start_failure(error)
             )
             self._inbox.append(failed)
             return
@@ -443,15 +443,15 @@ class JobWorkflow:
                 if isinstance(error.cause, CancelledError):
                     return  # the worker left its machine, or the run continues as new
                 if starting and (task_id, attempt) not in self._reported_running:
-                    if contracts.setup_failed(error):
+                    if activity_failures.setup_failed(error):
                         failed = ev.TaskSetupFailed(
-                            task_id=task_id, attempt=attempt, reason=contracts.start_failure(error)
+                            task_id=task_id, attempt=attempt, reason=activity_failures.start_failure(error)
                         )
                         self._inbox.append(failed)
                         return
                     await workflow.sleep(1)  # the agent restarted, or was busy: start again (it finds its own)
                     continue
-                if contracts.heartbeat_missed(error):
+                if activity_failures.heartbeat_missed(error):
                     self._inbox.append(ev.HeartbeatLate(task_id=task_id, attempt=attempt))
                 else:
                     await workflow.sleep(1)  # the agent restarted, or refused: watch again

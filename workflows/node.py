@@ -46,7 +46,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.messages import CordonRequest, DataLocationRequest, LeaseInput, NodeChangedInput, NodeInput
 
 DATA_LOCATION_ANSWER_SECONDS = 30  # a machine's agent takes up a chosen data location within this, or it is refused
-PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
 # Since this change a run that grew long continues as new while it holds the lease too, carrying the lease over;
 # runs started before it (replayed) waited for the lease to end first, however long their history grew.
 CONTINUE_HOLDING_PATCH = "node-continues-as-new-holding-its-lease"
@@ -177,7 +176,7 @@ class NodeWorkflow:
             MachineLost(node=self._view.name, removed=removed, lost_at=lost_at, fenced_at=fenced),
             task_queue=SCHEDULER_TASK_QUEUE,  # the scheduler knows every worker on the machine
             start_to_close_timeout=timedelta(seconds=60),
-            retry_policy=PATIENT,
+            retry_policy=contracts.PATIENT,
             summary="tell runs the machine is lost",
         )
 
@@ -187,7 +186,7 @@ class NodeWorkflow:
             NodeChangedInput(node=self._view),
             task_queue=SCHEDULER_TASK_QUEUE,
             start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=PATIENT,
+            retry_policy=contracts.PATIENT,
         )
 
     @workflow.update(name=contracts.REGISTER.name)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -14,8 +13,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.contracts import SCHEDULER_TASK_QUEUE
     from workflows.domain.scheduling.quotas import Quota
     from workflows.messages import QuotasChangedInput, QuotasInput, RemoveQuotaRequest
-
-PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
 
 
 @workflow.defn(name=contracts.QUOTAS_WORKFLOW)
@@ -41,7 +38,7 @@ class QuotasWorkflow:
                 QuotasChangedInput(quotas=self._list()),
                 task_queue=SCHEDULER_TASK_QUEUE,
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=PATIENT,
+                retry_policy=contracts.PATIENT,
                 summary="tell the scheduler",
             )
 

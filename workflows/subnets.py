@@ -13,7 +13,6 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from workflows import contracts
@@ -21,8 +20,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain.mesh import MeshMember, MeshPeer, peers_of
     from workflows.domain.subnets import assign, exhausted
     from workflows.messages import LoadSettingsResult, MeshPeersRequest, NodeSubnet, SubnetRequest, SubnetsInput
-
-PATIENT = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10))
 
 
 @workflow.defn(name=contracts.SUBNETS_WORKFLOW)
@@ -50,7 +47,7 @@ class SubnetsWorkflow:
                 contracts.load_settings,
                 task_queue=CONTROL_TASK_QUEUE,
                 start_to_close_timeout=timedelta(seconds=10),
-                retry_policy=PATIENT,
+                retry_policy=contracts.PATIENT,
                 summary="the node network's range",
             )
             cluster_range, prefix = loaded.settings.node_subnet_range, loaded.settings.node_subnet_prefix

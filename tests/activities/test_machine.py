@@ -34,7 +34,7 @@ from activities.agent.machine import (
 )
 from activities.agent.prepare import Preparer
 from activities.agent.runtime.process import ProcessRuntime
-from workers.services import AgentOptions, inventory
+from workers.agent_process import AgentOptions, inventory
 from workflows.domain.inventory import NetworkPort, NodeInventory
 from workflows.domain.machine.decisions import PressureReported
 from workflows.messages import LeaseInput

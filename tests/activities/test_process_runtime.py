@@ -20,8 +20,8 @@ from activities.agent.runtime.base import Launch, Observed, RuntimeFailure, read
 from activities.agent.runtime.forkserver import ForkServer
 from activities.agent.runtime.process import ProcessRuntime
 from tests.activities.runtimes import check, has_ended, kill_attempts, probe_until, wait_until_ended
+from workers.agent_process import AgentOptions, make_runtime
 from workers.devserver import free_port
-from workers.services import AgentOptions, make_runtime
 from workflows.domain.refs import TaskRef
 
 

@@ -1,5 +1,5 @@
 """A running worker's heartbeats reach the server every half of the stale grace, not more often: each is a write of
-its run's workflow, the most frequent request of a burst (workers/services.py, Agent). Counted by the server."""
+its run's workflow, the most frequent request of a burst (workers/agent_process.py, Agent). Counted by the server."""
 
 from __future__ import annotations
 

@@ -188,7 +188,7 @@ async def cmd_agent(args: argparse.Namespace) -> int:
     from activities.agent.capabilities import Services
     from activities.agent.lease import LeaseLost, RegistrationRefused
     from activities.agent.machine import MachineReadError, parse_port
-    from workers.services import AgentOptions, start_agent
+    from workers.agent_process import AgentOptions, start_agent
 
     notes = _capability_notes(args.capability_note)
     try:
