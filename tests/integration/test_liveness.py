@@ -3,6 +3,7 @@ that resumes within the TTL brings its workers back. Reasons read through `astra
 
 from __future__ import annotations
 
+import re
 import signal
 import textwrap
 from collections.abc import Iterator
@@ -53,10 +54,16 @@ def test_a_killed_agent_makes_its_workers_stale_then_down_then_restarted_elsewhe
     task = worker(cluster, "survivor")
     assert task["node"] != lost
     history = pairs(task["history"])
-    assert history[4:9] == [
+    # Down, then it waits for the lost machine's fence (its copy there surely stopped) rather than its back-off
+    fence = history[7]
+    assert re.fullmatch(
+        rf"Restarts at \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC, once its copy on {lost} has surely stopped", fence[1]
+    )
+    assert history[4:10] == [
         ("Running", "Container running"),
         ("Stale", "Heartbeat lease expired"),
         ("Down", "Machine lost: its lease expired"),
+        ("Down", fence[1]),
         ("Pending", "Restarted by policy (restart 1/10)"),
         ("Pending", f"Placed on {task['node']}"),
     ]
