@@ -8,9 +8,10 @@ from datetime import timedelta
 
 import pytest
 
+from tests.domain.test_gang import IDS, gone, of, running_gang
 from tests.domain.test_job import at, running_story
 from workflows.domain.machine.fence import expired_late, fenced_at, probation
-from workflows.domain.run.events import ArmTimer, MachineLost, Release, Timer, TimerFired
+from workflows.domain.run.events import ArmTimer, MachineLost, Place, Release, Stop, Timer, TimerFired
 from workflows.domain.settings import Settings
 
 # ---- the machine's side: pure timers ----------------------------------------------------------------------------
@@ -89,3 +90,19 @@ def test_a_worker_that_never_restarts_fails_at_once_its_fence_aside() -> None:
     story.step(10, MachineLost(node="n0", lost_at=at(10), fenced_at=at(115)))
     assert story.status("w-0") == ("Down", "Machine lost: its lease expired")
     assert story.status()[0] == "Failed"
+
+
+def test_a_gang_whose_member_was_lost_restarts_whole_once_that_members_copy_has_surely_stopped_and_says_so() -> None:
+    story = running_gang()  # w-i on n<i>, running since 5 s
+    commands = story.step(10, MachineLost(node="n2", lost_at=at(10), fenced_at=at(115)))
+    assert [s.task_id for s in of(commands, Stop)] == ["w-0", "w-1", "w-3"]
+    assert story.status("w-0") == ("Stopping", "Gang restart: w-2 was lost on n2")
+    assert of(gone(story, 11, ["w-0", "w-1", "w-3"]), Place) == []  # not before the fence, though w-2's back-off ends
+    assert story.step(20, TimerFired(timer=Timer.RESTART, task_id="w-2", attempt=0)) == []  # a stale timer: ignored
+    (place,) = of(story.step(115, TimerFired(timer=Timer.RESTART, task_id="w-2", attempt=0)), Place)
+    assert [(r.task_id, r.attempt) for r in place.requests] == [(t, 1) for t in IDS]
+    assert story.history("w-2")[-3:] == [
+        ("Down", "Machine lost: its lease expired"),
+        ("Down", "Restarts at 2025-01-01 12:01:55 UTC, once its copy on n2 has surely stopped"),
+        ("Pending", "Gang restart: w-2 was lost on n2"),
+    ]

@@ -289,6 +289,7 @@ ADDITIONS: list[Row] = [
         "machine cannot host the node network (its workers run as processes on the machine's own network)",
     ),
     ("Placed", {"node": "n0"}, "Placed on n0"),
+    ("GangRestartLost", {"task": "w-1", "node": "n1"}, "Gang restart: w-1 was lost on n1"),
     (
         "WaitsForFence",
         {"time": "2026-01-01 00:02:05", "node": "n0"},

@@ -110,6 +110,9 @@ class R:
     # --- Restarts --------------------------------------------------------------------------------------------
     RetryBudgetExhausted = _t("RetryBudgetExhausted", "Retry budget exhausted after {restarts}/{budget} restarts")
     GangRestart = _t("GangRestart", "Gang restart: {task} failed")
+    # Not in the spec: the spec's "Gang restart: <w> failed" for a member lost with its machine (Down) says so, as
+    # "Worker <w> was lost on <machine>" does for a run that fails on one.
+    GangRestartLost = _t("GangRestartLost", "Gang restart: {task} was lost on {node}")
     RestartedByPolicy = _t("RestartedByPolicy", "Restarted by policy (restart {restart}/{budget})")
     PreemptedQueuedAgain = _t("PreemptedQueuedAgain", "Preempted by {run}; queued again")
 

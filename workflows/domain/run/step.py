@@ -135,7 +135,8 @@ class Step:
         already and keeps waiting, one stopping already ends as its stop says, and one waiting out a back-off of its
         own is restarted by its policy, with its own reason. Each is one of the new round; in a gang, which leaves
         and comes back whole, the one in its back-off comes back with the others (gang.requeue_gang), not alone."""
-        reason = R.GangRestart(task=failed.id)
+        lost = failed.state is TaskState.DOWN and failed.node is not None
+        reason = R.GangRestartLost(task=failed.id, node=failed.node) if lost else R.GangRestart(task=failed.id)
         failed.after = RequeueWithGang(reason=reason, at=failed.restart_at)
         for task in self.job.tasks:
             if task is not failed and self.gang and isinstance(task.after, RestartAt):
