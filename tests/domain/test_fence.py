@@ -46,9 +46,10 @@ def test_an_expiry_is_late_when_it_comes_well_after_a_lease_past_its_last_renewa
     assert expired_late(at(100 - since), at(100), Settings()) is late
 
 
-def test_an_agent_that_sent_no_renewal_time_is_never_late_and_the_probation_is_one_lease() -> None:
+def test_an_agent_that_sent_no_renewal_time_is_never_late_and_the_probation_is_a_lease_or_10_s() -> None:
     assert expired_late(None, at(100), Settings()) is False
     assert probation(Settings()) == timedelta(seconds=30)
+    assert probation(Settings(node_lease_ttl_seconds=3)) == timedelta(seconds=10)  # a client's reconnection at least
 
 
 # ---- the run's side: a lost worker starts again once its copy has surely stopped --------------------------------

@@ -37,7 +37,12 @@ def expired_late(renewed_at: datetime | None, now: datetime, settings: Settings)
     return (now - renewed_at).total_seconds() > ttl + ttl / 3 + settings.clock_skew_seconds
 
 
+# The shortest probation: an agent hears that its lease expired at its next renewal (a third of a lease), then its
+# client reconnects to a server just back (its retries back off over seconds) and registers again.
+PROBATION_FLOOR_SECONDS = 10.0
+
+
 def probation(settings: Settings) -> timedelta:
     """How long a lease that expired late waits for its agent to renew (register again) before its machine is lost:
-    three renewals."""
-    return timedelta(seconds=settings.node_lease_ttl_seconds)
+    three renewals (a lease), and never less than PROBATION_FLOOR_SECONDS."""
+    return timedelta(seconds=max(settings.node_lease_ttl_seconds, PROBATION_FLOOR_SECONDS))
