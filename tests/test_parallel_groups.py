@@ -122,5 +122,6 @@ def test_the_tests_that_keep_both_cores_busy_are_marked_alone() -> None:
     alone = sorted(line for line in listed.stdout.splitlines() if "::" in line)
     assert alone == [
         "tests/test_bench_burst.py::test_a_tiny_burst_prints_its_figures_and_exits_0",
+        "tests/test_chaos.py::test_an_agent_cut_off_from_temporal_never_leaves_two_live_copies_of_a_worker",
         "tests/test_chaos.py::test_every_fault_in_turn_loses_no_run_starts_no_worker_twice_and_holds_no_gpu_twice",
     ], listed.stdout[-2000:]
