@@ -261,7 +261,10 @@ class Lease:
         try:
             described = await self._client.get_workflow_handle(workflow_id).describe()
         except Exception as err:  # unheard: the fence counts on from the last one read
-            log.info("%s: could not read back its lease's renewal: %s", self.node_name, err)
+            log.warning(
+                "%s: could not read back its lease's renewal (%s): %.0f s of its fence (%g s) gone",
+                self.node_name, err, self.unheard_seconds(), self._settings.fence_seconds,
+            )  # fmt: skip
             return
         for pending in described.raw_description.pending_activities:
             if pending.activity_type.name == contracts.activity_name(contracts.hold_lease) and pending.HasField(
