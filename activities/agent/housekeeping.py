@@ -110,14 +110,7 @@ class Housekeeping:
         them lost and start them again elsewhere); returns how many it stopped."""
         keys = self._attempts.ours_all()
         observed = await asyncio.gather(*(asyncio.to_thread(self._runtime.observe, key) for key in keys))
-        running = [key for key, seen in zip(keys, observed, strict=True) if seen.running]
-        results = await asyncio.gather(
-            *(self._starter.stop(key, grace_seconds) for key in running), return_exceptions=True
-        )
-        for key, result in zip(running, results, strict=True):
-            if isinstance(result, BaseException):
-                log.warning("%s: could not stop %s: %s", self.node_name, key.slug, result)
-        return len(running)
+        return await self._stop([key for key, seen in zip(keys, observed, strict=True) if seen.running], grace_seconds)
 
     async def stop_everything(self) -> int:
         """Stop every worker that runs on this machine, whoever started it (the fence); returns how many."""
@@ -126,13 +119,17 @@ class Housekeeping:
         except Exception as err:  # the engine does not answer: the next look tries again
             log.warning("%s: could not list its workers to stop them: %s", self.node_name, err)
             return 0
+        return await self._stop(running, self._settings.stop_grace_seconds)
+
+    async def _stop(self, keys: list[TaskRef], grace_seconds: float) -> int:
+        """Stop these attempts at once, each within its grace; one that cannot be stopped is logged."""
         results = await asyncio.gather(
-            *(self._starter.stop(key, self._settings.stop_grace_seconds) for key in running), return_exceptions=True
+            *(self._starter.stop(key, grace_seconds) for key in keys), return_exceptions=True
         )
-        for key, result in zip(running, results, strict=True):
+        for key, result in zip(keys, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("%s: could not stop %s: %s", self.node_name, key.slug, result)
-        return len(running)
+        return len(keys)
 
     async def delete_run(self, input: DeleteRunFilesInput) -> DeletedFiles:
         """Remove every attempt of a deleted run here (stopping any that still runs): directory or container, log

@@ -271,3 +271,29 @@ class FakeMachine:
     async def node_changed(self, input: NodeChangedInput) -> None:
         if self.name is None or input.node.name == self.name:  # the queue is shared with other tests' machines
             self.seen.append(input.node)
+
+
+@contextlib.asynccontextmanager
+async def machine_workflow(
+    client: Client, machine: FakeMachine, inventory: Any, settings: Settings
+) -> AsyncIterator[Any]:
+    """A machine's workflow, registered by `machine` (its agent's lease, and the scheduler's side it is told on):
+    the control plane's, the scheduler's and the machine's workers, and the workflow's handle."""
+    from workflows.contracts import node_id
+    from workflows.domain.machine.decisions import Registered
+    from workflows.messages import NodeInput
+    from workflows.node import NodeWorkflow
+
+    name = inventory.name
+    async with (
+        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
+        Worker(
+            client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.tell_runs_machine_lost]
+        ),
+        Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
+    ):
+        handle = await client.start_workflow(
+            NodeWorkflow.run, NodeInput(name=name, settings=settings), id=node_id(name), task_queue=CONTROL_TASK_QUEUE
+        )
+        await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory))
+        yield handle

@@ -18,16 +18,14 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
-from tests.workflows.fakes import FakeMachine, unique
+from tests.workflows.fakes import FakeMachine, machine_workflow, unique
 from workers.connect import ensure_search_attributes
 from workers.devserver import free_port
-from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_id, node_task_queue
 from workflows.domain.inventory import NodeInventory
 from workflows.domain.machine.decisions import Registered
 from workflows.domain.settings import Settings
-from workflows.messages import LeaseInput, NodeInput
+from workflows.messages import LeaseInput
 from workflows.node import NodeWorkflow
 
 BIN = Path(sys.executable).parent
@@ -81,20 +79,7 @@ async def test_a_lease_that_expired_late_waits_for_its_agent_and_a_machine_whose
     name = unique("m")
     machine = LateMachine(name)
     inventory = NodeInventory(name=name, cpus=8, memory_bytes=2**34)
-    async with (
-        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
-        Worker(
-            client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.tell_runs_machine_lost]
-        ),
-        Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
-    ):
-        handle = await client.start_workflow(
-            NodeWorkflow.run,
-            NodeInput(name=name, settings=Settings(node_lease_ttl_seconds=1)),
-            id=node_id(name),
-            task_queue=CONTROL_TASK_QUEUE,
-        )
-        await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory))
+    async with machine_workflow(client, machine, inventory, Settings(node_lease_ttl_seconds=1)) as handle:
         await asyncio.sleep(1)  # its lease renewed, saying when
         machine.alive = False  # Temporal, say, was away: its lease expires, late
         await until_probation(client, handle.id, 1)

@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.workflows.fakes import FakeMachine, unique
+from tests.workflows.fakes import FakeMachine, machine_workflow, unique
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, lease_task_queue, node_id, node_task_queue
 from workflows.domain.inventory import GpuInfo, NodeInventory
 from workflows.domain.machine.decisions import Registered
@@ -72,7 +72,6 @@ async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping:
 
 
 async def test_a_removed_machine_stays_removed_when_its_lease_then_expires(time_skipping: WorkflowEnvironment) -> None:
-    from workflows.domain.machine.decisions import Registered
     from workflows.domain.run.events import MachineLost
     from workflows.messages import CordonRequest
 
@@ -80,20 +79,7 @@ async def test_a_removed_machine_stays_removed_when_its_lease_then_expires(time_
     name = unique("m")
     machine = FakeMachine(name)
     inventory = NodeInventory(name=name, cpus=8, memory_bytes=2**34)
-    async with (
-        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
-        Worker(
-            client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.tell_runs_machine_lost]
-        ),
-        Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
-    ):
-        handle = await client.start_workflow(
-            NodeWorkflow.run,
-            NodeInput(name=name, settings=Settings(node_lease_ttl_seconds=1)),
-            id=node_id(name),
-            task_queue=CONTROL_TASK_QUEUE,
-        )
-        await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory))
+    async with machine_workflow(client, machine, inventory, Settings(node_lease_ttl_seconds=1)) as handle:
         await handle.execute_update(NodeWorkflow.remove, CordonRequest(reason="decommissioned"))
         machine.alive = False  # its agent goes away: the lease expires after the removal
         await asyncio.sleep(3)
