@@ -29,7 +29,7 @@ from workflows.contracts import DRIVES_WORKFLOW_ID, PRIORITY_KEY, QUOTAS_WORKFLO
 from workflows.domain.constraints import Drive
 from workflows.domain.inventory import NodeState, NodeView
 from workflows.domain.requests import Allocation, JobTaskKey, TaskRequest, allocation_for, namespace_of, run_name
-from workflows.domain.run.events import MachineLost, PlacementUpdate, Preempt
+from workflows.domain.run.events import MachineHeard, MachineLost, PlacementUpdate, Preempt
 from workflows.domain.scheduling.machines import Compiled
 from workflows.domain.scheduling.planning import TaskPlan, plan_group
 from workflows.domain.scheduling.queue import Decision, Preemption, schedule
@@ -266,14 +266,24 @@ class SchedulerService:
 
     @implements(contracts.tell_runs_machine_lost)
     async def tell_runs_machine_lost(self, report: MachineLost) -> int:
-        """Tell every open run with a worker on the machine that it is gone (its workers go Down): the runs that
-        hold room there, and those that list it in their search attribute AstraeusNodes (runs created before the
-        scheduler answered for them). Returns once each was told, so that a lost machine's runs always learn it."""
-        held = {job for (job, _), alloc in self._allocations.items() if alloc.node == report.node}
-        query = f'{contracts.OPEN_JOBS} AND {SA_NODES}="{report.node}"'
+        """Tell every open run with a worker on the machine that it is gone (its workers go Down). Returns once each
+        was told, so that a lost machine's runs always learn it."""
+        return await self._tell_runs_on(report.node, contracts.MACHINE_LOST.name, report)
+
+    @implements(contracts.tell_runs_machine_heard)
+    async def tell_runs_machine_heard(self, report: MachineHeard) -> int:
+        """Tell every open run with a worker on the machine that its lease is late (its running workers go Stale) or
+        heard again (they run on, and a new agent's watches are attached again)."""
+        return await self._tell_runs_on(report.node, contracts.MACHINE_HEARD.name, report)
+
+    async def _tell_runs_on(self, node: str, signal: str, report: BaseModel) -> int:
+        """Signal every open run with a worker on `node`: the runs that hold room there, and those that list it in
+        their search attribute AstraeusNodes (runs created before the scheduler answered for them); how many."""
+        held = {job for (job, _), alloc in self._allocations.items() if alloc.node == node}
+        query = f'{contracts.OPEN_JOBS} AND {SA_NODES}="{node}"'
         async for run in self._client.list_workflows(query):
             held.add(run.id)
-        told = await asyncio.gather(*(self._tell(job, contracts.MACHINE_LOST.name, report) for job in sorted(held)))
+        told = await asyncio.gather(*(self._tell(job, signal, report) for job in sorted(held)))
         return sum(told)
 
     async def _tell(self, job_id: str, name: str, message: BaseModel) -> bool:

@@ -131,6 +131,7 @@ def scheduler_serves(service: SchedulerService) -> Serves:
             service.drive_users,
             service.plan_group,
             service.tell_runs_machine_lost,
+            service.tell_runs_machine_heard,
         ],
     )
 

@@ -35,6 +35,7 @@ from workflows.domain.machine.decisions import DataReported, GpusReported, Orpha
 from workflows.domain.mesh import MeshPeer
 from workflows.domain.run.events import (
     ExitedWhileLost,
+    MachineHeard,
     MachineLost,
     PlacementUpdate,
     Preempt,
@@ -329,6 +330,13 @@ async def tell_runs_machine_lost(report: MachineLost) -> int:
     raise NotImplementedError
 
 
+@activity.defn(name="machine_heard")
+async def tell_runs_machine_heard(report: MachineHeard) -> int:
+    """Tell every run with room on the machine that its lease is late, or heard again (the signal `machine_heard`);
+    how many were told."""
+    raise NotImplementedError
+
+
 # A machine's agent (node_task_queue(name)).
 
 
@@ -447,6 +455,7 @@ TASK_PROGRESS = Signal(JOB_WORKFLOW, "task_progress", TaskProgress)
 TASK_RUNNING = Signal(JOB_WORKFLOW, "task_running", TaskRunning)
 TASK_HEALTH = Signal(JOB_WORKFLOW, "task_health", TaskHealth)
 MACHINE_LOST = Signal(JOB_WORKFLOW, "machine_lost", MachineLost)  # sent to each run by `tell_runs_machine_lost`
+MACHINE_HEARD = Signal(JOB_WORKFLOW, "machine_heard", MachineHeard)  # sent by `tell_runs_machine_heard`
 TASK_EXITED_WHILE_LOST = Signal(JOB_WORKFLOW, "task_exited_while_lost", ExitedWhileLost)
 
 # JobWorkflow's updates and queries (clients, the scheduler's rebuild, the agents' fencing).

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.workflow import ActivityHandle
 
 with workflow.unsafe.imports_passed_through():
     from workflows import activity_failures, contracts
@@ -68,6 +69,10 @@ class JobWorkflow:
         self._inbox: list[ev.Event] = []
         self._busy: set[asyncio.Task[None]] = set()  # calls that must finish (place, release, start, stop)
         self._supervisors: dict[AttemptKey, asyncio.Task[None]] = {}  # cancelled once their worker leaves its machine
+        # Protocol 7: each supervisor's watch in flight and its machine; a watch cancelled to be attached again (its
+        # machine's agent is a new one) is in `_reattach`.
+        self._watches: dict[AttemptKey, tuple[str, ActivityHandle[TaskExit]]] = {}
+        self._reattach: set[AttemptKey] = set()
         self._starting: set[AttemptKey] = set()  # start calls in flight
         self._reported_running: set[AttemptKey] = set()  # workers their machine reported running (run_task: started)
         self._timers: set[asyncio.Task[None]] = set()  # cancelled when the run closes or continues as new
@@ -420,29 +425,36 @@ class JobWorkflow:
         settings = self._job.settings
         readiness = group_of(self._job, self._job.task(task_id)).readiness
         reattach = False
+        key = (task_id, attempt)
+        beats = self._job.protocol < 7  # since, its machine's lease carries its liveness
         while True:
-            starting = start is not None and (task_id, attempt) not in self._reported_running
+            starting = start is not None and key not in self._reported_running
             options: dict[str, Any] = {
                 "task_queue": node_task_queue(node),
                 "start_to_close_timeout": timedelta(days=3650),
-                "heartbeat_timeout": timedelta(seconds=settings.stale_grace_seconds),
+                "heartbeat_timeout": timedelta(seconds=settings.stale_grace_seconds) if beats else None,
                 "retry_policy": contracts.ONCE,
                 "summary": f"{'run' if starting else 'supervise'} {task_id} on {node}",
             }
-            watch: Awaitable[TaskExit]
+            watch: ActivityHandle[TaskExit]
             if start is not None and starting:
                 message = RunTaskInput(start=self._start_input(start), settings=settings, readiness=readiness)
-                watch = workflow.execute_activity(contracts.run_task, message, **options)
+                watch = workflow.start_activity(contracts.run_task, message, **options)
             else:
                 ref = self._ref(task_id, attempt)
                 again = SuperviseInput(ref=ref, settings=settings, reattach=reattach, readiness=readiness)
-                watch = workflow.execute_activity(contracts.supervise_task, again, **options)
+                watch = workflow.start_activity(contracts.supervise_task, again, **options)
+            self._watches[key] = (node, watch)
             try:
                 result = await watch
             except ActivityError as error:
                 if isinstance(error.cause, CancelledError):
+                    if key in self._reattach:  # its machine's agent is a new one: attach again (it adopted it)
+                        self._reattach.discard(key)
+                        reattach = True
+                        continue
                     return  # the worker left its machine, or the run continues as new
-                if starting and (task_id, attempt) not in self._reported_running:
+                if starting and key not in self._reported_running:
                     if activity_failures.setup_failed(error):
                         failed = ev.TaskSetupFailed(
                             task_id=task_id, attempt=attempt, reason=activity_failures.start_failure(error)
@@ -457,8 +469,19 @@ class JobWorkflow:
                     await workflow.sleep(1)  # the agent restarted, or refused: watch again
                 reattach = True
                 continue
+            finally:
+                if self._watches.get(key, (None, None))[1] is watch:
+                    del self._watches[key]
             self._inbox.append(ev.TaskEnded(task_id=task_id, attempt=attempt, **result.model_dump()))
             return
+
+    def _attach_again(self, node: str) -> None:
+        """A new agent holds `node` (the one before died with the watches it ran): each watch there is attached again,
+        to the worker the new agent adopted."""
+        for key, (on, watch) in list(self._watches.items()):
+            if on == node and not watch.done():
+                self._reattach.add(key)
+                watch.cancel()
 
     def _forget_gone_tasks(self) -> None:
         """Cancel the supervisors of workers that left their machine (ended, lost, or a new attempt)."""
@@ -519,6 +542,12 @@ class JobWorkflow:
 
     @workflow.signal(name=contracts.MACHINE_LOST.name)
     def machine_lost(self, report: ev.MachineLost) -> None:
+        self._inbox.append(report)
+
+    @workflow.signal(name=contracts.MACHINE_HEARD.name)
+    def machine_heard(self, report: ev.MachineHeard) -> None:
+        if report.new_agent and self._job is not None and self._job.protocol >= 7:
+            self._attach_again(report.node)
         self._inbox.append(report)
 
     @workflow.signal(name=contracts.TASK_EXITED_WHILE_LOST.name)

@@ -43,8 +43,11 @@ class _Msg(BaseModel):
 # worker stays Pending ("Placed on <machine>") until its machine picks it up, which the machine's reports say (with
 # when): Preparing "Picked up by <machine>", or its first wait or pull. 6: the workflow keeps what is in flight by
 # identity and, after each decision, runs the difference from what the record needs (workflows/domain/run/effects.py):
-# it cancels the timers no longer needed (a time limit of an attempt that ended) and never arms a moot one.
-PROTOCOL = 6
+# it cancels the timers no longer needed (a time limit of an attempt that ended) and never arms a moot one. 7: a
+# worker's watch has no heartbeat: its machine's lease carries its liveness (workflows/domain/machine/liveness.py), the
+# run hears the lease late and heard again (signal `machine_heard`: Stale, Running), and attaches its watches there
+# again when a new agent holds the machine.
+PROTOCOL = 7
 
 
 class LoadSettingsInput(_Msg):

@@ -41,7 +41,8 @@ with workflow.unsafe.imports_passed_through():
         decide_node,
     )
     from workflows.domain.machine.fence import expired_late, fenced_at, probation
-    from workflows.domain.run.events import MachineLost
+    from workflows.domain.machine.liveness import has_late_phase, late_after, noticed_late, renew_seconds, told_again
+    from workflows.domain.run.events import MachineHeard, MachineLost
     from workflows.domain.settings import Settings
     from workflows.messages import CordonRequest, DataLocationRequest, LeaseInput, NodeChangedInput, NodeInput
 
@@ -52,6 +53,10 @@ CONTINUE_HOLDING_PATCH = "node-continues-as-new-holding-its-lease"
 # Since this change a lease whose expiry came late waits a probation for its agent to register again; runs started
 # before it (replayed) counted their machine lost at once.
 PROBATION_PATCH = "node-lease-probation"
+# Since this change the lease carries its workers' liveness (workflows/domain/machine/liveness.py): renewed three times
+# within the stale grace, it is late after that grace (its runs hear it, and hear when it is taken again), and its
+# runs hear of a new agent. Runs started before it (replayed) held a lease of the TTL, renewed three times within it.
+LIVENESS_PATCH = "node-lease-carries-liveness"
 
 LeaseEnd = Literal["expired", "replaced", "continue"]
 
@@ -66,55 +71,103 @@ class NodeWorkflow:
         self._held = 0
         self._lease: asyncio.Task[None] | None = None
         self._renewed_at: datetime | None = None  # the last renewal of the lease that expired, on its agent's clock
+        # The agent whose lease was held last while the machine was not lost, and whether its runs heard it late:
+        # what they hear when the lease is taken again (workflows/domain/machine/liveness.py).
+        self._lease_holder: str | None = None
+        self._told_late = False
+        self._telling: asyncio.Task[None] | None = (
+            None  # the latest tell of `machine_heard`: each waits for the one before
+        )
 
     @workflow.run
     async def run(self, input: NodeInput) -> None:
         settings = input.settings
         self._held = 0
         carried = input.lease_held  # the former run held the lease: hold it on, the scheduler knows the machine
+        if carried:
+            self._lease_holder = self._view.holder
         while True:
             carry = carried and self._registrations == self._held  # not when an agent registered at once
             carried = False
             if not carry:
                 await workflow.wait_condition(
-                    lambda: self._registrations != self._held or workflow.info().is_continue_as_new_suggested()
+                    lambda: (
+                        self._registrations != self._held
+                        or (workflow.info().is_continue_as_new_suggested() and self._told())
+                    )
                 )
                 if self._registrations == self._held:
                     workflow.continue_as_new(NodeInput(name=input.name, settings=settings, view=self._view))
                 self._held = self._registrations
                 await self._notify()
+                self._heard_again()
             held = self._held
-            end = await self._hold_lease(settings.node_lease_ttl_seconds, settings.continue_as_new_events, carry)
+            end = await self._hold_lease(settings, carry)
             if end == "continue":
                 workflow.continue_as_new(
                     NodeInput(name=input.name, settings=settings, view=self._view, lease_held=True)
                 )
-            if end == "expired" and self._registrations == held and not await self._renewed_in_probation(settings):
+            if end == "expired" and self._registrations == held and not await self._renewed_after_expiry(settings):
                 await self._decide(LeaseExpired(fenced_at=fenced_at(workflow.now(), settings)))
+
+    def _carries_liveness(self, settings: Settings) -> bool:
+        return has_late_phase(settings) and workflow.patched(LIVENESS_PATCH)
+
+    def _heard_again(self) -> None:
+        """A lease is taken (again): its runs hear that the machine's renewals come again after they heard them
+        late, or that a new agent holds it (the watches of their workers there are attached again)."""
+        tell, new_agent = told_again(self._told_late, self._lease_holder, self._view.holder)
+        if tell and workflow.patched(LIVENESS_PATCH):
+            self._tell_heard(MachineHeard(node=self._view.name, late=False, at=workflow.now(), new_agent=new_agent))
+        self._told_late = False
+        self._lease_holder = self._view.holder
+
+    async def _renewed_after_expiry(self, settings: Settings) -> bool:
+        """Whether the lease that timed out was taken again before its machine counts lost. A lease that carries its
+        workers' liveness times out late (its runs hear their workers there are Stale), then waits out the rest of
+        its TTL for its agent; one whose lateness, or expiry, came late (the cluster was away) waits a probation."""
+        if not self._carries_liveness(settings):
+            return await self._renewed_in_probation(settings)
+        now = workflow.now()
+        if noticed_late(self._renewed_at, now, settings):
+            workflow.logger.warning("%s: its lease went late while the cluster was away: waiting", self._view.name)
+            return await self._registered_within(probation(settings))
+        self._told_late = True
+        self._tell_heard(MachineHeard(node=self._view.name, late=True, at=now))
+        rest = timedelta(seconds=settings.node_lease_ttl_seconds - late_after(settings))
+        return await self._registered_within(rest) or await self._renewed_in_probation(settings)
+
+    async def _registered_within(self, timeout: timedelta) -> bool:
+        held = self._registrations
+        with contextlib.suppress(asyncio.TimeoutError):
+            await workflow.wait_condition(lambda: self._registrations != held, timeout=timeout)
+        return self._registrations != held
 
     async def _renewed_in_probation(self, settings: Settings) -> bool:
         """Whether the lease expired late (the cluster was away) and its agent registered again within the
         probation: the machine was never lost, and its workers run on."""
         if not expired_late(self._renewed_at, workflow.now(), settings) or not workflow.patched(PROBATION_PATCH):
             return False
-        held = self._registrations
         workflow.logger.warning("%s: its lease expired late: waiting for its agent to renew", self._view.name)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await workflow.wait_condition(lambda: self._registrations != held, timeout=probation(settings))
-        return self._registrations != held
+        return await self._registered_within(probation(settings))
 
-    async def _hold_lease(self, ttl: float, long_events: int, carried: bool) -> LeaseEnd:
+    async def _hold_lease(self, settings: Settings, carried: bool) -> LeaseEnd:
         """Hold the lease until it expires, a new registration replaces it, or the history grew long enough to
         continue as new holding it (at a quiet moment: no update in flight). A lease carried over from the former
-        run expires too if its agent does not take it up within its TTL (the agent died meanwhile)."""
+        run expires too if its agent does not take it up within its TTL (the agent died meanwhile). A lease that
+        carries its workers' liveness times out at the stale grace (late), the rest of its TTL waited out after."""
+        ttl, long_events = settings.node_lease_ttl_seconds, settings.continue_as_new_events
+        timeout, renew = ttl, max(ttl / 3, 0.2)
+        if self._carries_liveness(settings):
+            timeout, renew = late_after(settings), renew_seconds(settings)
         lease = self._lease = asyncio.ensure_future(
             workflow.execute_activity(
                 contracts.hold_lease,
-                LeaseInput(node=self._view.name, renew_seconds=max(ttl / 3, 0.2)),
+                LeaseInput(node=self._view.name, renew_seconds=renew),
                 task_queue=lease_task_queue(self._view.name, self._view.holder),
                 start_to_close_timeout=timedelta(days=3650),
                 schedule_to_start_timeout=timedelta(seconds=ttl) if carried else None,
-                heartbeat_timeout=timedelta(seconds=ttl),
+                heartbeat_timeout=timedelta(seconds=timeout),
                 retry_policy=RetryPolicy(maximum_attempts=1),
                 summary="lease",
             )
@@ -126,7 +179,9 @@ class NodeWorkflow:
 
         may_continue = True
         while may_continue:
-            await workflow.wait_condition(lambda: lease.done() or (long() and workflow.all_handlers_finished()))
+            await workflow.wait_condition(
+                lambda: lease.done() or (long() and workflow.all_handlers_finished() and self._told())
+            )
             if lease.done():
                 break
             if workflow.patched(CONTINUE_HOLDING_PATCH):
@@ -153,6 +208,7 @@ class NodeWorkflow:
             case Notify():
                 await self._notify()
             case TellRuns(removed=removed, lost_at=lost_at, fenced_at=fenced):
+                self._lease_holder, self._told_late = None, False  # its runs hear it lost: nothing to tell after
                 await self._tell_runs(removed, lost_at, fenced)
             case NewLease():
                 self._replace_lease()
@@ -179,6 +235,29 @@ class NodeWorkflow:
             retry_policy=contracts.PATIENT,
             summary="tell runs the machine is lost",
         )
+
+    def _told(self) -> bool:
+        """Whether every `machine_heard` was told: the run may continue as new."""
+        return self._telling is None or self._telling.done()
+
+    def _tell_heard(self, report: MachineHeard) -> None:
+        """Tell the machine's runs (through the scheduler, which knows its workers) that its lease is late, or heard
+        again, beside the lease's loop (a renewal never waits for it), each tell after the one before."""
+        before = self._telling
+
+        async def tell() -> None:
+            if before is not None:
+                await before
+            await workflow.execute_activity(
+                contracts.tell_runs_machine_heard,
+                report,
+                task_queue=SCHEDULER_TASK_QUEUE,
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=contracts.PATIENT,
+                summary="tell runs the machine is late" if report.late else "tell runs the machine is heard again",
+            )
+
+        self._telling = asyncio.ensure_future(tell())
 
     async def _notify(self) -> None:
         await workflow.execute_activity(

@@ -72,6 +72,7 @@ class Supervisor:
         self._fence = fence  # refuses a start whose attempt its run no longer has here (Housekeeping.fence)
         self._settings = settings
         self.starter: Starter | None = None  # set by the agent, which makes the starter with `report_progress`
+        self._watches: dict[TaskRef, asyncio.Event] = {}  # each attempt's current watch, set when a newer one begins
 
     @property
     def _starter(self) -> Starter:
@@ -149,21 +150,39 @@ class Supervisor:
     async def watch(
         self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskRunning
     ) -> TaskExit:
+        """Watch the attempt until it ends: its exit. One watch per attempt: a newer one (its run continued as new, or
+        attached its watch again) ends this one, whose activity its run no longer awaits."""
         self._attempts.watch_began(ref)
         registrations = self._lease.registrations
+        newer = self._take_watch(ref)
         with self.live(ref):
             try:
-                ended, paused = await self._watch_attempt(ref, settings, readiness, report)
+                ended, paused = await _unless(newer, self._watch_attempt(ref, settings, readiness, report))
+            except _Superseded:
+                raise ApplicationError(
+                    f"{ref.slug}: a newer watch took over", type="Superseded", non_retryable=True
+                ) from None
             except BaseException:
                 # Cancelled (its run lost it with the machine, say) or failed: should it exit 0 on its own, its run
                 # is told at a later look for orphans, so finished work is not run again.
                 self._attempts.unwatched(ref)
                 raise
+            finally:
+                if self._watches.get(ref) is newer:
+                    del self._watches[ref]
         if paused > self._settings.node_lease_ttl_seconds or self._lease.changed(time.monotonic(), registrations):
             self._attempts.unwatched(ref)  # this result may reach no one: its run is told again at a later look
         else:
             self._attempts.returned(ref, time.monotonic(), RETURNED_KEPT_SECONDS)
         return ended
+
+    def _take_watch(self, ref: TaskRef) -> asyncio.Event:
+        """This watch is the attempt's: the one before (if any) ends. The event is set once a newer one comes."""
+        before = self._watches.get(ref)
+        if before is not None:
+            before.set()
+        newer = self._watches[ref] = asyncio.Event()
+        return newer
 
     async def _watch_attempt(
         self, ref: TaskRef, settings: Settings, readiness: Readiness | None, report: TaskRunning
@@ -184,8 +203,10 @@ class Supervisor:
             if readiness is not None:
                 checking = asyncio.ensure_future(self._check_health(ref, readiness))
             settled_at = time.monotonic() + SETTLED_AFTER_SECONDS
-            # Heartbeats well within the grace, and looks well within a lease (a longer gap: this agent was paused)
-            heartbeat = heartbeat_seconds(settings)
+            # Heartbeats well within the grace (runs from before protocol 7), and looks well within a lease (a longer
+            # gap: this agent was paused). Without heartbeats a worker whose end wakes this watch is looked at every
+            # orphan_check_seconds only.
+            heartbeat = heartbeat_seconds(settings) if _beats() else settings.orphan_check_seconds
             settled = min(POLL_SECONDS_SETTLED, heartbeat)
             paused, looked = 0.0, time.monotonic()
             look_at = looked + settings.orphan_check_seconds
@@ -301,15 +322,43 @@ def _beat_later(settings: Settings) -> None:
     _first_beat_at.set(time.monotonic() + FIRST_BEAT_INTERVALS * heartbeat_seconds(settings))
 
 
+def _beats() -> bool:
+    """Whether this activity heartbeats: a run's watch of its worker does only for runs from before protocol 7, which
+    gave it a heartbeat timeout. Since, the machine's lease carries its workers' liveness (one renewal per machine,
+    workflows/domain/machine/liveness.py) and a watch reports its worker's start and end only."""
+    return activity.info().heartbeat_timeout is not None
+
+
 def _beat(doing: str | None = None) -> None:
     """Heartbeat (with what the attempt is doing, for a retry to read), unless its activity began less than
-    FIRST_BEAT_INTERVALS heartbeat intervals ago."""
-    if time.monotonic() < _first_beat_at.get():
+    FIRST_BEAT_INTERVALS heartbeat intervals ago, or it has no heartbeat timeout."""
+    if time.monotonic() < _first_beat_at.get() or not _beats():
         return
     if doing is None:
         activity.heartbeat()
     else:
         activity.heartbeat(doing)
+
+
+class _Superseded(Exception):
+    """A newer watch of the attempt took over."""
+
+
+async def _unless(newer: asyncio.Event, work: Awaitable[T]) -> T:
+    """Await `work`, unless `newer` is set first: then `work` is cancelled and _Superseded raised."""
+    working = asyncio.ensure_future(work)
+    waiting = asyncio.ensure_future(newer.wait())
+    try:
+        await asyncio.wait([working, waiting], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+        if not working.done():
+            working.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await working
+    if working.cancelled() and newer.is_set():
+        raise _Superseded()
+    return working.result()
 
 
 async def _heartbeating(work: Awaitable[T]) -> T:

@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -201,7 +202,7 @@ async def test_a_slow_check_never_delays_the_heartbeats(machine: Machine) -> Non
         settings=Settings(stale_grace_seconds=1),
         readiness=Readiness(command=["sleep", "10"], period_seconds=0.05, timeout_seconds=1.5),
     )
-    environment = ActivityEnvironment()
+    environment = beating(timedelta(seconds=1))
     environment.on_heartbeat = lambda *_: beats.append(time.monotonic())
     supervising = asyncio.ensure_future(environment.run(machine.agent.supervise_task, supervised))
 
@@ -219,7 +220,7 @@ async def test_a_watch_sends_its_first_heartbeat_three_intervals_in_then_one_eac
     await start(machine, group())
     beats: list[float] = []
     supervised = SuperviseInput(ref=ref(), settings=Settings(stale_grace_seconds=2))  # an interval of 0.5 s
-    environment = ActivityEnvironment()
+    environment = beating(timedelta(seconds=2))
     environment.on_heartbeat = lambda *_: beats.append(time.monotonic())
     began = time.monotonic()
     supervising = asyncio.ensure_future(environment.run(machine.agent.supervise_task, supervised))
@@ -228,6 +229,44 @@ async def test_a_watch_sends_its_first_heartbeat_three_intervals_in_then_one_eac
     assert len(beats) >= 2 and max(later - earlier for earlier, later in itertools.pairwise(beats)) < 1.0
     await ActivityEnvironment().run(machine.agent.stop_task, StopTaskInput(ref=ref(), grace_seconds=1))
     await asyncio.wait_for(supervising, 5)
+
+
+def beating(timeout: timedelta) -> ActivityEnvironment:
+    """An activity environment as a run from before protocol 7 gave a watch: with a heartbeat timeout."""
+    environment = ActivityEnvironment()
+    environment.info = dataclasses.replace(environment.info, heartbeat_timeout=timeout)
+    return environment
+
+
+async def test_a_watch_without_a_heartbeat_timeout_sends_no_heartbeat(machine: Machine) -> None:
+    """Protocol 7: its machine's lease carries the worker's liveness; its watch reports its start and end only."""
+    await start(machine, group())
+    beats: list[float] = []
+    supervised = SuperviseInput(ref=ref(), settings=Settings(stale_grace_seconds=1))  # an interval of 0.25 s
+    environment = ActivityEnvironment()
+    environment.on_heartbeat = lambda *_: beats.append(time.monotonic())
+    supervising = asyncio.ensure_future(environment.run(machine.agent.supervise_task, supervised))
+    await asyncio.sleep(1.5)
+    assert beats == []
+    running = [m for _, name, m in machine.runs.signals if name == "task_running"]
+    assert running == [TaskRunning(**ref().ids())]  # told running all the same
+    await ActivityEnvironment().run(machine.agent.stop_task, StopTaskInput(ref=ref(), grace_seconds=1))
+    assert (await asyncio.wait_for(supervising, 5)).exit_code is not None
+
+
+async def test_a_newer_watch_of_an_attempt_ends_the_one_before(machine: Machine) -> None:
+    """Its run continued as new, or attached its watch again: the watch before, which no one awaits, ends."""
+    await start(machine, group())
+    supervised = SuperviseInput(ref=ref(), settings=Settings())
+    first = asyncio.ensure_future(ActivityEnvironment().run(machine.agent.supervise_task, supervised))
+    await asyncio.sleep(0.3)
+    second = asyncio.ensure_future(ActivityEnvironment().run(machine.agent.supervise_task, supervised))
+    with pytest.raises(ApplicationError, match="a newer watch took over") as ended:
+        await asyncio.wait_for(first, 5)
+    assert ended.value.type == "Superseded"
+    assert not second.done()
+    await ActivityEnvironment().run(machine.agent.stop_task, StopTaskInput(ref=ref(), grace_seconds=1))
+    assert (await asyncio.wait_for(second, 5)).exit_code is not None
 
 
 async def test_a_worker_without_a_readiness_check_is_never_told_healthy(machine: Machine) -> None:

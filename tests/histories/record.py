@@ -12,7 +12,7 @@ import argparse
 import asyncio
 import os
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,9 @@ from tests.workflows.fakes import Script, fake_cluster
 from workers.connect import ensure_search_attributes
 from workers.outcomes import run_result
 from workflows.contracts import CONTROL_TASK_QUEUE, search_attributes
+from workflows.domain.run.events import MachineHeard
 from workflows.domain.run.status import Status
+from workflows.domain.run.views import JobDescription
 from workflows.domain.scheduling.planning import TaskPlan
 from workflows.domain.settings import Settings
 from workflows.domain.spec import parse_spec
@@ -60,6 +62,9 @@ STORIES: dict[str, tuple[dict[str, Any], Script]] = {
     # load_settings outlasts 80% of the workflow task's timeout (1.6 s of 2 here): the SDK completes that task
     # empty, and a replay takes it as one with the next, its clock later; the first decision is taken at `at`.
     "late-settings": ({"groups": [W]}, Script(settings_seconds=1.8)),
+    # Protocol 7: its machine's lease carries the worker's liveness. The machine goes late (w-0 Stale), is heard again
+    # (Running), then a new agent holds it (w-0's watch is attached again); then the run is cancelled.
+    "heard": ({"groups": [W]}, Script(hold={"w-0"})),
 }
 SETTINGS = {"continues": Settings(history_keep=10)}
 TASK_TIMEOUTS = {"late-settings": timedelta(seconds=2)}  # the others: Temporal's default (10 s)
@@ -94,6 +99,8 @@ async def record(stories: list[str], suffix: str) -> None:
                     await handle.cancel()
                 else:
                     await handle.execute_update("cancel", result_type=Status)
+            if name == "heard":
+                await _hear_the_machine(env, handle)
             if name == "continues":
                 await _continue_as_new(env, handle, CONTINUED_RUNS)
                 await handle.execute_update("cancel", result_type=Status)
@@ -104,6 +111,24 @@ async def record(stories: list[str], suffix: str) -> None:
             (HERE / f"{stem}.json").write_text(history.to_json())
             print(f"recorded {stem}: {len(history.events)} events")  # noqa: T201
     await env.shutdown()
+
+
+async def _hear_the_machine(env: WorkflowEnvironment, handle: WorkflowHandle[Any, Any]) -> None:
+    async def state(expected: str) -> None:
+        while (await handle.query("status", result_type=Status)).state != expected:
+            await asyncio.sleep(0.05)
+
+    def heard(late: bool, new_agent: bool = False) -> MachineHeard:
+        return MachineHeard(node="n0", late=late, new_agent=new_agent, at=datetime.now(UTC))
+
+    await state("Running")
+    for report, then in [(heard(late=True), "Stale"), (heard(late=False), "Running")]:
+        await handle.signal("machine_heard", report)
+        while (await handle.query("describe", result_type=JobDescription)).tasks[0].status.state != then:
+            await asyncio.sleep(0.05)
+    await handle.signal("machine_heard", heard(late=False, new_agent=True))
+    await asyncio.sleep(1)  # its watch is attached again
+    await handle.execute_update("cancel", result_type=Status)
 
 
 async def _continue_as_new(env: WorkflowEnvironment, handle: WorkflowHandle[Any, Any], runs: int) -> None:

@@ -21,7 +21,7 @@ from activities.control import ControlActivities
 from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_task_queue
 from workflows.domain.inventory import NodeView
 from workflows.domain.reasons import Reason
-from workflows.domain.run.events import MachineLost, PlacementUpdate, TaskHealth, TaskRunning
+from workflows.domain.run.events import MachineHeard, MachineLost, PlacementUpdate, TaskHealth, TaskRunning
 from workflows.domain.run.job import first_requests
 from workflows.domain.scheduling.planning import TaskPlan
 from workflows.domain.settings import Settings
@@ -93,6 +93,16 @@ class FakeCluster:
         self.planned: list[PlanInput] = []  # every start_task call that answered, in order
         self.stops_cancelled: list[str] = []  # stops whose activity was cancelled ("w-0.0")
         self.reported: dict[str, asyncio.Event] = {}  # workers whose task_running signal the server has
+
+    def control_side(self) -> list[Any]:
+        """The control plane's activities: place and release are the local activities of protocol 3 (the scheduler's
+        queue serves older runs'); the real cancel_run_workflow only asks Temporal to cancel a run."""
+        control = ControlActivities(self.settings, self.client)
+        return [self.load_settings, control.cancel_run_workflow, self.place, self.release]
+
+    def machine_side(self) -> list[Any]:
+        """n0's agent's activities."""
+        return [self.start_task, self.run_task, self.supervise_task, self.stop_task]
 
     @activity.defn(name="load_settings")
     async def load_settings(self, input: LoadSettingsInput | None = None) -> LoadSettingsResult:
@@ -212,23 +222,17 @@ async def fake_cluster(
 ) -> AsyncIterator[FakeCluster]:
     """Workers for the control, scheduler and n0 task queues, serving the fakes (new runs get `protocol`)."""
     cluster = FakeCluster(client, settings or Settings(), script, protocol)
-    control = ControlActivities(cluster.settings, client)  # the real one: it only asks Temporal to cancel a run
     workers = [
         Worker(
             client,
             task_queue=CONTROL_TASK_QUEUE,
             workflows=[JobWorkflow, NodeWorkflow],
-            # place and release: the local activities of protocol 3 (the scheduler's queue serves older runs')
-            activities=[cluster.load_settings, control.cancel_run_workflow, cluster.place, cluster.release],
+            activities=cluster.control_side(),
         ),
         Worker(
             client, task_queue=SCHEDULER_TASK_QUEUE, activities=[cluster.place, cluster.release, cluster.plan_group]
         ),
-        Worker(
-            client,
-            task_queue=node_task_queue(NODE),
-            activities=[cluster.start_task, cluster.run_task, cluster.supervise_task, cluster.stop_task],
-        ),
+        Worker(client, task_queue=node_task_queue(NODE), activities=cluster.machine_side()),
     ]
     async with contextlib.AsyncExitStack() as stack:
         for worker in workers:
@@ -253,6 +257,8 @@ class FakeMachine:
         self.alive = True
         self.seen: list[NodeView] = []
         self.lost: list[MachineLost] = []
+        self.heard: list[MachineHeard] = []
+        self.told: list[str] = []  # what its runs were told, in order: "late", "back", "new agent", "lost"
 
     @activity.defn(name="hold_lease")
     async def hold_lease(self, input: LeaseInput) -> None:
@@ -265,6 +271,18 @@ class FakeMachine:
     async def tell_runs_machine_lost(self, report: MachineLost) -> int:
         if self.name is None or report.node == self.name:
             self.lost.append(report)
+            self.told.append("lost")
+        return 0
+
+    def scheduler_side(self) -> list[Any]:
+        """The scheduler's activities a machine's workflow calls."""
+        return [self.node_changed, self.tell_runs_machine_lost, self.tell_runs_machine_heard]
+
+    @activity.defn(name="machine_heard")
+    async def tell_runs_machine_heard(self, report: MachineHeard) -> int:
+        if self.name is None or report.node == self.name:
+            self.heard.append(report)
+            self.told.append("late" if report.late else "new agent" if report.new_agent else "back")
         return 0
 
     @activity.defn(name="node_changed")
@@ -287,9 +305,7 @@ async def machine_workflow(
     name = inventory.name
     async with (
         Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
-        Worker(
-            client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.tell_runs_machine_lost]
-        ),
+        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=machine.scheduler_side()),
         Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
     ):
         handle = await client.start_workflow(

@@ -1,5 +1,7 @@
-"""The spec's liveness defaults, unshrunk: a worker unheard for 15 s of grace is Stale, and Down once its 60 s TTL
-has passed, on the time-skipping test server with `Settings()` as shipped.
+"""The spec's liveness defaults, unshrunk, on the time-skipping test server with `Settings()` as shipped. Since protocol
+7 its machine's lease carries a worker's liveness: a machine unheard for 15 s of grace has its running workers Stale,
+and at its 30 s TTL it is lost, and they are Down. Before, each watch had a heartbeat of its own: a worker unheard for
+15 s of grace was Stale, and Down once its 60 s TTL had passed.
 
 The test server skips time only while no activity is in flight, and a missed heartbeat needs one: the grace passes
 in real time (15 s). The TTL passes in virtual time: the machine's agent fails each later watch at once (its runtime
@@ -20,15 +22,19 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.control import ControlActivities
-from tests.workflows.fakes import NODE, FakeCluster, Script, pairs, unique
+from tests.workflows.fakes import NODE, FakeCluster, FakeMachine, Script, pairs, unique
 from workers.outcomes import run_result
-from workflows.contracts import CONTROL_TASK_QUEUE, node_task_queue, search_attributes
-from workflows.domain.run.events import TaskRunning
+from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_id, node_task_queue, search_attributes
+from workflows.domain.inventory import NodeInventory
+from workflows.domain.machine.decisions import Registered
+from workflows.domain.run.events import MachineHeard, MachineLost, TaskRunning
+from workflows.domain.run.status import Status
 from workflows.domain.run.views import JobDescription
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id, parse_spec
 from workflows.job import JobWorkflow
-from workflows.messages import JobInput, RunTaskInput, SuperviseInput, TaskExit
+from workflows.messages import JobInput, NodeInput, RunTaskInput, SuperviseInput, TaskExit
+from workflows.node import NodeWorkflow
 
 
 class SilentAgent:
@@ -71,7 +77,8 @@ async def test_a_silent_worker_is_stale_after_15_s_and_down_after_its_60_s_ttl(
     job = parse_spec(
         {"name": unique("defaults"), "groups": [{"name": "w", "command": ["x"], "restart_policy": "Never"}]}
     )
-    control = FakeCluster(env.client, settings, Script())  # loads the settings, places on n0 at once, releases
+    # loads the settings, places on n0 at once, releases; a run from before protocol 7
+    control = FakeCluster(env.client, settings, Script(), protocol=6)
     agent = SilentAgent(env)
     control_worker = Worker(
         env.client,
@@ -117,3 +124,80 @@ async def test_a_silent_worker_is_stale_after_15_s_and_down_after_its_60_s_ttl(
         "Failed",
         "Worker w-0 was lost on n0: No heartbeat for the worker's full TTL after going stale",
     )
+
+
+class Scheduler(FakeMachine):
+    """The scheduler's side of the machine's workflow, telling n0's run what the machine's workflow says."""
+
+    def __init__(self, env: WorkflowEnvironment, run: str) -> None:
+        super().__init__(NODE)
+        self.env, self.run = env, run
+
+    @activity.defn(name="machine_heard")
+    async def tell_runs_machine_heard(self, report: MachineHeard) -> int:
+        await super().tell_runs_machine_heard(report)
+        await self.env.client.get_workflow_handle(self.run).signal("machine_heard", report)
+        return 1
+
+    @activity.defn(name="machine_lost")
+    async def tell_runs_machine_lost(self, report: MachineLost) -> int:
+        await super().tell_runs_machine_lost(report)
+        await self.env.client.get_workflow_handle(self.run).signal("machine_lost", report)
+        return 1
+
+
+async def test_a_silent_machine_has_its_workers_stale_after_15_s_and_down_at_its_30_s_lease(
+    own_time_skipping: WorkflowEnvironment,
+) -> None:
+    env = own_time_skipping
+    settings = Settings()
+    assert (settings.stale_grace_seconds, settings.node_lease_ttl_seconds) == (15, 30)  # the spec's defaults
+    job = parse_spec({"name": unique("silent"), "groups": [{"name": "w", "command": ["x"], "restart_policy": "Never"}]})
+    control = FakeCluster(env.client, settings, Script(hold={"w-0"}))  # places on n0, runs w-0 until stopped
+    scheduler = Scheduler(env, job.job_id)
+    inventory = NodeInventory(name=NODE, cpus=8, memory_bytes=2**34)
+    async with (
+        Worker(
+            env.client,
+            task_queue=CONTROL_TASK_QUEUE,
+            workflows=[JobWorkflow, NodeWorkflow],
+            activities=control.control_side(),
+        ),
+        Worker(env.client, task_queue=SCHEDULER_TASK_QUEUE, activities=scheduler.scheduler_side()),
+        Worker(
+            env.client, task_queue=node_task_queue(NODE), activities=[*control.machine_side(), scheduler.hold_lease]
+        ),
+    ):
+        node = await env.client.start_workflow(
+            NodeWorkflow.run, NodeInput(name=NODE, settings=settings), id=node_id(NODE), task_queue=CONTROL_TASK_QUEUE
+        )
+        await node.execute_update(NodeWorkflow.register, Registered(inventory=inventory))
+        await env.client.start_workflow(
+            JobWorkflow.run,
+            JobInput(spec=job),
+            id=job.job_id,
+            task_queue=CONTROL_TASK_QUEUE,
+            search_attributes=search_attributes(job, "Pending"),
+        )
+        handle = env.client.get_workflow_handle_for(JobWorkflow.run, job.job_id)
+        while (await handle.query("status", result_type=Status)).state != "Running":
+            await asyncio.sleep(0.1)
+        scheduler.alive = False  # the machine's agent stops renewing: its worker's watch says nothing either
+        status = await asyncio.wait_for(run_result(handle), timeout=60)
+        described = await handle.query("describe", result_type=JobDescription)
+        machine = await node.query(NodeWorkflow.view)
+
+    history = described.tasks[0].history
+    assert pairs(history)[-3:] == [
+        ("Running", "Container running"),
+        ("Stale", "Heartbeat lease expired"),
+        ("Down", "Machine lost: its lease expired"),
+    ]
+    running, stale, down = (entry.at for entry in history[-3:])
+    # The lease's last renewal came within 5 s (a third of the grace) before the silence; each mark is when the
+    # workflow task that saw it started, a little later on a loaded machine (2 s allowed: CI's 2 cores).
+    assert timedelta(seconds=10) < stale - running < timedelta(seconds=17), history
+    assert timedelta(seconds=15) <= down - stale < timedelta(seconds=17), history
+    assert scheduler.told == ["late", "lost"]
+    assert machine.state == "Down"
+    assert (status.state, status.reason) == ("Failed", "Worker w-0 was lost on n0: Machine lost: its lease expired")

@@ -6,7 +6,7 @@ Timers the workflow waits on alone (back-offs) pass in virtual time; those that 
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio.client import WorkflowHandle
@@ -15,7 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 from tests.workflows.fakes import Script, fake_cluster, pairs, unique
 from workers.outcomes import run_result
 from workflows.contracts import CONTROL_TASK_QUEUE, search_attributes
-from workflows.domain.run.events import MachineLost, Preempt
+from workflows.domain.run.events import MachineHeard, MachineLost, Preempt
 from workflows.domain.run.status import Status
 from workflows.domain.run.views import JobDescription
 from workflows.domain.settings import Settings
@@ -59,8 +59,9 @@ async def until(handle: WorkflowHandle[Any, Any], check: Any, tries: int = 200) 
 async def test_a_late_heartbeat_makes_a_worker_stale_and_a_heartbeat_brings_it_back(
     time_skipping: WorkflowEnvironment,
 ) -> None:
+    """Runs from before protocol 7 watch each worker with a heartbeat of its own."""
     job = spec(unique("stale"), restart_policy="Never")
-    async with fake_cluster(time_skipping.client, Script(silent={"w-0.0": 1}), QUICK) as cluster:
+    async with fake_cluster(time_skipping.client, Script(silent={"w-0.0": 1}), QUICK, protocol=6) as cluster:
         handle = await start(time_skipping, job)
         status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
@@ -77,8 +78,9 @@ async def test_a_late_heartbeat_makes_a_worker_stale_and_a_heartbeat_brings_it_b
 async def test_no_heartbeat_for_the_ttl_makes_a_worker_down_and_fails_a_run_that_never_restarts(
     time_skipping: WorkflowEnvironment,
 ) -> None:
+    """Runs from before protocol 7 watch each worker with a heartbeat of its own."""
     job = spec(unique("down"), restart_policy="Never")
-    async with fake_cluster(time_skipping.client, Script(silent={"w-0.0": 99}), QUICK):
+    async with fake_cluster(time_skipping.client, Script(silent={"w-0.0": 99}), QUICK, protocol=6):
         handle = await start(time_skipping, job)
         status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
@@ -91,6 +93,110 @@ async def test_no_heartbeat_for_the_ttl_makes_a_worker_down_and_fails_a_run_that
         "Failed",
         "Worker w-0 was lost on n0: No heartbeat for the worker's full TTL after going stale",
     )
+
+
+def heard(late: bool, new_agent: bool = False, node: str = "n0") -> MachineHeard:
+    return MachineHeard(node=node, late=late, new_agent=new_agent, at=datetime.now(UTC))
+
+
+async def test_a_late_machine_makes_its_running_workers_stale_and_heard_again_brings_them_back(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    """Protocol 7: the machine's lease carries its workers' liveness; a worker's watch has no heartbeat."""
+    job = spec(unique("late"))
+    async with fake_cluster(time_skipping.client, Script(hold={"w-0"}), QUICK) as cluster:
+        handle = await start(time_skipping, job)
+        await until(handle, lambda d: d.status.state == "Running")
+        await handle.signal("machine_heard", heard(late=True, node="n1"))  # another machine: nothing here
+        await handle.signal("machine_heard", heard(late=True))
+        await until(handle, lambda d: d.tasks[0].status.state == "Stale")
+        await handle.signal("machine_heard", heard(late=False))
+        await until(handle, lambda d: d.tasks[0].status.state == "Running")
+        await handle.execute_update("cancel")
+        await run_result(handle)
+        described = await handle.query("describe", result_type=JobDescription)
+    assert pairs(described.tasks[0].history)[-5:] == [
+        ("Running", "Container running"),
+        ("Stale", "Heartbeat lease expired"),
+        ("Running", "Heartbeat received"),
+        ("Stopping", "Run cancelled"),
+        ("Cancelled", "Stopped on request"),
+    ]
+    assert cluster.supervisors == [("w-0", 0, False)]  # watched all along
+
+
+async def test_a_new_agent_of_the_machine_gets_the_watches_of_its_workers_again(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    job = spec(unique("newagent"))
+    async with fake_cluster(time_skipping.client, Script(hold={"w-0"}), QUICK) as cluster:
+        handle = await start(time_skipping, job)
+        await until(handle, lambda d: d.status.state == "Running")
+        await handle.signal("machine_heard", heard(late=False, new_agent=True))
+        for _ in range(200):
+            if len(cluster.supervisors) == 2:
+                break
+            await asyncio.sleep(0.05)
+        await handle.execute_update("cancel")
+        status = await run_result(handle)
+        described = await handle.query("describe", result_type=JobDescription)
+    assert cluster.supervisors == [("w-0", 0, False), ("w-0", 0, True)]
+    assert pairs(described.tasks[0].history)[-3:] == [
+        ("Running", "Container running"),
+        ("Stopping", "Run cancelled"),
+        ("Cancelled", "Stopped on request"),
+    ]
+    assert status.state == "Cancelled"
+
+
+async def test_a_machine_late_for_a_workers_ttl_makes_it_down_and_it_restarts_once_its_copy_surely_stopped(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    """Its worker's TTL (3 s) is shorter than the machine's lease (5 s): Down before the machine is lost, and started
+    again only after the machine's agent surely stopped it (its fence counts from the lease's last renewal, 1 s of
+    grace before it went late: 10 - 1 + 1 + 1 s after), not after its back-off (1 s)."""
+    job = spec(unique("latettl"))
+    settings = Settings(
+        stale_grace_seconds=1,
+        heartbeat_ttl_seconds=3,
+        node_lease_ttl_seconds=5,
+        fence_after_seconds=10,
+        stop_grace_seconds=1,
+        clock_skew_seconds=1,
+        backoff_base_seconds=1,
+    )
+    async with fake_cluster(time_skipping.client, Script(hold={"w-0.0"}), settings):
+        handle = await start(time_skipping, job)
+        await until(handle, lambda d: d.status.state == "Running")
+        late = heard(late=True)
+        await handle.signal("machine_heard", late)
+        status = await run_result(handle)
+        described = await handle.query("describe", result_type=JobDescription)
+    fence = late.at + timedelta(seconds=11)
+    waits = f"Restarts at {fence:%Y-%m-%d %H:%M:%S} UTC, once its copy on n0 has surely stopped"
+    assert pairs(described.tasks[0].history)[4:9] == [
+        ("Running", "Container running"),
+        ("Stale", "Heartbeat lease expired"),
+        ("Down", "No heartbeat for the worker's full TTL after going stale"),
+        ("Down", waits),
+        ("Pending", "Restarted by policy (restart 1/10)"),
+    ]
+    assert (status.state, status.reason) == ("Completed", "All workers completed")
+
+
+async def test_a_run_from_before_protocol_7_leaves_machine_heard_to_its_own_heartbeats(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    job = spec(unique("oldheard"))
+    async with fake_cluster(time_skipping.client, Script(hold={"w-0"}), QUICK, protocol=6) as cluster:
+        handle = await start(time_skipping, job)
+        await until(handle, lambda d: d.status.state == "Running")
+        await handle.signal("machine_heard", heard(late=True, new_agent=True))
+        await handle.execute_update("cancel")
+        await run_result(handle)
+        described = await handle.query("describe", result_type=JobDescription)
+    assert "Stale" not in [state for state, _ in pairs(described.tasks[0].history)]
+    assert cluster.supervisors == [("w-0", 0, False)]
 
 
 async def test_a_lost_machine_takes_its_workers_down_and_they_restart_by_policy(

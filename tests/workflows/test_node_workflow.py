@@ -33,9 +33,7 @@ async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping:
     settings = Settings(node_lease_ttl_seconds=1)
     async with (
         Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
-        Worker(
-            client, task_queue=SCHEDULER_TASK_QUEUE, activities=[machine.node_changed, machine.tell_runs_machine_lost]
-        ),
+        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=machine.scheduler_side()),
         Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
     ):
         handle = await client.start_workflow(

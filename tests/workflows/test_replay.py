@@ -25,11 +25,24 @@ def test_histories_are_committed() -> None:
     admitted = {f"{name}-p6a" for name in [*protocol_1, "ui-cancel"]}
     # Each run of a workflow that continued as new has a history of its own: the later ones begin from the record.
     continued = {"continues-p5", "continues-1-p5", "continues-2-p5", "continues-p6", "continues-1-p6", "continues-2-p6"}
-    node = {"node-life", "node-continued"}  # NodeWorkflow (tests/histories/record_node.py)
+    # Protocol 7: a watch has no heartbeat (its machine's lease carries its liveness); heard: the machine late, heard
+    # again, and a new agent (its watch attached again)
+    protocol_7 = {f"{name}-p7" for name in [*protocol_1, "ui-cancel", "heard"]}
+    node = {"node-life", "node-continued", "node-liveness"}  # NodeWorkflow (tests/histories/record_node.py)
     late = {"late-settings-p6a"}  # a workflow task completed empty while load_settings ran: it recorded its `at`
-    assert {
-        p.stem for p in HISTORIES
-    } >= protocol_1 | protocol_2 | protocol_3 | protocol_5 | protocol_6 | admitted | continued | node | late
+    assert (
+        {p.stem for p in HISTORIES}
+        >= protocol_1
+        | protocol_2
+        | protocol_3
+        | protocol_5
+        | protocol_6
+        | protocol_7
+        | admitted
+        | continued
+        | node
+        | late
+    )
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from workflows.domain.machine.liveness import late_after
 from workflows.domain.settings import Settings
 
 
@@ -25,6 +26,14 @@ def fenced_at(now: datetime, settings: Settings) -> datetime:
         + settings.clock_skew_seconds
     )
     return now + timedelta(seconds=seconds)
+
+
+def fenced_after_late(late_at: datetime, settings: Settings) -> datetime:
+    """When a worker of a machine whose lease went late at `late_at` has surely stopped there, for a run that counts
+    it Down before the machine is lost (its worker's TTL is shorter than the lease's): Temporal recorded the lease's
+    last renewal `late_after` before at the latest, and its agent's fence counts from that renewal."""
+    seconds = settings.fence_seconds - late_after(settings) + settings.stop_grace_seconds + settings.clock_skew_seconds
+    return late_at + timedelta(seconds=seconds)
 
 
 def expired_late(renewed_at: datetime | None, now: datetime, settings: Settings) -> bool:

@@ -237,6 +237,18 @@ class MachineLost(_Msg):
     fenced_at: datetime | None = None
 
 
+class MachineHeard(_Msg):
+    """Machine `node`'s lease (which carries its workers' liveness: workflows/domain/machine/liveness.py) is late
+    since `at` (`late`: its running workers are Stale), or renewed again (its Stale workers run on). `new_agent`:
+    another agent process holds it now, and the watches of its workers are attached again (signal `machine_heard`)."""
+
+    kind: Literal["machine_heard"] = Field("machine_heard", exclude=True)
+    node: str
+    late: bool
+    at: datetime
+    new_agent: bool = False
+
+
 class CancelRequested(_Msg):
     kind: Literal["cancel"] = "cancel"
     deleting: bool = False  # the run is being deleted: its workers are stopped with "Run deleted"
@@ -273,6 +285,7 @@ Event = Annotated[
     | ExitedWhileLost
     | TimerFired
     | MachineLost
+    | MachineHeard
     | CancelRequested
     | StopRequested
     | Preempt,

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from workflows.domain.reasons import R, Reason, duration
 from workflows.domain.requests import TaskRequest
-from workflows.domain.run import gang, groups
+from workflows.domain.run import gang, groups, machines
 from workflows.domain.run.effects import effects
 from workflows.domain.run.events import (
     ArmTimer,
@@ -23,6 +23,7 @@ from workflows.domain.run.events import (
     ExitedWhileLost,
     GroupPlanned,
     HeartbeatLate,
+    MachineHeard,
     MachineLost,
     Place,
     PlacementUpdate,
@@ -302,49 +303,6 @@ def _planned(step: Step, event: GroupPlanned) -> None:
     step.commands.append(ArmTimer(timer=Timer.REPLAN, task_id=group.name, attempt=0, at=at))
 
 
-_SETTING_UP = frozenset({TaskState.PENDING, TaskState.PREPARING, TaskState.PULLING, TaskState.READY_TO_START})
-
-
-def _started_at(task: TaskRecord) -> datetime | None:
-    """When the run heard that the worker's current attempt was started (its latest Starting entry since it was last
-    set up), or None if it has not been. A history folded past that entry falls back to when it went Running."""
-    for entry in reversed(task.history):
-        if entry.code == R.HistorySummarised.code:
-            break
-        if entry.state == TaskState.STARTING:
-            return entry.at
-        if entry.state in _SETTING_UP:
-            return None
-    return task.attempt.running_since
-
-
-def _machine_lost(step: Step, event: MachineLost) -> None:
-    for task in step.job.tasks:
-        if task.node != event.node or not task.on_node:
-            continue
-        if task.placed_pending:
-            # Never picked up, so never lost: it waits for room again, as a new attempt (its machine, should it
-            # come back, is refused the old one), no restart counted.
-            gone = R.MachineRemoved() if event.removed else R.MachineLost()
-            step.commands.append(Release(task_id=task.id, attempt=task.attempt.number))
-            record(task.status, task.history, TaskState.PENDING, gone, step.now)
-            next_attempt(task)
-            step.place(task)
-            continue
-        started = _started_at(task)
-        if event.lost_at is not None and started is not None and started >= event.lost_at:
-            continue  # a late report of an earlier loss: a new agent of the machine started this attempt since
-        if task.state is TaskState.STOPPING:
-            gone = R.MachineRemovedWhileStopping() if event.removed else R.MachineLostWhileStopping()
-        else:
-            gone = R.MachineRemoved() if event.removed else R.MachineLost()
-        lost = TaskEvent.MACHINE_REMOVED if event.removed else TaskEvent.MACHINE_LOST
-        if task.state is not TaskState.STOPPING:
-            task.last_failure = LastFailure(exit_code=None, reason=gone.text, log_tail="")
-        task.attempt.fenced_until = event.fenced_at
-        step.end(task, lost, gone)
-
-
 def _apply(step: Step, event: Event) -> None:
     job, now = step.job, step.now
     match event:
@@ -441,7 +399,9 @@ def _apply(step: Step, event: Event) -> None:
         case TimerFired():
             _timer(step, event)
         case MachineLost():
-            _machine_lost(step, event)
+            machines.lost(step, event)
+        case MachineHeard():
+            machines.heard(step, event)
         case CancelRequested() if job.cancel_requested or job.state in RUN_TERMINAL:
             pass  # Temporal's cancellation after `astraeus cancel`, or one that reached a run that just ended
         case CancelRequested(deleting=deleting):

@@ -1,0 +1,82 @@
+"""NodeWorkflow: the lease carries its workers' liveness (workflows/domain/machine/liveness.py). Late by the stale
+grace, its runs hear it (their running workers there go Stale); taken again, they hear it back; unrenewed for its TTL,
+the machine is lost; taken by a new agent, they hear it (their watches there are attached again)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from temporalio.testing import WorkflowEnvironment
+
+from tests.workflows.fakes import FakeMachine, machine_workflow, unique
+from workflows.domain.inventory import NodeInventory
+from workflows.domain.machine.decisions import Registered
+from workflows.domain.settings import Settings
+from workflows.node import NodeWorkflow
+
+LATE = Settings(stale_grace_seconds=1, node_lease_ttl_seconds=3)
+
+
+async def until(check: Callable[[], bool], seconds: float = 10) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("never true")
+
+
+def inventory() -> NodeInventory:
+    return NodeInventory(name=unique("m"), cpus=8, memory_bytes=2**34)
+
+
+async def test_a_lease_late_by_the_grace_is_told_then_the_machine_is_lost_at_its_ttl(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    machine, node = FakeMachine(), inventory()
+    machine.name = node.name
+    async with machine_workflow(time_skipping.client, machine, node, LATE) as handle:
+        machine.alive = False
+        await until(lambda: machine.told == ["late", "lost"])
+        view = await handle.query(NodeWorkflow.view)
+        late, lost = machine.heard[0], machine.lost[0]
+        assert late.at < view.history[-1].at
+        assert lost.lost_at is not None and 1.5 <= (lost.lost_at - late.at).total_seconds() <= 2.5  # 3 - 1 s after
+        assert [(e.state, e.reason) for e in view.history] == [
+            ("Ready", "Registered by its agent"),
+            ("Down", "Machine lost: its lease expired"),
+        ]
+        await handle.terminate()
+
+
+async def test_a_late_lease_taken_again_within_its_ttl_is_heard_back_and_the_machine_never_lost(
+    time_skipping: WorkflowEnvironment,
+) -> None:
+    machine, node = FakeMachine(), inventory()
+    machine.name = node.name
+    async with machine_workflow(time_skipping.client, machine, node, LATE) as handle:
+        machine.alive = False
+        await until(lambda: machine.told == ["late"])
+        machine.alive = True
+        await handle.execute_update(NodeWorkflow.register, Registered(inventory=node))  # its agent, heard again
+        await until(lambda: machine.told == ["late", "back"])
+        await asyncio.sleep(3)  # a TTL more: the lease taken again holds
+        view = await handle.query(NodeWorkflow.view)
+        assert machine.told == ["late", "back"]
+        assert [e.state for e in view.history] == ["Ready", "Ready"]
+        await handle.terminate()
+
+
+async def test_a_new_agent_taking_the_machine_over_is_told_to_its_runs(time_skipping: WorkflowEnvironment) -> None:
+    machine, node = FakeMachine(), inventory()
+    machine.name = node.name
+    async with machine_workflow(time_skipping.client, machine, node, LATE) as handle:
+        await handle.execute_update(NodeWorkflow.register, Registered(inventory=node, instance="host:1:a"))
+        await handle.execute_update(NodeWorkflow.register, Registered(inventory=node, instance="host:1:a"))  # again
+        await asyncio.sleep(0.5)
+        assert machine.told == []  # its first known agent, then the same one: nothing to tell
+        taken = Registered(inventory=node, instance="host:2:b", take_over="host:1:a")
+        await handle.execute_update(NodeWorkflow.register, taken)
+        await until(lambda: machine.told == ["new agent"])
+        assert machine.heard[0].node == node.name and not machine.heard[0].late
+        await handle.terminate()
