@@ -1,6 +1,6 @@
 """A burst of one-GPU runs on M machines of G GPUs, against the Temporal floor: `python -m bench.burst [--runs N]
 [--machines M] [--gpus G] [--idle K] [--agents-per-process A] [--services-apart] [--control-processes C]
-[--no-floor] [--json FILE]`.
+[--steady S] [--settle W] [--no-floor] [--json FILE]`.
 
 Starts the embedded default's Temporal dev server (file database, headless, free ports, a temporary directory), the
 control plane and the scheduler in this process (`--services-apart`: as `astraeus control` and `astraeus scheduler`
@@ -9,8 +9,9 @@ processes; `--control-processes C`: C of `astraeus control`), and M machines, ea
 cluster (each waits until Running, then they are cancelled), then N runs of one worker of one GPU (`sleep 3000`, restart
 policy Never) at once, at most 50 submits in flight, and waits until min(N, M x G) of them are Running (the search
 attribute `AstraeusState`). Then it reads each run (`describe`, its Temporal event history, its pending activities) and
-the machines' workflows, ends every process it started, and runs the floor: a fresh dev server completing min(N, M x G)
-bare workflows of 3 no-op activities in one burst.
+the machines' workflows; then, unless `--steady 0`, measures the steady state (`bench/steady.py`: W s to settle, then
+S s in which nothing happens); ends every process it started, and runs the floor: a fresh dev server completing
+min(N, M x G) bare workflows of 3 no-op activities in one burst.
 Prints figures only: it asserts no timing.
 """
 
@@ -40,6 +41,7 @@ from bench.common import HistoryFigures, Pauses, ms, now, read_history, run_and_
 from bench.floor import Floor, run_floor
 from bench.runs import spec_for
 from bench.server_metrics import ServerOps, between, logged, settled
+from bench.steady import Steady, measure_steady
 from workers.client import AstraeusClient
 from workers.errors import AstraeusError
 from workers.outcomes import run_result
@@ -94,6 +96,8 @@ class Options:
     json_path: Path | None
     data_dir: Path | None
     pairs: int = 1  # bursts, each followed by its floor: on a shared machine each pair's ratio, and their median
+    steady: float = 60  # seconds of the steady-state window after the burst (0: none)
+    settle: float = 20  # seconds waited before that window
 
     @property
     def target(self) -> int:
@@ -224,6 +228,7 @@ class Burst:
     workers: list[Interval]  # the workers' processes alive after the read-back (bench/burst_checks.py)
     passes: tuple[float, float] = (0.0, 0.0)  # scheduling passes in this process during the burst: count, seconds
     pauses: Pauses = field(default_factory=Pauses)  # the garbage collector's in this process during the burst
+    steady: Steady | None = None  # the steady state after the burst (bench/steady.py)
     floor: Floor | None = None
 
 
@@ -269,6 +274,9 @@ async def measure(options: Options, root: Path) -> Burst:
         after_machines = await machine_workflows(client)
         gained = sum(after_machines[k] - before_machines.get(k, 0) for k in after_machines)
         histories = await machine_histories(client, sorted(after_machines))
+        steady = None  # after every figure of the burst is taken, so that none of them changes
+        if options.steady > 0:
+            steady = await measure_steady(cluster, client, NAMESPACE, options.steady, options.settle)
     except BaseException:
         print(cluster.logs_tail(), file=sys.stderr)
         raise
@@ -290,6 +298,7 @@ async def measure(options: Options, root: Path) -> Burst:
         workers,
         (passes[0], passes[1]),
         pauses,
+        steady,
     )
 
 
@@ -366,6 +375,10 @@ def parser() -> argparse.ArgumentParser:
         default=1,
         help="`astraeus control` processes (default 1; more: apart)",
     )
+    p.add_argument(
+        "--steady", type=float, default=60, help="seconds of steady state measured after the burst (60; 0: none)"
+    )
+    p.add_argument("--settle", type=float, default=20, help="seconds waited before the steady state's window (20)")
     p.add_argument("--no-floor", dest="floor", action="store_false", help="skip the floor")
     p.add_argument(
         "--pairs", type=int, default=1, help="bursts, each followed by its floor: each ratio and their median (1)"
@@ -380,6 +393,8 @@ def parser() -> argparse.ArgumentParser:
 def options_from(args: argparse.Namespace) -> Options:
     if args.pairs < 1:
         raise SystemExit("python -m bench.burst: --pairs must be at least 1")
+    if args.steady < 0 or args.settle < 0:
+        raise SystemExit("python -m bench.burst: --steady and --settle must not be negative")
     runs = args.runs if args.runs is not None else (2 * args.machines * args.gpus if args.overload else 200)
     return Options(
         runs=runs,
@@ -396,6 +411,8 @@ def options_from(args: argparse.Namespace) -> Options:
         json_path=args.json_path,
         data_dir=args.data_dir,
         pairs=args.pairs,
+        steady=args.steady,
+        settle=args.settle,
     )
 
 

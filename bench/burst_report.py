@@ -80,6 +80,7 @@ def figures(b: Burst) -> dict[str, Any]:
         "reasons_now": _reasons([[r.reason] for r in waiting if r.state not in ENDED]),
         "reasons_ended": _reasons([[r.reason] for r in submitted if r.state in ENDED]),
         "reasons_seen_while_waiting": _reasons([r.reasons_waited for r in submitted]),
+        "steady": b.steady.figures() if b.steady else None,
         "floor": floor,
         "burst_over_floor": all_running / 1000 / floor_wall if all_running is not None and floor_wall else None,
         "errors": [f"{r.name}: {r.error}" for r in b.runs if r.error][:5],
@@ -170,6 +171,8 @@ def lines(b: Burst) -> list[str]:
     if held["broken"]:
         out += ["invariants broken:", *held["cases"]]
     out += [f"error: {e}" for e in f["errors"]]
+    if b.steady is not None:
+        out += ["", *table(b.steady.rows())]
     if b.floor is not None:
         ratio = f["burst_over_floor"]
         ratio_row = ("burst all-Running / floor all-complete", f"{ratio:.2f}" if ratio is not None else "n/a")

@@ -48,6 +48,7 @@ NEEDED = (
     "service_latency",
     "semaphore_latency",
     "history_workflow_execution_cache_lock_hold_duration",
+    "task_requests",
 )
 _NEEDED_LINES = NEEDED + tuple(f"# {kind} {name}" for kind in ("HELP", "TYPE") for name in NEEDED)
 
@@ -95,6 +96,9 @@ class ServerOps:
     lock: list[float] = field(default_factory=lambda: [0.0, 0.0])  # workflows' locks: ms held, holds
     records: collections.Counter[str] = field(default_factory=collections.Counter)  # RECORDS, by operation
     late_records: collections.Counter[str] = field(default_factory=collections.Counter)  # over SYNC_MATCH_SECONDS
+    # The history's own tasks, by type: its timers (an activity's heartbeat timeout fired: a write when the activity
+    # heartbeated since, to arm the next), transfers and visibility records
+    tasks: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def figures(self, per: int) -> dict[str, Any]:
         per = max(per, 1)
@@ -171,6 +175,8 @@ def between(before: Sample, after: Sample) -> ServerOps:
             _add_timer(ops.slot, name, grown)
         elif name.startswith("history_workflow_execution_cache_lock_hold_duration_") and operation == LOCK:
             _add_timer(ops.lock, name, grown)
+        elif name == "task_requests" and label.get("service_name") == "history":
+            ops.tasks[label.get("task_type", operation)] += round(grown)
         elif name == "persistence_latency_bucket" and operation == WRITE:
             buckets[float(label["le"])] += grown
         elif name == "service_latency_count" and label.get("service_name") == "history" and operation in RECORDS:

@@ -42,10 +42,11 @@ def test_reasons_group_without_names_times_or_numbers(reason: str, grouped: str)
 @pytest.mark.integration
 @pytest.mark.alone  # both cores busy: after the others (Makefile)
 def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
-    """6 runs on 2 machines x 2 GPUs: 4 Running, 2 waiting with a reason, then a floor of 3 bare workflows; twice,
-    each pair's ratio and their median told."""
+    """6 runs on 2 machines x 2 GPUs: 4 Running, 2 waiting with a reason, a steady state of 2 s, then a floor of 3
+    bare workflows; twice, each pair's ratio and their median told."""
     figures_file = tmp_path / "burst.json"
     args = ["--runs", "6", "--machines", "2", "--gpus", "2", "--idle", "1", "--floor-runs", "3", "--pairs", "2"]
+    args += ["--steady", "2", "--settle", "0"]
     result = subprocess.run(
         [sys.executable, "-m", "bench.burst", *args, "--json", str(figures_file), "--data-dir", str(tmp_path / "c")],
         cwd=ROOT,
@@ -73,6 +74,8 @@ def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
         "pair 1: all Running / floor / ratio (load at start)",
         "pair 2: all Running / floor / ratio (load at start)",
         "median ratio of 2 pairs",
+        "steady: CPU ms per running worker-second, ours + server",
+        "steady: server writes (UpdateWorkflowExecution) per second / per machine",
     ):
         assert label in result.stdout, result.stdout
     for pair in (1, 2):  # told as each pair ends, so that a later pair's failure loses none of them
@@ -81,6 +84,8 @@ def test_a_tiny_burst_prints_its_figures_and_exits_0(tmp_path: Path) -> None:
     assert (figures["submitted"], figures["running"]) == (6, 4)
     assert sum(item["runs"] for item in figures["reasons_now"]) == 2
     assert figures["floor"]["completed"] == 3
+    assert figures["steady"]["running_workers"] == {"start": 4, "end": 4}
+    assert figures["steady"]["activities_in_flight"]["hold_lease"] == 2  # the census: one lease per machine
     # The server's own counters cover the burst's window: every run started there, every bare workflow too.
     assert figures["server"]["requests_per_run"]["StartWorkflowExecution"] >= 1
     assert figures["server"]["persistence_per_run"]["UpdateWorkflowExecution"] > 1
@@ -241,6 +246,23 @@ def test_the_tasks_the_server_recorded_started_later_than_a_sync_match_may_wait_
     ) in ops.rows("server", 10)
 
 
+def test_the_historys_own_tasks_are_counted_by_type() -> None:
+    """An activity's heartbeat timeout fired is a task of the history's timer queue, and a write when the activity
+    heartbeated since: the writes a steady state makes besides the heartbeats themselves."""
+    from bench.server_metrics import between, parse
+
+    def scraped(timers: int, transfers: int) -> str:
+        labels = 'archetype="workflow",namespace="default",service_name="history",task_priority="low"'
+        return (
+            "# TYPE task_requests counter\n"
+            f'task_requests{{{labels},task_type="TimerActiveTaskActivityTimeout"}} {timers}\n'
+            f'task_requests{{{labels},task_type="TransferActiveTaskActivity"}} {transfers}\n'
+        )
+
+    ops = between(parse(scraped(4, 7)), parse(scraped(34, 7)))
+    assert ops.tasks == {"TimerActiveTaskActivityTimeout": 30}
+
+
 def test_the_servers_log_is_counted_from_where_the_window_began(tmp_path: Path) -> None:
     """A write that failed names its error; what came before the window, and what is not a warning, is not told."""
     from bench.server_metrics import logged
@@ -258,6 +280,53 @@ def test_the_servers_log_is_counted_from_where_the_window_began(tmp_path: Path) 
     found, end = logged(log, start)
     assert found == {"ERROR Update workflow execution operation failed. (context canceled)": 2}
     assert end == log.stat().st_size
+
+
+def test_the_steady_state_is_told_per_running_worker_second_and_per_second() -> None:
+    """What liveness costs: each process's CPU over the running workers times the window, the workers' own processes
+    apart; the server's writes per second and per machine, against machines over the lease's renewal interval."""
+    import collections
+
+    from bench.server_metrics import ServerOps
+    from bench.steady import Steady
+
+    server = ServerOps(
+        requests=collections.Counter(
+            {"RecordActivityTaskHeartbeat": 60, "RecordActivityTaskHeartbeatById": 2, "SignalWorkflowExecution": 5}
+        ),
+        persistence=collections.Counter({"UpdateWorkflowExecution": 80, "GetTimerTasks": 10}),
+        tasks=collections.Counter({"TimerActiveTaskActivityTimeout": 18}),
+    )
+    steady = Steady(
+        seconds=10.0,
+        settle=20.0,
+        machines=4,
+        running=(100, 99),
+        cpu={"this": 0.5, "services": 0.0, "agents": 0.25, "server": 1.0},
+        workers_cpu=(0.1, 100),
+        server=server,
+        load=(1.0, 1.5),
+        in_flight=collections.Counter({"run_task": 100, "hold_lease": 4}),
+    )
+
+    figures = steady.figures()
+
+    assert figures["cpu_ms_per_worker_second"] == pytest.approx(
+        {"this": 0.5, "services": 0.0, "agents": 0.25, "server": 1.0, "ours": 0.75, "ours_and_server": 1.75}
+    )
+    told = (
+        figures["workers_processes_cpu_ms_per_worker_second"],
+        figures["writes_per_second"],
+        figures["writes_per_machine_per_second"],
+        figures["writes_goal_per_second"],  # 4 machines, a renewal every 10 s (a third of the lease's 30 s)
+        figures["heartbeats_per_second"],
+        figures["signals_per_second"],
+    )
+    assert told == pytest.approx((0.1, 8.0, 2.0, 0.4, 6.2, 0.5))
+    assert figures["persistence_per_second"] == {"UpdateWorkflowExecution": 8.0, "GetTimerTasks": 1.0}
+    assert figures["history_tasks_per_second"] == {"TimerActiveTaskActivityTimeout": 1.8}
+    assert ("steady: running workers, window start / end", "100 / 99") in steady.rows()
+    assert ("steady: heartbeats recorded / signals, per second", "6.20 / 0.50") in steady.rows()
 
 
 def test_each_kind_of_problem_names_a_few_of_its_runs() -> None:
