@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.server_metrics import WRITE, ServerOps, between, settled
 from workflows.contracts import SA_NAMESPACE, SA_STATE
+from workflows.domain.machine.liveness import renew_seconds
 from workflows.domain.settings import Settings
 
 if TYPE_CHECKING:
@@ -103,8 +104,9 @@ class Steady:
 
 
 def lease_renewal_seconds(settings: Settings | None = None) -> float:
-    """How often an agent renews its machine's lease: a third of its TTL (workflows/node.py, `LeaseInput`)."""
-    return max((settings or Settings()).node_lease_ttl_seconds / 3, 0.2)
+    """How often an agent renews its machine's lease: three times within the stale grace (the lease carries its
+    workers' liveness: workflows/domain/machine/liveness.py)."""
+    return renew_seconds(settings or Settings())
 
 
 async def measure_steady(

@@ -36,6 +36,7 @@ from workflows.messages import PlaceInput, PlaceResult
 
 WORKFLOW_MODULES = [
     "job",
+    "watches",
     "node",
     "quotas",
     "logs",
@@ -276,8 +277,8 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
             *("place", "release"),
         ],
         "scheduler": [
-            *("drive_users", "drives_changed", "machine_lost", "node_changed", "place", "plan_workers"),
-            *("quotas_changed", "release"),
+            *("drive_users", "drives_changed", "machine_heard", "machine_lost", "node_changed", "place"),
+            *("plan_workers", "quotas_changed", "release"),
         ],
         "machine": [
             *("attach_session", "delete_run_files", "grant_session", "read_log", "run_task", "start_task"),
@@ -296,6 +297,7 @@ def test_names_on_the_wire_are_those_the_committed_histories_and_running_cluster
         "task_running",
         "task_health",
         "machine_lost",
+        "machine_heard",
         "task_exited_while_lost",
     ]
     assert [m.name for m in contracts.QUERIES] == [

@@ -10,7 +10,6 @@ from typing import Any, TypeVar
 from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
-from temporalio.workflow import ActivityHandle
 
 with workflow.unsafe.imports_passed_through():
     from workflows import activity_failures, contracts
@@ -30,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.domain.run.job import FirstPlacement, decide, fail_undecided, is_settled
     from workflows.domain.run.refusals import Refusal, refuse_cancel, refuse_stop
     from workflows.domain.run.status import RUN_TERMINAL, Folded, JobRecord, RunState, Status, history_long
-    from workflows.domain.run.tasks import asked_of_scheduler, attempts_on, group_of, new_job, nodes_in_use
+    from workflows.domain.run.tasks import asked_of_scheduler, attempts_on, new_job, nodes_in_use
     from workflows.domain.run.views import Event, JobDescription, describe, events
 from workflows.messages import (
     RUN_FAILED,
@@ -43,17 +42,13 @@ from workflows.messages import (
     PlaceResult,
     PlanInput,
     ReleaseInput,
-    RunTaskInput,
     SchedulerView,
     StartTaskInput,
     StopTaskInput,
     StopTaskRequest,
-    SuperviseInput,
-    TaskExit,
 )
+from workflows.watches import AttemptKey, Watches, task_ref
 
-# (task id, attempt): one attempt of one task of this run, what its supervisor and its start in flight are keyed by.
-AttemptKey = tuple[str, int]
 T = TypeVar("T")
 
 # A change of behaviour that histories recorded before it must not see on replay (workflow.patched): Temporal's
@@ -68,13 +63,8 @@ class JobWorkflow:
         self._job: JobRecord | None = None
         self._inbox: list[ev.Event] = []
         self._busy: set[asyncio.Task[None]] = set()  # calls that must finish (place, release, start, stop)
-        self._supervisors: dict[AttemptKey, asyncio.Task[None]] = {}  # cancelled once their worker leaves its machine
-        # Protocol 7: each supervisor's watch in flight and its machine; a watch cancelled to be attached again (its
-        # machine's agent is a new one) is in `_reattach`.
-        self._watches: dict[AttemptKey, tuple[str, ActivityHandle[TaskExit]]] = {}
-        self._reattach: set[AttemptKey] = set()
+        self._watches = Watches(self._inbox_append)  # the supervisors of its workers on their machines
         self._starting: set[AttemptKey] = set()  # start calls in flight
-        self._reported_running: set[AttemptKey] = set()  # workers their machine reported running (run_task: started)
         self._timers: set[asyncio.Task[None]] = set()  # cancelled when the run closes or continues as new
         self._in_flight: dict[Effect, asyncio.Future[None]] = {}  # protocol 6: what is in flight, by identity
         self._nodes: list[str] = []
@@ -141,7 +131,7 @@ class JobWorkflow:
                         self._carry_out(command)
                 for release in self._first.unasked():
                     self._spawn(self._release(release))
-                self._forget_gone_tasks()
+                self._watches.forget_gone(self._job)
                 self._publish()
             elif self._settled():
                 if self._job.protocol < 2:
@@ -218,7 +208,7 @@ class JobWorkflow:
 
     async def _continue_as_new(self) -> None:
         assert self._job is not None
-        background = [*self._supervisors.values(), *self._timers]
+        background = [*self._watches.supervisors.values(), *self._timers]
         self._cancel_background()
         await asyncio.gather(*background, return_exceptions=True)  # nothing may follow continue_as_new
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -247,7 +237,7 @@ class JobWorkflow:
     def _run_difference(self, commands: list[ev.Command]) -> None:
         """Protocol 6: make what is in flight what the record needs (`effects`), by identity. What is no longer
         needed leaves the table: a timer is cancelled; a supervisor is cancelled once its worker left its machine
-        (`_forget_gone_tasks`, as before); other calls finish, their answers decided as they come. A call that ended
+        (`Watches.forget_gone`, as before); other calls finish, their answers decided as they come. A call that ended
         or a timer that fired stays while the record still needs it, unless `decide` issues it anew (a replan): the
         scheduler holds a place it answered "wait", a stop goes on on the machine, and a back-off that ran out while
         its gang was still leaving must not fire again and again. Then what is needed and not in flight starts,
@@ -288,7 +278,8 @@ class JobWorkflow:
             case ev.Start():
                 return self._spawn(self._start(command))
             case ev.Supervise():
-                return self._supervise(command.task_id, command.attempt, command.node)
+                assert self._job is not None
+                return self._watches.supervise(self._job, command.task_id, command.attempt, command.node)
             case ev.Stop():
                 return self._spawn(self._stop(command))
             case ev.ArmTimer():
@@ -306,8 +297,7 @@ class JobWorkflow:
 
     def _ref(self, task_id: str, attempt: int) -> TaskRef:
         assert self._job is not None
-        spec = self._job.spec
-        return TaskRef(namespace=spec.namespace, job=spec.name, task_id=task_id, attempt=attempt)
+        return task_ref(self._job, task_id, attempt)
 
     async def _place(self, command: ev.Place) -> None:
         # None in histories from before the scheduler answered in its result
@@ -367,7 +357,8 @@ class JobWorkflow:
         ready. Runs created before run_task existed start it (start_task), then watch it (supervise_task)."""
         assert self._job is not None
         if self._job.protocol >= 2 and not command.barrier:
-            self._supervise(command.task_id, command.attempt, command.node, start=command)
+            start = self._start_input(command)
+            self._watches.supervise(self._job, command.task_id, command.attempt, command.node, start)
             return
         key = (command.task_id, command.attempt)
         self._starting.add(key)
@@ -399,7 +390,7 @@ class JobWorkflow:
             self._inbox.append(ready)
             return
         self._inbox.append(ev.TaskStarted(task_id=command.task_id, attempt=command.attempt))
-        self._supervise(command.task_id, command.attempt, command.node)
+        self._watches.supervise(self._job, command.task_id, command.attempt, command.node)
 
     def _start_input(self, command: ev.Start) -> StartTaskInput:
         return StartTaskInput(
@@ -410,90 +401,11 @@ class JobWorkflow:
             host_network=command.host_network,
         )
 
-    def _supervise(self, task_id: str, attempt: int, node: str, start: ev.Start | None = None) -> asyncio.Task[None]:
-        if (task_id, attempt) not in self._supervisors:
-            watch = self._watch(task_id, attempt, node, start)
-            self._supervisors[(task_id, attempt)] = asyncio.ensure_future(watch)
-        return self._supervisors[(task_id, attempt)]
-
-    async def _watch(self, task_id: str, attempt: int, node: str, start: ev.Start | None) -> None:
-        """Supervise until the worker ends; with `start`, start it first in the same activity (run_task), which
-        is called again until the worker is reported running (the agent finds what it started). A missed
-        heartbeat after that (the stale grace) makes it Stale; the next supervisor re-attaches and, finding it
-        running, brings it back ("Heartbeat received")."""
-        assert self._job is not None
-        settings = self._job.settings
-        readiness = group_of(self._job, self._job.task(task_id)).readiness
-        reattach = False
-        key = (task_id, attempt)
-        beats = self._job.protocol < 7  # since, its machine's lease carries its liveness
-        while True:
-            starting = start is not None and key not in self._reported_running
-            options: dict[str, Any] = {
-                "task_queue": node_task_queue(node),
-                "start_to_close_timeout": timedelta(days=3650),
-                "heartbeat_timeout": timedelta(seconds=settings.stale_grace_seconds) if beats else None,
-                "retry_policy": contracts.ONCE,
-                "summary": f"{'run' if starting else 'supervise'} {task_id} on {node}",
-            }
-            watch: ActivityHandle[TaskExit]
-            if start is not None and starting:
-                message = RunTaskInput(start=self._start_input(start), settings=settings, readiness=readiness)
-                watch = workflow.start_activity(contracts.run_task, message, **options)
-            else:
-                ref = self._ref(task_id, attempt)
-                again = SuperviseInput(ref=ref, settings=settings, reattach=reattach, readiness=readiness)
-                watch = workflow.start_activity(contracts.supervise_task, again, **options)
-            self._watches[key] = (node, watch)
-            try:
-                result = await watch
-            except ActivityError as error:
-                if isinstance(error.cause, CancelledError):
-                    if key in self._reattach:  # its machine's agent is a new one: attach again (it adopted it)
-                        self._reattach.discard(key)
-                        reattach = True
-                        continue
-                    return  # the worker left its machine, or the run continues as new
-                if starting and key not in self._reported_running:
-                    if activity_failures.setup_failed(error):
-                        failed = ev.TaskSetupFailed(
-                            task_id=task_id, attempt=attempt, reason=activity_failures.start_failure(error)
-                        )
-                        self._inbox.append(failed)
-                        return
-                    await workflow.sleep(1)  # the agent restarted, or was busy: start again (it finds its own)
-                    continue
-                if activity_failures.heartbeat_missed(error):
-                    self._inbox.append(ev.HeartbeatLate(task_id=task_id, attempt=attempt))
-                else:
-                    await workflow.sleep(1)  # the agent restarted, or refused: watch again
-                reattach = True
-                continue
-            finally:
-                if self._watches.get(key, (None, None))[1] is watch:
-                    del self._watches[key]
-            self._inbox.append(ev.TaskEnded(task_id=task_id, attempt=attempt, **result.model_dump()))
-            return
-
-    def _attach_again(self, node: str) -> None:
-        """A new agent holds `node` (the one before died with the watches it ran): each watch there is attached again,
-        to the worker the new agent adopted."""
-        for key, (on, watch) in list(self._watches.items()):
-            if on == node and not watch.done():
-                self._reattach.add(key)
-                watch.cancel()
-
-    def _forget_gone_tasks(self) -> None:
-        """Cancel the supervisors of workers that left their machine (ended, lost, or a new attempt)."""
-        assert self._job is not None
-        on_node = {(t.id, t.attempt.number) for t in self._job.tasks if t.on_node}
-        for key in [k for k in self._supervisors if k not in on_node]:
-            self._supervisors.pop(key).cancel()
+    def _inbox_append(self, event: ev.Event) -> None:
+        self._inbox.append(event)
 
     def _cancel_background(self) -> None:
-        for supervisor in self._supervisors.values():
-            supervisor.cancel()
-        self._supervisors.clear()
+        self._watches.cancel_all()
         for timer in list(self._timers):
             timer.cancel()
         self._in_flight.clear()
@@ -511,7 +423,7 @@ class JobWorkflow:
             summary=f"stop {command.task_id} on {command.node}",
         )
         key = (command.task_id, command.attempt)
-        if key not in self._supervisors and key not in self._starting:
+        if key not in self._watches.supervisors and key not in self._starting:
             # Nothing ran, so nothing else reports its end (a gang member stopped at the barrier).
             self._inbox.append(ev.StopConfirmed(task_id=command.task_id, attempt=command.attempt))
 
@@ -533,7 +445,7 @@ class JobWorkflow:
 
     @workflow.signal(name=contracts.TASK_RUNNING.name)
     def task_running(self, report: ev.TaskRunning) -> None:
-        self._reported_running.add((report.task_id, report.attempt))
+        self._watches.reported_running.add((report.task_id, report.attempt))
         self._inbox.append(report)
 
     @workflow.signal(name=contracts.TASK_HEALTH.name)
@@ -547,7 +459,7 @@ class JobWorkflow:
     @workflow.signal(name=contracts.MACHINE_HEARD.name)
     def machine_heard(self, report: ev.MachineHeard) -> None:
         if report.new_agent and self._job is not None and self._job.protocol >= 7:
-            self._attach_again(report.node)
+            self._watches.attach_again(report.node)
         self._inbox.append(report)
 
     @workflow.signal(name=contracts.TASK_EXITED_WHILE_LOST.name)

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 # How long an exit returned to a run is remembered: should the lease expire meanwhile, it is told to its run again.
 RETURNED_KEPT_SECONDS = 600.0
+# A run whose workers here are all watched is read (a describe) once every this many looks for orphans: its watches
+# send no heartbeat (protocol 7), so none learns that its run was closed (terminated in the Temporal UI, say).
+WATCHED_RUN_LOOKS = 6
 
 
 class Housekeeping:
@@ -67,6 +70,8 @@ class Housekeeping:
         self._orphan_look: asyncio.Task[None] | None = None  # the look for orphaned workers under way
         self._orphan_look_due = 0.0  # time.monotonic() of the next look
         self._orphans_untold: list[OrphanStopped] = []  # stopped, not yet written in the machine's history
+        self._runs_read: dict[tuple[str, str], float] = {}  # time.monotonic() each watched run was last read
+        self._doubt_watches = False  # the next look asks the runs of watched attempts too (the lease was taken again)
 
     def look(self) -> None:
         """At each look of the lease's loop: start what is due (a look for orphans, the renewal of identities, the
@@ -76,8 +81,11 @@ class Housekeeping:
         self._look_at_node_network()
 
     def look_soon(self) -> None:
-        """Look for attempts the runs no longer have at the next look (the lease was taken again)."""
+        """Look for attempts the runs no longer have at the next look (the lease was taken again), the watched ones
+        too: a run that lost its machine meanwhile cancelled their watches, which no cancellation reaches (they send
+        no heartbeat), and started them again elsewhere or as a new attempt."""
         self._orphan_look_due = 0.0
+        self._doubt_watches = True
 
     # ---- adoption ------------------------------------------------------------------------------------------------
 
@@ -253,18 +261,21 @@ class Housekeeping:
         except Exception as err:  # the engine does not answer: look again next time
             log.warning("%s: could not list its workers: %s", self.node_name, err)
             return
-        # Only the runs with an attempt here that no activity of this agent watches are read (a describe each). A
-        # watched attempt needs no look: its watch heartbeats to its run, and when the run closes or stops
-        # wanting it, the server answers the heartbeat "not found" or "cancelled", the watch ends, and the attempt
-        # is looked at next time. Asking about every run (a visibility query per machine each look) cost a busy
-        # server a slow read every 5 s per machine, which held up its writes (bench/README.md).
-        runs = sorted({(key.namespace, key.job) for key in running if not self._attempts.watched(key)})
+        # The runs with an attempt here that no activity of this agent watches are read at every look (a describe
+        # each); those whose attempts are all watched, once every WATCHED_RUN_LOOKS looks. A watch sends no heartbeat
+        # (protocol 7: the lease carries its worker's liveness), so no answer to one says that its run was closed;
+        # a run that stops wanting its worker stops it. Asking about every run (a visibility query per machine each
+        # look) cost a busy server a slow read every 5 s per machine, which held up its writes (bench/README.md).
+        doubt, self._doubt_watches = self._doubt_watches, False
+        runs = sorted({(key.namespace, key.job) for key in running if doubt or not self._attempts.watched(key)})
+        runs = sorted({*runs, *self._watched_runs_due(running)})
         for namespace, job in runs:
             keys = [key for key in running if (key.namespace, key.job) == (namespace, job)]
             try:
-                stale = await self._not_the_runs(namespace, job, keys)
+                stale = await self._not_the_runs(namespace, job, keys, doubt)
             except Exception as err:
                 log.warning("%s: could not read run %s/%s: %s", self.node_name, namespace, job, err)
+                self._doubt_watches = self._doubt_watches or doubt  # asked again at the next look
                 continue
             for key, report in stale:
                 log.warning("%s: stopping %s: %s", self.node_name, key.slug, report)
@@ -276,6 +287,20 @@ class Housekeeping:
                 self._orphans_untold.append(report)
         if tell:
             await self._tell_orphans_stopped()
+
+    def _watched_runs_due(self, running: list[TaskRef]) -> list[tuple[str, str]]:
+        """The runs with a worker here due a read of whether their workflow is still open (counted from when each
+        was first seen here, so that the reads spread over the looks); the others are forgotten."""
+        now, every = time.monotonic(), WATCHED_RUN_LOOKS * self._settings.orphan_check_seconds
+        here = {(key.namespace, key.job) for key in running}
+        self._runs_read = {run: at for run, at in self._runs_read.items() if run in here}
+        due = []
+        for run in sorted(here):
+            read = self._runs_read.setdefault(run, now)
+            if now - read >= every:
+                due.append(run)
+                self._runs_read[run] = now
+        return due
 
     async def _tell_exits_while_lost(self) -> None:
         """Tell each run whose worker's watch ended before the worker did, and which then exited 0, that it did
@@ -302,14 +327,17 @@ class Housekeeping:
                     log.warning("%s: %s exited 0 while its run had lost it: told its run", self.node_name, key.slug)
             self._attempts.told(key)
 
-    async def _not_the_runs(self, namespace: str, job: str, keys: list[TaskRef]) -> list[tuple[TaskRef, OrphanStopped]]:
+    async def _not_the_runs(
+        self, namespace: str, job: str, keys: list[TaskRef], watched_too: bool = False
+    ) -> list[tuple[TaskRef, OrphanStopped]]:
         """The attempts of one run running here that it no longer has: all of them when its workflow is no longer
-        open; else those no activity of this agent watches whose attempt the run does not have here (one query)."""
+        open; else those no activity of this agent watches (any, `watched_too`) whose attempt the run does not have
+        here (one query)."""
         run = f"{namespace}/{job}"
         status = await self._closed_run(namespace, job)
         if status is not None:
             return [(key, OrphanStopped(task=key.task_id, run=run, status=status)) for key in keys]
-        unwatched = [key for key in keys if not self._attempts.watched(key)]
+        unwatched = [key for key in keys if watched_too or not self._attempts.watched(key)]
         if not unwatched:
             return []
         answer = await self.attempts_of(namespace, job)

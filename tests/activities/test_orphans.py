@@ -20,6 +20,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 
 from activities.agent import AgentActivities
+from activities.agent.housekeeping import WATCHED_RUN_LOOKS
 from activities.agent.prepare import Preparer
 from activities.agent.runtime.base import Launch
 from activities.agent.runtime.process import ProcessRuntime
@@ -255,28 +256,38 @@ async def test_attempts_an_activity_of_the_agent_watches_are_not_asked_about(roo
     assert temporal.described == [] and temporal.listed == []  # watched: nothing to read
 
 
-async def test_only_runs_with_an_attempt_no_activity_watches_are_read(root: Path) -> None:
+async def test_a_run_whose_workers_are_all_watched_is_read_once_every_few_looks(root: Path) -> None:
     # Asking about every run at every look (a describe each, then a visibility query per machine) cost a busy server
-    # a slow read every 5 s per machine (bench/README.md). A watched attempt's run is never asked about: its watch's
-    # heartbeat learns that the run closed ("not found") and ends, and the attempt is looked at next time.
+    # a slow read every 5 s per machine (bench/README.md). A run with an attempt no activity watches is read at every
+    # look; one whose attempts are all watched, once every WATCHED_RUN_LOOKS looks: a watch sends no heartbeat
+    # (protocol 7), so only a read learns that its run was terminated.
     running, terminated = WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.TERMINATED
     temporal = Temporal({"job/default/a": running, "job/default/b": terminated, "job/default/end": terminated})
-    machine = Machine(root, temporal, Settings(orphan_check_seconds=0.05, stop_grace_seconds=0.5))
-    watched = [machine.run(key(job)) for job in ("a", "b")]
+    look = 0.05
+    machine = Machine(root, temporal, Settings(orphan_check_seconds=look, stop_grace_seconds=0.5))
+    alive, closed = (machine.run(key(job)) for job in ("a", "b"))
     ended = machine.run(key("end"))  # no activity watches it
+    began = time.monotonic()
     with ExitStack() as stack:
-        for attempt in watched:
+        for attempt in (alive, closed):
             stack.enter_context(machine.agent._live_attempt(attempt))
         machine.hold_lease()
         try:
             await until(lambda: not machine.runs(ended))
-            await asyncio.sleep(0.3)  # more looks
+            first = time.monotonic() - began
+            await until(lambda: not machine.runs(closed))
+            second = time.monotonic() - began
+            await asyncio.sleep(10 * look)  # more looks
         finally:
             await machine.release()
-    assert all(machine.runs(attempt) for attempt in watched)  # b's watch, not the look, learns that it closed
-    assert set(temporal.described) == {"job/default/end"} and temporal.listed == []
-    assert temporal.updates == [
-        ("node/n0", "report_orphan_stopped", OrphanStopped(task="w-0", run="default/end", status="terminated"))
+        elapsed = time.monotonic() - began
+    assert machine.runs(alive)
+    assert first < WATCHED_RUN_LOOKS * look <= second  # the unwatched one at the first look, the watched later
+    assert 1 <= temporal.described.count("job/default/a") <= elapsed / (WATCHED_RUN_LOOKS * look) + 1
+    assert temporal.listed == []
+    assert [u[2] for u in temporal.updates] == [
+        OrphanStopped(task="w-0", run="default/end", status="terminated"),
+        OrphanStopped(task="w-0", run="default/b", status="terminated"),
     ]
 
 

@@ -167,8 +167,9 @@ async def test_a_machine_late_for_a_workers_ttl_makes_it_down_and_it_restarts_on
     )
     async with fake_cluster(time_skipping.client, Script(hold={"w-0.0"}), settings):
         handle = await start(time_skipping, job)
-        await until(handle, lambda d: d.status.state == "Running")
-        late = heard(late=True)
+        described = await until(handle, lambda d: d.status.state == "Running")
+        # On the test server's clock, which earlier tests moved ahead of this one's
+        late = MachineHeard(node="n0", late=True, at=described.tasks[0].history[-1].at)
         await handle.signal("machine_heard", late)
         status = await run_result(handle)
         described = await handle.query("describe", result_type=JobDescription)
