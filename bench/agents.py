@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 from collections.abc import Sequence
 from datetime import timedelta
@@ -67,7 +68,25 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    profile = os.environ.get("ASTRAEUS_BENCH_PROFILE")
+    if profile:
+        _profile_on_signals(profile)
     run_and_exit(serve(args), "bench.agents")
+
+
+def _profile_on_signals(path: str) -> None:
+    """With ASTRAEUS_BENCH_PROFILE=<file>: SIGUSR1 starts a cProfile of this process, SIGUSR2 stops it and writes its
+    stats to the file (to profile a window, the burst's steady state say, from outside)."""
+    import cProfile
+
+    profiler = cProfile.Profile()
+
+    def stop(*_: object) -> None:
+        profiler.disable()
+        profiler.dump_stats(path)
+
+    signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
+    signal.signal(signal.SIGUSR2, stop)
 
 
 if __name__ == "__main__":

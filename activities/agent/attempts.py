@@ -23,7 +23,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.agent.housekeeping import RETURNED_KEPT_SECONDS
+from activities.agent.housekeeping import RETURNED_KEPT_SECONDS, WATCHED_RUN_LOOKS
 from activities.agent.lease import Lease
 from activities.agent.runtime.base import Held, Observed, Runtime, readable
 from activities.agent.starter import SetupEnded, Starter
@@ -203,26 +203,31 @@ class Supervisor:
             if readiness is not None:
                 checking = asyncio.ensure_future(self._check_health(ref, readiness))
             settled_at = time.monotonic() + SETTLED_AFTER_SECONDS
-            # Heartbeats well within the grace (runs from before protocol 7), and looks well within a lease (a longer
-            # gap: this agent was paused). Without heartbeats a worker whose end wakes this watch is looked at every
-            # orphan_check_seconds only.
-            heartbeat = heartbeat_seconds(settings) if _beats() else settings.orphan_check_seconds
-            settled = min(POLL_SECONDS_SETTLED, heartbeat)
-            paused, looked = 0.0, time.monotonic()
-            look_at = looked + settings.orphan_check_seconds
+            # Heartbeats well within the grace (runs from before protocol 7), and a look every orphan_check_seconds.
+            # Without heartbeats a worker whose end wakes this watch is looked at once every WATCHED_RUN_LOOKS looks
+            # only (a minute): its shim, unable to write its exit (a full disk), lives on holding it, which only a
+            # look sees, and that look only says so in the log. Any wait that ran much longer than asked: this agent
+            # was paused (`paused`, the longest).
+            beats = _beats()
+            every = heartbeat_seconds(settings) if beats else WATCHED_RUN_LOOKS * settings.orphan_check_seconds
+            look_every = settings.orphan_check_seconds if beats else every
+            settled = min(POLL_SECONDS_SETTLED, every)
+            paused, look_at = 0.0, time.monotonic() + look_every
             while observed.running:
                 if observed.held is not None and self._attempts.held_first_seen(ref):
                     _say_held(ref, observed.held)
                 _beat()
+                began = time.monotonic()
                 if ended is None:
-                    await asyncio.sleep(POLL_SECONDS if time.monotonic() < settled_at else settled)
+                    wait = POLL_SECONDS if began < settled_at else settled
+                    await asyncio.sleep(wait)
                     observed = await asyncio.to_thread(self._runtime.observe, ref)
-                elif await _readable(ended, heartbeat) or time.monotonic() >= look_at:
-                    # Its end, or a look every orphan_check_seconds: a shim that cannot write its worker's exit (a full
-                    # disk) lives on holding it, which only a look sees. Else its shim lives: nothing to look at.
-                    observed = await asyncio.to_thread(self._runtime.observe, ref)
-                    look_at = time.monotonic() + settings.orphan_check_seconds
-                paused, looked = max(paused, time.monotonic() - looked), time.monotonic()
+                else:
+                    wait = max(0.0, min(every, look_at - began))
+                    if await _readable(ended, wait) or time.monotonic() >= look_at:
+                        observed = await asyncio.to_thread(self._runtime.observe, ref)
+                        look_at = time.monotonic() + look_every
+                paused = max(paused, time.monotonic() - began - wait)
         finally:
             if ended is not None:
                 os.close(ended)

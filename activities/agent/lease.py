@@ -127,6 +127,7 @@ class Lease:
         # took: the fence is counted from it. On the server's clock, compared with this machine's (the skew).
         self.confirmed = datetime.now(UTC)
         self._confirming: asyncio.Task[None] | None = None
+        self._confirm_due = 0.0  # time.monotonic() from which the next renewal is read back
         self.fenced = False  # it stopped its workers at its fence; cleared when it registers again
 
     def took(self, view: NodeView) -> None:
@@ -252,9 +253,14 @@ class Lease:
     def _confirm(self, workflow_id: str, renew_seconds: float) -> None:
         """Read back, beside the lease's loop, when Temporal last recorded its renewal (the lease activity's last
         heartbeat, as the machine's workflow describes it): what the fence counts from. Asked a moment after the
-        renewal, which the SDK sends within its throttle (1 s)."""
-        if self._confirming is None or self._confirming.done():
-            self._confirming = asyncio.ensure_future(self._read_renewal(workflow_id, min(1.5, renew_seconds / 2)))
+        renewal, which the SDK sends within its throttle (1 s); at most once a third of a lease (a describe is a read
+        of the server's: renewals come every third of the stale grace), so the fence may count from a renewal up to
+        that much older than the latest, and stop the workers that much sooner, never later."""
+        now = time.monotonic()
+        if now < self._confirm_due or (self._confirming is not None and not self._confirming.done()):
+            return
+        self._confirm_due = now + self._settings.node_lease_ttl_seconds / 3
+        self._confirming = asyncio.ensure_future(self._read_renewal(workflow_id, min(1.5, renew_seconds / 2)))
 
     async def _read_renewal(self, workflow_id: str, after: float) -> None:
         await asyncio.sleep(after)
