@@ -254,6 +254,22 @@ def test_an_agent_cut_off_from_temporal_never_leaves_two_live_copies_of_a_worker
     assert status == 0, text
 
 
+@pytest.mark.integration
+@pytest.mark.alone
+def test_temporal_away_longer_than_a_lease_stops_no_worker_and_loses_no_exit(tmp_path: Path) -> None:
+    """Issue 39: the Temporal server killed and started again on its database 25 s later, leases of 8 s: no machine is
+    lost (each lease's expiry comes late, and its agent registers again in the probation), no worker stopped or run
+    again. The workers (10 s each) that exit while Temporal is away are reported once it is back: their watches send
+    no heartbeat (protocol 7), so a watch's answer sent meanwhile reached no one, and the runs attach their watches
+    again when the machine's lease is taken again. Before that, those runs stayed Running for good. About 60 s."""
+    args = ["--runs", "8", "--machines", "2", "--gpus", "2", "--sleep", "10-10"]
+    args += ["--lease-ttl", "8", "--faults", "temporal-away", "--away-seconds", "25", "--timeout", "240"]
+    figures, text, status = run_chaos(tmp_path, args)
+    assert failed_checks(figures) == {}, text
+    assert [f["fault"] for f in figures["faults"]] == ["temporal-away"], text
+    assert status == 0, text
+
+
 def test_the_report_fails_a_rerun_and_blames_the_fault_on_its_first_attempts_machine() -> None:
     journal = read_journal(
         "\n".join(

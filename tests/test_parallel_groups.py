@@ -124,4 +124,5 @@ def test_the_tests_that_keep_both_cores_busy_are_marked_alone() -> None:
         "tests/test_bench_burst.py::test_a_tiny_burst_prints_its_figures_and_exits_0",
         "tests/test_chaos.py::test_an_agent_cut_off_from_temporal_never_leaves_two_live_copies_of_a_worker",
         "tests/test_chaos.py::test_every_fault_in_turn_loses_no_run_starts_no_worker_twice_and_holds_no_gpu_twice",
+        "tests/test_chaos.py::test_temporal_away_longer_than_a_lease_stops_no_worker_and_loses_no_exit",
     ], listed.stdout[-2000:]

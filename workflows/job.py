@@ -458,7 +458,7 @@ class JobWorkflow:
 
     @workflow.signal(name=contracts.MACHINE_HEARD.name)
     def machine_heard(self, report: ev.MachineHeard) -> None:
-        if report.new_agent and self._job is not None and self._job.protocol >= 7:
+        if not report.late and self._job is not None and self._job.protocol >= 7:
             self._watches.attach_again(report.node)
         self._inbox.append(report)
 

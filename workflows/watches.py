@@ -3,7 +3,8 @@
 One supervisor per attempt on a machine awaits the activity that starts the worker and watches it (run_task), or
 watches it again (supervise_task), until it ends: its end is the run's next event. Since protocol 7 a watch sends no
 heartbeat (its machine's lease carries the worker's liveness: workflows/domain/machine/liveness.py), and a run whose
-machine has a new agent attaches its watches there again (`attach_again`), since the agent before ended with them.
+machine's lease is taken again attaches its watches there again (`attach_again`): a new agent's predecessor ended with
+them, and an exit a watch returned while Temporal was away reached no one.
 Before, a watch heartbeated within the stale grace: a missed heartbeat made its worker Stale, and the next watch,
 finding it running, brought it back ("Heartbeat received").
 """
@@ -110,8 +111,8 @@ class Watches:
             return
 
     def attach_again(self, node: str) -> None:
-        """A new agent holds `node` (the one before died with the watches it ran): each watch there is attached again,
-        to the worker the new agent adopted."""
+        """`node`'s lease was taken again (by its agent, or a new one: the one before died with the watches it ran):
+        each watch there is attached again, to the worker the agent kept or adopted, or to the exit it left."""
         for key, (on, watch) in list(self._watches.items()):
             if on == node and not watch.done():
                 self._reattach.add(key)

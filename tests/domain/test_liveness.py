@@ -54,7 +54,13 @@ def test_a_lateness_without_the_agents_time_is_noticed_on_time() -> None:
 TOLD = [
     # (id, heard late before, holder before, holder now, (tell, new agent))
     ("its first agent: nothing to tell", False, None, "host:1:a", (False, False)),
-    ("the same agent again, never late: nothing", False, "host:1:a", "host:1:a", (False, False)),
+    (
+        "the same agent again, never late: back (its watches attached again)",
+        False,
+        "host:1:a",
+        "host:1:a",
+        (True, False),
+    ),
     ("the same agent after its runs heard it late: back", True, "host:1:a", "host:1:a", (True, False)),
     ("another agent: its runs attach their watches again", False, "host:1:a", "host:2:b", (True, True)),
     ("another agent after a late lease", True, "host:1:a", "host:2:b", (True, True)),

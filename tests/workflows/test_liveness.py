@@ -122,7 +122,7 @@ async def test_a_late_machine_makes_its_running_workers_stale_and_heard_again_br
         ("Stopping", "Run cancelled"),
         ("Cancelled", "Stopped on request"),
     ]
-    assert cluster.supervisors == [("w-0", 0, False)]  # watched all along
+    assert cluster.supervisors == [("w-0", 0, False), ("w-0", 0, True)]  # attached again once heard back
 
 
 async def test_a_new_agent_of_the_machine_gets_the_watches_of_its_workers_again(

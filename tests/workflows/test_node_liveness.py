@@ -67,16 +67,19 @@ async def test_a_late_lease_taken_again_within_its_ttl_is_heard_back_and_the_mac
         await handle.terminate()
 
 
-async def test_a_new_agent_taking_the_machine_over_is_told_to_its_runs(time_skipping: WorkflowEnvironment) -> None:
+async def test_the_same_agent_again_and_a_new_agent_taking_the_machine_over_are_told_to_its_runs(
+    time_skipping: WorkflowEnvironment,
+) -> None:
     machine, node = FakeMachine(), inventory()
     machine.name = node.name
     async with machine_workflow(time_skipping.client, machine, node, LATE) as handle:
         await handle.execute_update(NodeWorkflow.register, Registered(inventory=node, instance="host:1:a"))
-        await handle.execute_update(NodeWorkflow.register, Registered(inventory=node, instance="host:1:a"))  # again
         await asyncio.sleep(0.5)
-        assert machine.told == []  # its first known agent, then the same one: nothing to tell
+        assert machine.told == []  # its first known agent: nothing to tell
+        await handle.execute_update(NodeWorkflow.register, Registered(inventory=node, instance="host:1:a"))  # again
+        await until(lambda: machine.told == ["back"])  # its lease had timed out: its runs attach their watches again
         taken = Registered(inventory=node, instance="host:2:b", take_over="host:1:a")
         await handle.execute_update(NodeWorkflow.register, taken)
-        await until(lambda: machine.told == ["new agent"])
-        assert machine.heard[0].node == node.name and not machine.heard[0].late
+        await until(lambda: machine.told == ["back", "new agent"])
+        assert machine.heard[1].node == node.name and not machine.heard[1].late
         await handle.terminate()

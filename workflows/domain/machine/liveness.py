@@ -7,8 +7,9 @@ machine per renewal:
   expired"); renewals again (its agent registers again): Running ("Heartbeat received");
 - unrenewed for the machine's TTL: the machine is Down and its workers too ("Machine lost: its lease expired"),
   restarted elsewhere once their copies are surely stopped (`workflows/domain/machine/fence.py`);
-- its agent restarted (another process registered while the lease was live): the watches of its workers, which
-  ended with the process, are attached again, and the new agent finds the workers it adopted.
+- its agent registered again (its lease timed out: it was late, or Temporal was away) or restarted (another process
+  took the machine over while the lease was live): the runs attach their watches there again, and the agent finds
+  the workers it kept or adopted, and the exits they left (a watch's answer sent while Temporal was away is lost).
 
 Runs hear it through the scheduler (signal `machine_heard`), which knows every worker on the machine.
 """
@@ -53,7 +54,8 @@ def noticed_late(renewed_at: datetime | None, now: datetime, settings: Settings)
 
 def told_again(told_late: bool, holder_before: str | None, holder_now: str | None) -> tuple[bool, bool]:
     """What the runs of a machine hear when its lease is taken again while the machine was not lost: whether to tell
-    them (its renewals are heard again), and whether its agent is a new one (the watches of its workers are attached
-    again). Nothing to tell of a first registration, nor of one after the machine was lost (its runs heard that)."""
+    them (its renewals are heard again: they attach their watches there again, since an exit a watch returned while
+    the lease was late or Temporal away may have reached no one), and whether its agent is a new one. Nothing to tell
+    of a first registration, nor of one after the machine was lost (its runs heard that)."""
     new_agent = holder_before is not None and holder_now != holder_before
-    return told_late or new_agent, new_agent
+    return told_late or holder_before is not None, new_agent

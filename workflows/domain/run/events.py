@@ -239,8 +239,8 @@ class MachineLost(_Msg):
 
 class MachineHeard(_Msg):
     """Machine `node`'s lease (which carries its workers' liveness: workflows/domain/machine/liveness.py) is late
-    since `at` (`late`: its running workers are Stale), or renewed again (its Stale workers run on). `new_agent`:
-    another agent process holds it now, and the watches of its workers are attached again (signal `machine_heard`)."""
+    since `at` (`late`: its running workers are Stale), or taken again (its Stale workers run on, and the watches of
+    its workers are attached again). `new_agent`: another agent process holds it now (signal `machine_heard`)."""
 
     kind: Literal["machine_heard"] = Field("machine_heard", exclude=True)
     node: str
