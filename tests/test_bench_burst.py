@@ -318,11 +318,11 @@ def test_the_steady_state_is_told_per_running_worker_second_and_per_second() -> 
         figures["workers_processes_cpu_ms_per_worker_second"],
         figures["writes_per_second"],
         figures["writes_per_machine_per_second"],
-        figures["writes_goal_per_second"],  # 4 machines, a renewal every 10 s (a third of the lease's 30 s)
+        figures["writes_goal_per_second"],  # 4 machines, a renewal every 5 s (a third of the stale grace, 15 s)
         figures["heartbeats_per_second"],
         figures["signals_per_second"],
     )
-    assert told == pytest.approx((0.1, 8.0, 2.0, 0.4, 6.2, 0.5))
+    assert told == pytest.approx((0.1, 8.0, 2.0, 0.8, 6.2, 0.5))
     assert figures["persistence_per_second"] == {"UpdateWorkflowExecution": 8.0, "GetTimerTasks": 1.0}
     assert figures["history_tasks_per_second"] == {"TimerActiveTaskActivityTimeout": 1.8}
     assert ("steady: running workers, window start / end", "100 / 99") in steady.rows()

@@ -20,6 +20,7 @@ from workflows.domain.reasons import UNCODED, NodeReasons, R, Reason
 from workflows.domain.run.events import (
     Created,
     ExitedWhileLost,
+    MachineHeard,
     MachineLost,
     PlacementUpdate,
     Preempt,
@@ -55,6 +56,7 @@ SAMPLES: dict[str, BaseModel] = {
     contracts.TASK_RUNNING.name: TaskRunning(task_id="w-0", attempt=2, started=True, picked_up_at=T0, started_at=T0),
     contracts.TASK_HEALTH.name: TaskHealth(task_id="w-0", attempt=0, healthy=False, detail="exit 1"),
     contracts.MACHINE_LOST.name: MachineLost(node="n0", removed=True, lost_at=T0),
+    contracts.MACHINE_HEARD.name: MachineHeard(node="n0", late=False, at=T0, new_agent=True),
     contracts.TASK_EXITED_WHILE_LOST.name: ExitedWhileLost(task_id="w-0", attempt=3, node="n0"),
     contracts.REGISTER.name: Registered(
         inventory=NodeInventory(name="n0", cpus=8, memory_bytes=1 << 30), instance="h:1:t", take_over="h:0:s"
