@@ -114,8 +114,8 @@ class NodeWorkflow:
         return has_late_phase(settings) and workflow.patched(LIVENESS_PATCH)
 
     def _heard_again(self) -> None:
-        """A lease is taken (again): its runs hear that the machine's renewals come again after they heard them
-        late, or that a new agent holds it (the watches of their workers there are attached again)."""
+        """A lease is taken again while the machine was not lost (its agent registered again after its lease timed
+        out, or a new agent took it over): its runs hear it, and attach the watches of their workers there again."""
         tell, new_agent = told_again(self._told_late, self._lease_holder, self._view.holder)
         if tell and workflow.patched(LIVENESS_PATCH):
             self._tell_heard(MachineHeard(node=self._view.name, late=False, at=workflow.now(), new_agent=new_agent))
