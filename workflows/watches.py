@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -37,15 +38,22 @@ def task_ref(job: JobRecord, task_id: str, attempt: int) -> TaskRef:
     return TaskRef(namespace=job.spec.namespace, job=job.spec.name, task_id=task_id, attempt=attempt)
 
 
+@dataclass
+class _Watch:
+    """A supervisor's watch in flight: its machine, its activity, and whether it is cancelled to be attached again."""
+
+    node: str
+    handle: ActivityHandle[TaskExit]
+    again: bool = False
+
+
 class Watches:
     def __init__(self, tell: Callable[[ev.Event], None]) -> None:
         self._tell = tell  # queues an event for the run's next decision
         self.supervisors: dict[AttemptKey, asyncio.Task[None]] = {}  # cancelled once their worker leaves its machine
         self.reported_running: set[AttemptKey] = set()  # workers their machine reported running (run_task: started)
-        # Protocol 7: each supervisor's watch in flight and its machine; a watch cancelled to be attached again (its
-        # machine's agent is a new one) is in `_reattach`.
-        self._watches: dict[AttemptKey, tuple[str, ActivityHandle[TaskExit]]] = {}
-        self._reattach: set[AttemptKey] = set()
+        # Protocol 7: each supervisor's watch in flight, on its machine
+        self._watches: dict[AttemptKey, _Watch] = {}
 
     def supervise(
         self, job: JobRecord, task_id: str, attempt: int, node: str, start: StartTaskInput | None = None
@@ -81,13 +89,12 @@ class Watches:
                 ref = task_ref(job, task_id, attempt)
                 again = SuperviseInput(ref=ref, settings=settings, reattach=reattach, readiness=readiness)
                 watch = workflow.start_activity(contracts.supervise_task, again, **options)
-            self._watches[key] = (node, watch)
+            this = self._watches[key] = _Watch(node, watch)
             try:
                 result = await watch
             except ActivityError as error:
                 if isinstance(error.cause, CancelledError):
-                    if key in self._reattach:  # its machine's agent is a new one: attach again (it adopted it)
-                        self._reattach.discard(key)
+                    if this.again:  # its machine's lease was taken again: attach again (the agent has it)
                         reattach = True
                         continue
                     return  # the worker left its machine, or the run continues as new
@@ -105,7 +112,7 @@ class Watches:
                 reattach = True
                 continue
             finally:
-                if self._watches.get(key, (None, None))[1] is watch:
+                if self._watches.get(key) is this:
                     del self._watches[key]
             self._tell(ev.TaskEnded(task_id=task_id, attempt=attempt, **result.model_dump()))
             return
@@ -113,10 +120,10 @@ class Watches:
     def attach_again(self, node: str) -> None:
         """`node`'s lease was taken again (by its agent, or a new one: the one before died with the watches it ran):
         each watch there is attached again, to the worker the agent kept or adopted, or to the exit it left."""
-        for key, (on, watch) in list(self._watches.items()):
-            if on == node and not watch.done():
-                self._reattach.add(key)
-                watch.cancel()
+        for watch in self._watches.values():
+            if watch.node == node and not watch.handle.done():
+                watch.again = True
+                watch.handle.cancel()
 
     def forget_gone(self, job: JobRecord) -> None:
         """Cancel the supervisors of workers that left their machine (ended, lost, or a new attempt)."""

@@ -21,10 +21,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.control import ControlActivities
 from tests.workflows.fakes import NODE, FakeCluster, FakeMachine, Script, pairs, unique
+from tests.workflows.test_liveness import start
 from workers.outcomes import run_result
-from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_id, node_task_queue, search_attributes
+from workflows.contracts import CONTROL_TASK_QUEUE, SCHEDULER_TASK_QUEUE, node_id, node_task_queue
 from workflows.domain.inventory import NodeInventory
 from workflows.domain.machine.decisions import Registered
 from workflows.domain.run.events import MachineHeard, MachineLost, TaskRunning
@@ -33,7 +33,7 @@ from workflows.domain.run.views import JobDescription
 from workflows.domain.settings import Settings
 from workflows.domain.spec import job_id, parse_spec
 from workflows.job import JobWorkflow
-from workflows.messages import JobInput, NodeInput, RunTaskInput, SuperviseInput, TaskExit
+from workflows.messages import NodeInput, RunTaskInput, SuperviseInput, TaskExit
 from workflows.node import NodeWorkflow
 
 
@@ -81,28 +81,13 @@ async def test_a_silent_worker_is_stale_after_15_s_and_down_after_its_60_s_ttl(
     control = FakeCluster(env.client, settings, Script(), protocol=6)
     agent = SilentAgent(env)
     control_worker = Worker(
-        env.client,
-        task_queue=CONTROL_TASK_QUEUE,
-        workflows=[JobWorkflow],
-        activities=[
-            control.load_settings,
-            control.place,
-            control.release,
-            ControlActivities(settings, env.client).cancel_run_workflow,
-        ],
+        env.client, task_queue=CONTROL_TASK_QUEUE, workflows=[JobWorkflow], activities=control.control_side()
     )
     node_worker = Worker(
         env.client, task_queue=node_task_queue(NODE), activities=[agent.run_task, agent.supervise_task]
     )
     async with control_worker, node_worker:
-        await env.client.start_workflow(
-            JobWorkflow.run,
-            JobInput(spec=job),
-            id=job.job_id,
-            task_queue=CONTROL_TASK_QUEUE,
-            search_attributes=search_attributes(job, "Pending"),
-        )
-        handle = env.client.get_workflow_handle_for(JobWorkflow.run, job.job_id)
+        handle = await start(env, job)
         await until_stale(handle)
         await env.client.test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
         status = await asyncio.wait_for(run_result(handle), timeout=90)  # some 60 watches, each a round trip
@@ -172,14 +157,7 @@ async def test_a_silent_machine_has_its_workers_stale_after_15_s_and_down_at_its
             NodeWorkflow.run, NodeInput(name=NODE, settings=settings), id=node_id(NODE), task_queue=CONTROL_TASK_QUEUE
         )
         await node.execute_update(NodeWorkflow.register, Registered(inventory=inventory))
-        await env.client.start_workflow(
-            JobWorkflow.run,
-            JobInput(spec=job),
-            id=job.job_id,
-            task_queue=CONTROL_TASK_QUEUE,
-            search_attributes=search_attributes(job, "Pending"),
-        )
-        handle = env.client.get_workflow_handle_for(JobWorkflow.run, job.job_id)
+        handle = await start(env, job)
         while (await handle.query("status", result_type=Status)).state != "Running":
             await asyncio.sleep(0.1)
         scheduler.alive = False  # the machine's agent stops renewing: its worker's watch says nothing either

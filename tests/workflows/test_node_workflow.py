@@ -30,16 +30,8 @@ async def test_a_machine_registers_loses_its_lease_and_comes_back(time_skipping:
     inventory = NodeInventory(
         name=name, cpus=8, memory_bytes=2**34, gpus=[GpuInfo(index=0, uuid="GPU-0", model="L4", memory_bytes=2**34)]
     )
-    settings = Settings(node_lease_ttl_seconds=1)
-    async with (
-        Worker(client, task_queue=CONTROL_TASK_QUEUE, workflows=[NodeWorkflow]),
-        Worker(client, task_queue=SCHEDULER_TASK_QUEUE, activities=machine.scheduler_side()),
-        Worker(client, task_queue=node_task_queue(name), activities=[machine.hold_lease]),
-    ):
-        handle = await client.start_workflow(
-            NodeWorkflow.run, NodeInput(name=name, settings=settings), id=node_id(name), task_queue=CONTROL_TASK_QUEUE
-        )
-        view = await handle.execute_update(NodeWorkflow.register, Registered(inventory=inventory))
+    async with machine_workflow(client, machine, inventory, Settings(node_lease_ttl_seconds=1)) as handle:
+        view = await handle.query(NodeWorkflow.view)
         assert (view.state, view.inventory) == ("Ready", inventory)
         machine.alive = False
         for _ in range(100):
